@@ -1,0 +1,116 @@
+// Element types of weights and activations, and exact scalar conversions between them.
+// F32 activations everywhere; F16/BF16 appear only as stored weights and KV entries.
+#ifndef MODSERVE_ENGINE_COMMON_DTYPE_H_
+#define MODSERVE_ENGINE_COMMON_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace modserve {
+
+enum class DType : uint8_t { kF32, kF16, kBF16 };
+
+constexpr size_t DTypeBytes(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+  }
+  return 0;
+}
+
+constexpr std::string_view DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+// Storage types: 16-bit patterns with explicit conversions, so they never mix with float silently.
+struct bf16_t {
+  uint16_t bits;
+};
+struct f16_t {
+  uint16_t bits;
+};
+
+inline float Bf16ToF32(bf16_t v) {
+  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as PyTorch does; NaN stays NaN.
+inline bf16_t F32ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_t{static_cast<uint16_t>(u >> 16)};
+}
+
+inline float F16ToF32(f16_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
+  uint32_t exp = (v.bits >> 10) & 0x1fu;
+  uint32_t mant = v.bits & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      u = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even; overflow to infinity, as IEEE conversion does.
+inline f16_t F32ToF16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return f16_t{static_cast<uint16_t>(sign | 0x7e00u)};
+  if (abs >= 0x477ff000u) return f16_t{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
+  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+    if (abs < 0x33000001u) return f16_t{sign};
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14 - (exp - 127) + 13 - 1 ... aligns to 2^-24 units
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return f16_t{static_cast<uint16_t>(sign | half)};
+  }
+  uint32_t v = abs - (112u << 23);  // rebias exponent 127 -> 15
+  v += 0xfffu + ((v >> 13) & 1u);
+  return f16_t{static_cast<uint16_t>(sign | (v >> 13))};
+}
+
+}  // namespace modserve
+
+#endif  // MODSERVE_ENGINE_COMMON_DTYPE_H_

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs everything modserve needs to build, test and run: Debian packages first, and a Python
+# virtual environment (.venv, with Debian's site packages visible) for the few PyPI-only packages.
+# Idempotent: a second run changes nothing. Used by README.md, .ci/run and the Dockerfile.
+#   MODSERVE_DEPS=runtime  only what the built server needs at run time (container image)
+#   MODSERVE_DEPS=build    compilers and -dev packages, no Python reference (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want="${MODSERVE_DEPS:-all}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+runtime_pkgs=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-core1.0
+  libprometheus-cpp-pull1.0 libsentencepiece0 libre2-9 ca-certificates)
+build_pkgs=(build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
+  prometheus-cpp-dev libsentencepiece-dev libre2-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev)
+# libopenblas0-pthread: Debian's torch calls the generic libblas, 25x slower than OpenBLAS.
+python_pkgs=(python3 python3-venv python3-pip python3-torch libopenblas0-pthread python3-numpy python3-pytest
+  python3-sentencepiece python3-grpcio python3-protobuf fortunes fortunes-min)
+
+pkgs=("${runtime_pkgs[@]}")
+case "$want" in
+  runtime) ;;
+  build) pkgs+=("${build_pkgs[@]}") ;;
+  all) pkgs+=("${build_pkgs[@]}" "${python_pkgs[@]}") ;;
+  *) echo "install_deps.sh: MODSERVE_DEPS must be runtime, build or all, got '$want'" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install_deps.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$want" = all ]; then
+  # PyPI only for what Debian lacks: Hugging Face tokenizers (the reference BPE) and safetensors
+  # (an independent reader the tests check our own writer against). grpcio-tools for the Python
+  # client stubs comes with a protoc matching Debian's python3-protobuf.
+  if [ ! -x .venv/bin/python ]; then
+    /usr/bin/python3 -m venv --system-site-packages .venv
+  fi
+  if ! .venv/bin/python -c "import tokenizers, safetensors" 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r tools/requirements.txt
+  fi
+fi
+echo "install_deps.sh: ok ($want)"
