@@ -10,7 +10,8 @@
 
 namespace modserve {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+// kI32 is for indices (token ids, positions, page tables, slot maps), never for weights.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
 
 constexpr size_t DTypeBytes(DType t) {
   switch (t) {
@@ -20,6 +21,8 @@ constexpr size_t DTypeBytes(DType t) {
       return 2;
     case DType::kBF16:
       return 2;
+    case DType::kI32:
+      return 4;
   }
   return 0;
 }
@@ -32,6 +35,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kI32:
+      return "I32";
   }
   return "?";
 }

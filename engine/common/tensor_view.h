@@ -80,6 +80,12 @@ inline f16_t* TensorView::as<f16_t>() const {
   return static_cast<f16_t*>(data);
 }
 
+template <>
+inline int32_t* TensorView::as<int32_t>() const {
+  MODSERVE_CHECK(dtype == DType::kI32) << DTypeName(dtype);
+  return static_cast<int32_t*>(data);
+}
+
 }  // namespace modserve
 
 #endif  // MODSERVE_ENGINE_COMMON_TENSOR_VIEW_H_
