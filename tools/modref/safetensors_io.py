@@ -14,7 +14,7 @@ import torch
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 NAMES = {v: k for k, v in DTYPES.items()}
-ALIGN = 8  # start every tensor on an 8-byte boundary so readers can map it in place
+HEADER_ALIGN = 8  # the data section starts on an 8-byte boundary
 
 
 class CheckpointError(ValueError):
@@ -27,18 +27,19 @@ def write_file(path: str, tensors: dict, metadata: dict | None = None) -> None:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     blobs = []
     offset = 0
-    for name in sorted(tensors):
+    # The format allows no gaps between tensors. Wider elements first keeps every tensor aligned
+    # to its element size, so a reader can use the mapped bytes in place.
+    for name in sorted(tensors, key=lambda n: (-tensors[n].element_size(), n)):
         t = tensors[name].detach().contiguous().cpu()
         if t.dtype not in NAMES:
             raise CheckpointError(f"{name}: unsupported dtype {t.dtype}")
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        pad = (-len(raw)) % ALIGN
         header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw + b"\0" * pad)
-        offset += len(raw) + pad
+        blobs.append(raw)
+        offset += len(raw)
     hjson = json.dumps(header, separators=(",", ":")).encode()
-    hjson += b" " * ((-len(hjson)) % ALIGN)
+    hjson += b" " * ((-len(hjson)) % HEADER_ALIGN)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(hjson)))
         f.write(hjson)
