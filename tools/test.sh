@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: configures and builds (build/), then CTest for C++ and pytest for the
+# Python reference. Expects tools/install_deps.sh to have run. Extra CTest arguments pass through,
+# e.g. `bash tools/test.sh -L cpu`. Slow suites carry the `slow` label and are excluded here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${MODSERVE_BUILD_DIR:-build}"
+cuda="${MODSERVE_CUDA:-AUTO}"
+jobs="${MODSERVE_JOBS:-$(nproc)}"
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMODSERVE_CUDA="$cuda"
+cmake --build "$build" -j "$jobs"
+
+echo "== C++ tests (CTest)"
+ctest --test-dir "$build" --output-on-failure -j "$jobs" -LE slow "$@"
+
+echo "== Python tests (pytest)"
+.venv/bin/python -m pytest -q tests/python
