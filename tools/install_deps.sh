@@ -12,10 +12,10 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 runtime_pkgs=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-core1.0
-  libprometheus-cpp-pull1.0 libsentencepiece0 libpcre2-8-0 ca-certificates)
+  libprometheus-cpp-pull1.0 libsentencepiece0 libpcre2-8-0 libicu72 ca-certificates)
 build_pkgs=(build-essential cmake ninja-build pkg-config git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
-  prometheus-cpp-dev libsentencepiece-dev libpcre2-dev nlohmann-json3-dev
+  prometheus-cpp-dev libsentencepiece-dev libpcre2-dev libicu-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev)
 # libopenblas0-pthread: Debian's torch calls the generic libblas, 25x slower than OpenBLAS.
 python_pkgs=(python3 python3-venv python3-pip python3-torch libopenblas0-pthread python3-numpy python3-pytest

@@ -22,12 +22,11 @@ Files written:
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 
 import sentencepiece as spm
 from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
@@ -94,6 +93,10 @@ SAMPLES = [
 ]
 
 
+# Long words without spaces: the BPE merge loop must stay fast and still merge in rank order.
+LONG_INPUTS = ["a" * 20000, "ab" * 5000, "1234567890" * 1000, "Hello" * 3000, "😀" * 2000]
+
+
 def train_hf(pre_tokenizer, normalizer, special_tokens, docs) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     if normalizer is not None:
@@ -145,15 +148,16 @@ def make_qwen2_style(docs) -> str:
 
 def make_sentencepiece(docs, path: str) -> None:
     lines = [line for d in docs for line in d.split("\n") if line.strip()]
-    with tempfile.TemporaryDirectory() as tmp:
-        prefix = os.path.join(tmp, "sp")
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines), model_prefix=prefix, vocab_size=VOCAB_SIZE,
-            model_type="bpe", byte_fallback=True, character_coverage=0.9995,
-            num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
-            bos_id=1, eos_id=2, unk_id=0, pad_id=-1, split_digits=True,
-            minloglevel=2)
-        shutil.copyfile(prefix + ".model", path)
+    # model_writer instead of model_prefix: the prefix (a temporary path) would be stored in the
+    # model's trainer_spec and make reruns differ.
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=VOCAB_SIZE,
+        model_type="bpe", byte_fallback=True, character_coverage=0.9995,
+        num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
+        bos_id=1, eos_id=2, unk_id=0, pad_id=-1, split_digits=True, minloglevel=2)
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
 
 
 def random_streams(vocab_size: int, seed: int) -> list:
@@ -167,12 +171,24 @@ def hf_goldens(tok: Tokenizer, docs: list, samples: list) -> dict:
         return [tok.encode(t, add_special_tokens=special).ids for t in texts]
 
     streams = random_streams(tok.get_vocab_size(with_added_tokens=True), seed=1234)
+    added = tok.get_added_tokens_decoder()
     return {
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "special_ids": sorted(i for i, t in added.items() if t.special),
+        "token_ids": {t: tok.token_to_id(t) for t in ["<|bos|>", "<|eos|>", "<|begin_of_text|>",
+                                                      "<|end_of_text|>", "<|endoftext|>",
+                                                      "Ġthe", "the"]
+                      if tok.token_to_id(t) is not None},
+        "bos_id": tok.encode("", add_special_tokens=True).ids[:1],
         "corpus_ids": enc(docs, False),
         "corpus_ids_special": enc(docs, True),
         "sample_ids": enc(samples, False),
         "sample_ids_special": enc(samples, True),
+        "sample_decodes": [tok.decode(ids, skip_special_tokens=False)
+                           for ids in enc(samples, True)],
+        "sample_decodes_skip_special": [tok.decode(ids, skip_special_tokens=True)
+                                        for ids in enc(samples, True)],
+        "long_ids": enc(LONG_INPUTS, False),
         "random_streams": streams,
         "random_decodes": [tok.decode(s, skip_special_tokens=False) for s in streams],
         "random_decodes_skip_special": [tok.decode(s, skip_special_tokens=True) for s in streams],
@@ -190,15 +206,34 @@ def sp_goldens(sp: spm.SentencePieceProcessor, docs: list, samples: list) -> dic
     streams = random_streams(sp.get_piece_size(), seed=5678)
     return {
         "vocab_size": sp.get_piece_size(),
+        "special_ids": [i for i in range(sp.get_piece_size()) if sp.is_control(i)],
+        "bos_id": [sp.bos_id()],
+        "eos_id": sp.eos_id(),
         "corpus_ids": enc(docs, False),
         "corpus_ids_special": enc(docs, True),
         "corpus_decodes": [sp.decode(ids) for ids in enc(docs, False)],
         "sample_ids": enc(samples, False),
         "sample_ids_special": enc(samples, True),
         "sample_decodes": [sp.decode(ids) for ids in enc(samples, False)],
+        "long_ids": enc(LONG_INPUTS, False),
         "random_streams": streams,
         "random_decodes": [sp.decode(s) for s in streams],
     }
+
+
+def utf8_goldens() -> dict:
+    """Random byte strings, biased towards UTF-8 lead/continuation bytes, and Python's
+    decode(errors="replace"), which substitutes maximal subparts as Rust's from_utf8_lossy does."""
+    rng = random.Random(99)
+    interesting = [0x00, 0x41, 0x7F, 0x80, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xED, 0xEF, 0xF0,
+                   0xF4, 0xF5, 0xFF, 0x9F, 0xA0, 0x8F, 0x90]
+    cases = []
+    for _ in range(400):
+        n = rng.randrange(0, 9)
+        b = bytes(rng.choice(interesting) if rng.random() < 0.7 else rng.randrange(256)
+                  for _ in range(n))
+        cases.append([b.hex(), b.decode("utf-8", errors="replace")])
+    return {"cases": cases}
 
 
 def write_json(path: str, obj) -> None:
@@ -227,7 +262,9 @@ def main():
     args = ap.parse_args()
     train_docs, held_docs = corpus.split()
     os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, "corpus.json"), {"docs": held_docs, "samples": SAMPLES})
+    write_json(os.path.join(args.out, "corpus.json"),
+               {"docs": held_docs, "samples": SAMPLES, "long_inputs": LONG_INPUTS})
+    write_json(os.path.join(args.out, "utf8.json"), utf8_goldens())
 
     tokenizer_jsons = {
         "demo": open(os.path.join(REPO, "models", "demo", "tokenizer.json"),

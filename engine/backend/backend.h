@@ -1,0 +1,252 @@
+// The compute-backend interface: device memory, synchronisation and the coarse ops of one forward
+// pass (STYLE.md section 2). It declares no implementation and mentions no device API.
+#ifndef MODSERVE_ENGINE_BACKEND_BACKEND_H_
+#define MODSERVE_ENGINE_BACKEND_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/common/dtype.h"
+#include "engine/common/logging.h"
+#include "engine/common/tensor_view.h"
+
+namespace modserve::backend {
+
+// One value per op of Backend, for capability queries.
+// `Logits` is not an op of its own: it is Gemm with the LM head as w.
+enum class OpKind : uint8_t {
+  kEmbed,
+  kRmsNorm,
+  kGemm,
+  kRopeAndAppendKv,
+  kAttention,
+  kSwiGlu,
+  kActivation,
+  kAdd,
+  kGatherRows,
+  kScatterCombine,
+};
+
+constexpr std::string_view OpKindName(OpKind op) {
+  switch (op) {
+    case OpKind::kEmbed:
+      return "Embed";
+    case OpKind::kRmsNorm:
+      return "RmsNorm";
+    case OpKind::kGemm:
+      return "Gemm";
+    case OpKind::kRopeAndAppendKv:
+      return "RopeAndAppendKv";
+    case OpKind::kAttention:
+      return "Attention";
+    case OpKind::kSwiGlu:
+      return "SwiGlu";
+    case OpKind::kActivation:
+      return "Activation";
+    case OpKind::kAdd:
+      return "Add";
+    case OpKind::kGatherRows:
+      return "GatherRows";
+    case OpKind::kScatterCombine:
+      return "ScatterCombine";
+  }
+  return "?";
+}
+
+// Owns one allocation on some device; move-only. The free function runs exactly once, in the
+// destructor or on reassignment. A default-constructed buffer owns nothing.
+class DeviceBuffer {
+ public:
+  // Releases `data`; `ctx` is whatever the allocating backend needs (may be null).
+  using FreeFn = void (*)(void* data, void* ctx);
+
+  DeviceBuffer() = default;
+  DeviceBuffer(void* data, size_t bytes, Device device, FreeFn free_fn, void* ctx)
+      : data_(data), bytes_(bytes), device_(device), free_fn_(free_fn), ctx_(ctx) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+      device_ = other.device_;
+      free_fn_ = std::exchange(other.free_fn_, nullptr);
+      ctx_ = std::exchange(other.ctx_, nullptr);
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { Reset(); }
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+  // A view of `dims` elements of `dtype` starting `offset_bytes` into the buffer. CHECKs that the
+  // view fits (a caller bug otherwise). The view must not outlive the buffer.
+  TensorView View(DType dtype, std::initializer_list<int64_t> dims, size_t offset_bytes = 0) const {
+    TensorView v(static_cast<char*>(data_) + offset_bytes, dtype, dims, device_);
+    MODSERVE_CHECK(offset_bytes + v.bytes() <= bytes_)
+        << "view " << v.ShapeString() << " at offset " << offset_bytes << " exceeds buffer of "
+        << bytes_ << " bytes";
+    return v;
+  }
+
+ private:
+  void Reset() {
+    if (free_fn_ != nullptr && data_ != nullptr) free_fn_(data_, ctx_);
+    data_ = nullptr;
+    bytes_ = 0;
+    free_fn_ = nullptr;
+    ctx_ = nullptr;
+  }
+
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_ = Device::kCpu;
+  FreeFn free_fn_ = nullptr;
+  void* ctx_ = nullptr;
+};
+
+struct RmsNormParams {
+  float eps = 1e-5f;
+};
+
+// Rotary embedding plus the KV-cache write of the same tokens.
+struct RopeParams {
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;  // even
+  double rope_theta = 10000.0;
+  int block_size = 0;  // tokens per KV page
+};
+
+struct AttentionParams {
+  int n_heads = 0;
+  int n_kv_heads = 0;  // divides n_heads (GQA); head h reads kv head h / (n_heads / n_kv_heads)
+  int head_dim = 0;
+  int block_size = 0;  // tokens per KV page
+  float scale = 0.0f;  // multiplies q . k; usually 1 / sqrt(head_dim)
+};
+
+enum class ActivationKind : uint8_t {
+  kSilu,  // x * sigmoid(x)
+  kGelu,  // exact erf form: 0.5 x (1 + erf(x / sqrt(2))), torch.nn.GELU() default
+  kRelu,
+};
+struct ActivationParams {
+  ActivationKind kind = ActivationKind::kSilu;
+};
+
+// MoD combine of a routed block's output into the residual stream (DESIGN.md section 2).
+enum class WeightFn : uint8_t { kIdentity, kSigmoid };       // g = s or sigmoid(s)
+enum class ScaleTarget : uint8_t { kUpdate, kBlockOutput };  // x + g (y - x) or g y
+struct ScatterCombineParams {
+  WeightFn weight_fn = WeightFn::kIdentity;
+  ScaleTarget scale_target = ScaleTarget::kUpdate;
+};
+
+// A compute device. Contracts shared by every implementation:
+// - Threads: one engine thread drives a backend; no method may be called concurrently with
+//   another on the same object (implementations keep per-op scratch space).
+// - Ops are enqueued in call order and return void. Bad shapes, dtypes or devices are caller bugs
+//   and CHECK-fail. Device errors surface at the next Synchronize() (or CopyToHost).
+// - Tensor arguments are non-owning views into memory from this backend's Allocate() (or, for the
+//   CPU backend, any host memory). They must stay alive until Synchronize() returns.
+// - Activations are F32; weights may be F32, F16 or BF16 (query Supports()); index tensors are I32.
+// - Index values (token ids, slots, page ids, kv lens, row indices) were validated by the caller;
+//   out-of-range values are caller bugs and CHECK-fail on the CPU backend.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Stable lower-case name, e.g. "cpu"; the key used by the registry.
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+
+  // Whether `op` runs with `dtype` as its weight dtype (Embed/RmsNorm/Gemm) or KV-pool dtype
+  // (RopeAndAppendKv/Attention). Activation-only ops support F32 only.
+  virtual bool Supports(OpKind op, DType dtype) const = 0;
+
+  // Device memory of at least `bytes` bytes, aligned to 64 bytes. ResourceExhausted when the
+  // device has no room (the message names the request size).
+  virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+
+  // Copies host_src (Device::kCpu) into dst (this backend's device); same byte size.
+  // Ordered with ops. InvalidArgument when sizes or devices do not match.
+  virtual absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) = 0;
+  // Copies src (this device) into host_dst; returns once the bytes are in host memory, after all
+  // previously enqueued ops. InvalidArgument on size or device mismatch; Internal on device error.
+  virtual absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) = 0;
+  // Waits for every enqueued op. Internal when a device error happened since the last call.
+  virtual absl::Status Synchronize() = 0;
+
+  // out[i, :] = table[ids[i], :] as F32.
+  // ids [n] i32; table [vocab_size, d_model] F32/F16/BF16; out [n, d_model] f32.
+  virtual void Embed(const TensorView& ids, const TensorView& table, const TensorView& out) = 0;
+
+  // out = x / sqrt(mean(x^2) + eps) * weight, per row. out may alias x.
+  // x [n, d] f32; weight [d] F32/F16/BF16; out [n, d] f32.
+  virtual void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
+                       const TensorView& out) = 0;
+
+  // out = x @ w^T (+ bias). The LM-head "Logits" step is this op with w = lm_head.
+  // x [n, k] f32; w [m, k] F32/F16/BF16 (row-major, as nn.Linear stores it); bias empty or [m]
+  // in w's dtype; out [n, m] f32, must not alias x.
+  virtual void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
+                    const TensorView& out) = 0;
+
+  // Rotates q and k (HF rotate-half RoPE at positions[i]; angles position * theta^(-2j/head_dim)
+  // are formed in fp64, cos/sin rounded to f32, the rotation in f32) and writes token i's rotated k
+  // and its v to slot slots[i] = page * block_size + offset of kv_pool.
+  // q [n, n_heads, head_dim] f32 (rotated in place); k, v [n, n_kv_heads, head_dim] f32 (k is
+  // rotated in place too); positions [n] i32; slots [n] i32;
+  // kv_pool [num_pages, 2 * n_kv_heads, block_size, head_dim] F32/F16/BF16: page p holds K as
+  // [n_kv_heads, block_size, head_dim] then V likewise. Slots of one call must be distinct.
+  virtual void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& positions,
+                               const TensorView& slots, const TensorView& kv_pool) = 0;
+
+  // Paged attention for prefill and decode rows alike. Row i belongs to sequence s = row_seq[i]
+  // and attends over entries 0 .. row_kv_len[i] - 1 of that sequence's page list, where entry j
+  // lives in page page_table[s, j / block_size] at offset j % block_size. Causality is the
+  // caller's: it writes the row's own k/v first and sets row_kv_len so that the row sees exactly
+  // what it may. Softmax in f32 with max subtraction.
+  // q [n, n_heads, head_dim] f32; kv_pool as in RopeAndAppendKv;
+  // page_table [num_seqs, max_pages] i32; row_seq [n] i32; row_kv_len [n] i32 (>= 1);
+  // out [n, n_heads * head_dim] f32.
+  virtual void Attention(const AttentionParams& params, const TensorView& q,
+                         const TensorView& kv_pool, const TensorView& page_table,
+                         const TensorView& row_seq, const TensorView& row_kv_len,
+                         const TensorView& out) = 0;
+
+  // out = silu(gate) * up. gate, up, out [n, f] f32; out may alias gate or up.
+  virtual void SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) = 0;
+
+  // x = act(x) in place. x [n, f] f32.
+  virtual void Activation(const ActivationParams& params, const TensorView& x) = 0;
+
+  // out = a + b. a, b, out [n, d] f32; out may alias a or b.
+  virtual void Add(const TensorView& a, const TensorView& b, const TensorView& out) = 0;
+
+  // out[j, :] = x[idx[j], :]. x [n, d] f32; idx [m] i32 in [0, n); out [m, d] f32 (no alias).
+  virtual void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) = 0;
+
+  // For each j, with g = s[j] or sigmoid(s[j]):
+  //   kUpdate:      x[idx[j]] += g * (y[j] - x[idx[j]])
+  //   kBlockOutput: x[idx[j]]  = g * y[j]
+  // x [n, d] f32 (in/out); y [m, d] f32; idx [m] i32, distinct, in [0, n); s [m] f32 router
+  // scores.
+  virtual void ScatterCombine(const ScatterCombineParams& params, const TensorView& x,
+                              const TensorView& y, const TensorView& idx, const TensorView& s) = 0;
+};
+
+}  // namespace modserve::backend
+
+#endif  // MODSERVE_ENGINE_BACKEND_BACKEND_H_

@@ -1,0 +1,605 @@
+// CPU backend ops: dtype dispatch, threading and the memory-bound glue around the per-ISA kernels.
+// Numerics follow reference_ops.cc; only the summation order (SIMD lanes, split-K) differs.
+#include "engine/backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cpu/op_checks.h"
+#include "engine/backend/cpu/scalar_convert.h"
+#include "engine/common/logging.h"
+
+namespace modserve::backend::cpu {
+namespace {
+
+constexpr Device kHost = Device::kCpu;
+constexpr size_t kAlignment = 64;  // a cache line, and one zmm register
+
+// Below ~16K elements an elementwise op is faster on one thread than waking the pool.
+constexpr int64_t kElementwiseGrain = 1 << 14;
+// Small-n Gemm: 16 weight rows (4 micro-tiles of 4) per chunk at least, so that tiny m (router,
+// k/v projections) does not fan out into chunks cheaper than a wake-up.
+constexpr int64_t kGemmRowGrain = 16;
+// Large-n Gemm tiles: 128 weight rows (4 AVX-512 panels) by 256 x rows. One tile is ~30 MFLOP at
+// TinyLlama sizes (k = 2048), enough to amortise packing its w block once per x row block.
+constexpr int64_t kGemmColBlock = 128;
+constexpr int64_t kGemmRowBlock = 256;
+// Attention: keys per tile (scores and converted K/V of a tile stay in L1 at head_dim <= 128),
+// and the fewest keys worth a split of its own (below that the combine costs more than it saves).
+constexpr int64_t kKeyTile = 64;
+constexpr int64_t kMinKeysPerSplit = 256;
+
+void FreeAligned(void* data, void* /*ctx*/) { std::free(data); }
+
+float Sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+// Per-thread scratch for attention tiles; grows to the largest size seen, never shrinks.
+float* ThreadScratch(size_t floats) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < floats) scratch.resize(floats);
+  return scratch.data();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu backend num_threads must be >= 0, got ", options.num_threads));
+  }
+  const Isa isa = options.isa.value_or(BestIsa());
+  if (!CpuHasIsa(isa)) {
+    return absl::UnavailableError(absl::StrCat("cpu backend: kernels for isa '",
+                                               std::string(IsaName(isa)),
+                                               "' requested but this CPU/OS does not support it"));
+  }
+  return std::unique_ptr<CpuBackend>(new CpuBackend(KernelsFor(isa), options.num_threads));
+}
+
+CpuBackend::CpuBackend(const KernelTable& kernels, int num_threads)
+    : kernels_(kernels), pool_(num_threads) {}
+
+bool CpuBackend::Supports(OpKind op, DType dtype) const {
+  const bool float_storage = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  switch (op) {
+    case OpKind::kEmbed:
+    case OpKind::kRmsNorm:
+    case OpKind::kGemm:
+    case OpKind::kRopeAndAppendKv:
+    case OpKind::kAttention:
+      return float_storage;
+    case OpKind::kSwiGlu:
+    case OpKind::kActivation:
+    case OpKind::kAdd:
+    case OpKind::kGatherRows:
+    case OpKind::kScatterCombine:
+      return dtype == DType::kF32;
+  }
+  return false;
+}
+
+absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
+  // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a real pointer.
+  const size_t rounded =
+      std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes of host memory"));
+  }
+  return DeviceBuffer(data, bytes, Device::kCpu, &FreeAligned, nullptr);
+}
+
+absl::Status CpuBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
+  if (host_src.device != Device::kCpu || dst.device != Device::kCpu) {
+    return absl::InvalidArgumentError(
+        "cpu backend CopyToDevice: both tensors must be host tensors");
+  }
+  if (host_src.bytes() != dst.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend CopyToDevice: source has ",
+                                                   host_src.bytes(), " bytes, destination ",
+                                                   dst.bytes()));
+  }
+  if (dst.bytes() > 0) std::memmove(dst.data, host_src.data, dst.bytes());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyToHost(const TensorView& src, const TensorView& host_dst) {
+  if (src.device != Device::kCpu || host_dst.device != Device::kCpu) {
+    return absl::InvalidArgumentError("cpu backend CopyToHost: both tensors must be host tensors");
+  }
+  if (src.bytes() != host_dst.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend CopyToHost: source has ",
+                                                   src.bytes(), " bytes, destination ",
+                                                   host_dst.bytes()));
+  }
+  if (src.bytes() > 0) std::memmove(host_dst.data, src.data, src.bytes());
+  return absl::OkStatus();
+}
+
+// Every op runs to completion before returning, so there is never anything to wait for.
+absl::Status CpuBackend::Synchronize() { return absl::OkStatus(); }
+
+template <typename T>
+void CpuBackend::KvToF32(const T* src, int64_t count, float* dst) const {
+  WeightToF32(src, count, dst);
+}
+
+template <typename W>
+void CpuBackend::WeightToF32(const W* src, int64_t count, float* dst) const {
+  if constexpr (std::is_same_v<W, float>) {
+    std::memcpy(dst, src, count * sizeof(float));
+  } else if constexpr (std::is_same_v<W, f16_t>) {
+    kernels_.to_f32_f16(src, count, dst);
+  } else {
+    kernels_.to_f32_bf16(src, count, dst);
+  }
+}
+
+// ---- Embed -----------------------------------------------------------------------------------
+template <typename W>
+void CpuBackend::EmbedT(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  const int64_t n = ids.dim(0), vocab = table.dim(0), d = table.dim(1);
+  const int32_t* id = ids.as<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MODSERVE_CHECK(id[i] >= 0 && id[i] < vocab) << "token id " << id[i] << " vocab " << vocab;
+  }
+  const W* t = table.as<W>();
+  float* o = out.as<float>();
+  pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(d, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i) WeightToF32(t + id[i] * d, d, o + i * d);
+                    });
+}
+
+void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  CheckEmbedArgs(kHost, ids, table, out);
+  switch (table.dtype) {
+    case DType::kF32:
+      return EmbedT<float>(ids, table, out);
+    case DType::kF16:
+      return EmbedT<f16_t>(ids, table, out);
+    case DType::kBF16:
+      return EmbedT<bf16_t>(ids, table, out);
+    case DType::kI32:
+      break;
+  }
+  MODSERVE_CHECK(false) << "Embed table dtype " << DTypeName(table.dtype);
+}
+
+// ---- RmsNorm ---------------------------------------------------------------------------------
+template <typename W>
+void CpuBackend::RmsNormT(float eps, const TensorView& x, const TensorView& weight,
+                          const TensorView& out) {
+  const int64_t n = x.dim(0), d = x.dim(1);
+  norm_weight_.resize(d);
+  WeightToF32(weight.as<W>(), d, norm_weight_.data());
+  const float* w = norm_weight_.data();
+  const float* xp = x.as<float>();
+  float* o = out.as<float>();
+  pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(d, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i) {
+                        const float* xi = xp + i * d;
+                        // Eight partial sums: a vectorisable reduction without -ffast-math.
+                        float part[8] = {};
+                        int64_t c = 0;
+                        for (; c + 8 <= d; c += 8) {
+                          for (int u = 0; u < 8; ++u) part[u] += xi[c + u] * xi[c + u];
+                        }
+                        float sum_sq = 0.0f;
+                        for (; c < d; ++c) sum_sq += xi[c] * xi[c];
+                        for (int u = 0; u < 8; ++u) sum_sq += part[u];
+                        const float inv_rms =
+                            1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+                        float* oi = o + i * d;
+                        for (c = 0; c < d; ++c) oi[c] = xi[c] * inv_rms * w[c];
+                      }
+                    });
+}
+
+void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
+                         const TensorView& out) {
+  CheckRmsNormArgs(kHost, x, weight, out);
+  switch (weight.dtype) {
+    case DType::kF32:
+      return RmsNormT<float>(params.eps, x, weight, out);
+    case DType::kF16:
+      return RmsNormT<f16_t>(params.eps, x, weight, out);
+    case DType::kBF16:
+      return RmsNormT<bf16_t>(params.eps, x, weight, out);
+    case DType::kI32:
+      break;
+  }
+  MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
+}
+
+// ---- Gemm ------------------------------------------------------------------------------------
+template <typename W>
+void CpuBackend::GemmT(const TensorView& x, const TensorView& w, const TensorView& bias,
+                       const TensorView& out, GemmSmallNFn<W> small_n, GemmLargeNFn<W> large_n) {
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  if (n == 0 || m == 0) return;
+  const float* bias_f32 = nullptr;
+  if (!bias.empty()) {
+    bias_f32_.resize(m);
+    WeightToF32(bias.as<W>(), m, bias_f32_.data());
+    bias_f32 = bias_f32_.data();
+  }
+  const float* xp = x.as<float>();
+  const W* wp = w.as<W>();
+  float* o = out.as<float>();
+  if (n <= kGemmSmallNMax) {
+    // Decode: bound by reading w, so split the weight rows and let every thread stream its share.
+    pool_.ParallelFor(0, m, kGemmRowGrain,
+                      [&](int64_t b, int64_t e) { small_n(xp, n, k, wp, bias_f32, o, m, b, e); });
+    return;
+  }
+  // Prefill: 2-D tiles over (weight-row block, x-row block); each tile packs its w block once.
+  const int64_t col_blocks = (m + kGemmColBlock - 1) / kGemmColBlock;
+  const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
+  pool_.ParallelFor(0, col_blocks * row_blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t cb = t / row_blocks, rb = t % row_blocks;
+      large_n(xp, rb * kGemmRowBlock, std::min(n, (rb + 1) * kGemmRowBlock), k, wp, bias_f32, o, m,
+              cb * kGemmColBlock, std::min(m, (cb + 1) * kGemmColBlock));
+    }
+  });
+}
+
+void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
+                      const TensorView& out) {
+  CheckGemmArgs(kHost, x, w, bias, out);
+  switch (w.dtype) {
+    case DType::kF32:
+      return GemmT<float>(x, w, bias, out, kernels_.gemm_small_f32, kernels_.gemm_large_f32);
+    case DType::kF16:
+      return GemmT<f16_t>(x, w, bias, out, kernels_.gemm_small_f16, kernels_.gemm_large_f16);
+    case DType::kBF16:
+      return GemmT<bf16_t>(x, w, bias, out, kernels_.gemm_small_bf16, kernels_.gemm_large_bf16);
+    case DType::kI32:
+      break;
+  }
+  MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);
+}
+
+// ---- RopeAndAppendKv -------------------------------------------------------------------------
+template <typename T>
+void CpuBackend::RopeAndAppendKvT(const RopeParams& p, const TensorView& q, const TensorView& k,
+                                  const TensorView& v, const TensorView& positions,
+                                  const TensorView& slots, const TensorView& kv_pool) {
+  const int64_t n = q.dim(0), hd = p.head_dim, half = hd / 2, kv = p.n_kv_heads;
+  const int64_t bs = p.block_size, num_slots = kv_pool.dim(0) * bs;
+  const int32_t* pos = positions.as<int32_t>();
+  const int32_t* slot = slots.as<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MODSERVE_CHECK(pos[i] >= 0) << "position " << pos[i];
+    MODSERVE_CHECK(slot[i] >= 0 && slot[i] < num_slots)
+        << "slot " << slot[i] << " of " << num_slots;
+  }
+  // inv_freq in fp64 once per call; the angle position * inv_freq is fp64 too, so positions in
+  // the 100k range keep their phase (an f32 angle would be off by ~1e-2 rad there).
+  std::vector<double> inv_freq(half);
+  for (int64_t j = 0; j < half; ++j) {
+    inv_freq[j] = 1.0 / std::pow(p.rope_theta, static_cast<double>(2 * j) / hd);
+  }
+  float* qp = q.as<float>();
+  float* kp = k.as<float>();
+  const float* vp = v.as<float>();
+  T* pool = kv_pool.as<T>();
+  const int64_t work_per_token = (p.n_heads + 2 * kv) * hd;
+  pool_.ParallelFor(
+      0, n, std::max<int64_t>(1, kElementwiseGrain / work_per_token), [&](int64_t b, int64_t e) {
+        float* cs = ThreadScratch(2 * half);  // [cos | sin], f32 as the reference rounds them
+        for (int64_t i = b; i < e; ++i) {
+          for (int64_t j = 0; j < half; ++j) {
+            const double angle = static_cast<double>(pos[i]) * inv_freq[j];
+            cs[j] = static_cast<float>(std::cos(angle));
+            cs[half + j] = static_cast<float>(std::sin(angle));
+          }
+          auto rotate = [&](float* vec) {
+            for (int64_t j = 0; j < half; ++j) {
+              const float a = vec[j], c = vec[j + half];
+              vec[j] = a * cs[j] - c * cs[half + j];
+              vec[j + half] = c * cs[j] + a * cs[half + j];
+            }
+          };
+          for (int64_t h = 0; h < p.n_heads; ++h) rotate(qp + (i * p.n_heads + h) * hd);
+          const int64_t page = slot[i] / bs, offset = slot[i] % bs;
+          for (int64_t h = 0; h < kv; ++h) {
+            float* kh = kp + (i * kv + h) * hd;
+            const float* vh = vp + (i * kv + h) * hd;
+            rotate(kh);
+            T* k_dst = pool + ((page * 2 * kv + h) * bs + offset) * hd;
+            T* v_dst = pool + ((page * 2 * kv + kv + h) * bs + offset) * hd;
+            for (int64_t d = 0; d < hd; ++d) {
+              k_dst[d] = FromF32<T>(kh[d]);
+              v_dst[d] = FromF32<T>(vh[d]);
+            }
+          }
+        }
+      });
+}
+
+void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& positions,
+                                 const TensorView& slots, const TensorView& kv_pool) {
+  CheckRopeAndAppendKvArgs(kHost, params, q, k, v, positions, slots, kv_pool);
+  switch (kv_pool.dtype) {
+    case DType::kF32:
+      return RopeAndAppendKvT<float>(params, q, k, v, positions, slots, kv_pool);
+    case DType::kF16:
+      return RopeAndAppendKvT<f16_t>(params, q, k, v, positions, slots, kv_pool);
+    case DType::kBF16:
+      return RopeAndAppendKvT<bf16_t>(params, q, k, v, positions, slots, kv_pool);
+    case DType::kI32:
+      break;
+  }
+  MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
+}
+
+// ---- Attention -------------------------------------------------------------------------------
+// Flash-style: per (row, kv head, split) task, keys are visited in tiles of kKeyTile; each tile's
+// scores update a running max m, denominator l and unnormalised output acc for every q head of
+// the GQA group, so memory is O(tile) whatever the context. K/V of a tile are converted to f32 once
+// and shared by the group's q heads. With more than one split, each task leaves (m, l, acc) in
+// attn_partial_ and a second pass merges the splits (log-sum-exp combine).
+template <typename T>
+void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
+                            const TensorView& kv_pool, const TensorView& page_table,
+                            const TensorView& row_seq, const TensorView& row_kv_len,
+                            const TensorView& out) {
+  const int64_t n = q.dim(0), hd = p.head_dim, kv = p.n_kv_heads, bs = p.block_size;
+  const int64_t group = p.n_heads / kv;
+  const int64_t num_seqs = page_table.dim(0), max_pages = page_table.dim(1);
+  const int64_t num_pages = kv_pool.dim(0);
+  const int32_t* pt = page_table.as<int32_t>();
+  const int32_t* seq_of = row_seq.as<int32_t>();
+  const int32_t* kv_len = row_kv_len.as<int32_t>();
+  int64_t max_kv_len = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    MODSERVE_CHECK(seq_of[i] >= 0 && seq_of[i] < num_seqs)
+        << "row_seq " << seq_of[i] << " of " << num_seqs;
+    MODSERVE_CHECK(kv_len[i] >= 1 && kv_len[i] <= max_pages * bs) << "row_kv_len " << kv_len[i];
+    const int32_t* pages = pt + seq_of[i] * max_pages;
+    for (int64_t e = 0; e < (kv_len[i] + bs - 1) / bs; ++e) {
+      MODSERVE_CHECK(pages[e] >= 0 && pages[e] < num_pages)
+          << "page " << pages[e] << " of " << num_pages;
+    }
+    max_kv_len = std::max<int64_t>(max_kv_len, kv_len[i]);
+  }
+  if (n == 0) return;
+
+  // Split the context only when (row, kv head) pairs alone cannot keep every thread busy, e.g.
+  // batch-1 decode with few kv heads; 2 tasks per thread absorb uneven progress.
+  const int64_t pairs = n * kv;
+  int64_t splits = 1;
+  if (pairs < 2 * pool_.num_threads()) {
+    splits = std::min((2 * pool_.num_threads() + pairs - 1) / pairs,
+                      (max_kv_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+    splits = std::max<int64_t>(splits, 1);
+  }
+  const int64_t partial_stride = group * (hd + 2);  // per task: m[group], l[group], acc[group][hd]
+  if (splits > 1) attn_partial_.resize(pairs * splits * partial_stride);
+
+  const float* qp = q.as<float>();
+  const T* pool = kv_pool.as<T>();
+  float* o = out.as<float>();
+  const float scale = p.scale;
+  const KernelTable& kern = kernels_;
+  float* partial = attn_partial_.data();
+
+  auto run_task = [&](int64_t task) {
+    const int64_t s = task % splits, pair = task / splits;
+    const int64_t i = pair / kv, g = pair % kv;
+    const int64_t len = kv_len[i];
+    const int64_t per_split = (len + splits - 1) / splits;
+    const int64_t j_begin = std::min(len, s * per_split),
+                  j_end = std::min(len, j_begin + per_split);
+    const int32_t* pages = pt + seq_of[i] * max_pages;
+
+    float* scratch = ThreadScratch(2 * kKeyTile * hd + group * (kKeyTile + hd + 3));
+    float* k_tile = scratch;                 // [kKeyTile, hd]
+    float* v_tile = k_tile + kKeyTile * hd;  // [kKeyTile, hd]
+    float* scores = v_tile + kKeyTile * hd;  // [group, kKeyTile]
+    float* acc = scores + group * kKeyTile;  // [group, hd]
+    float* m = acc + group * hd;             // [group]
+    float* l = m + group;                    // [group]
+    float* rescale = l + group;              // [group]
+    std::fill(acc, acc + group * hd, 0.0f);
+    std::fill(m, m + group, -INFINITY);
+    std::fill(l, l + group, 0.0f);
+    const float* qg = qp + (i * p.n_heads + g * group) * hd;  // the group's heads are contiguous
+
+    for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
+      const int64_t nt = std::min(kKeyTile, j_end - t0);
+      for (int64_t t = 0; t < nt; ++t) {
+        const int64_t j = t0 + t;
+        // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
+        const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
+        KvToF32(base + g * bs * hd, hd, k_tile + t * hd);
+        KvToF32(base + (kv + g) * bs * hd, hd, v_tile + t * hd);
+      }
+      kern.attn_scores(qg, group, k_tile, nt, hd, scale, scores, kKeyTile);
+      for (int64_t h = 0; h < group; ++h) {
+        float* sh = scores + h * kKeyTile;
+        float tile_max = sh[0];
+        for (int64_t t = 1; t < nt; ++t) tile_max = std::max(tile_max, sh[t]);
+        const float m_new = std::max(m[h], tile_max);
+        rescale[h] = std::exp(m[h] - m_new);  // exp(-inf) = 0 on the first tile
+        float sum = 0.0f;
+        for (int64_t t = 0; t < nt; ++t) {
+          sh[t] = std::exp(sh[t] - m_new);
+          sum += sh[t];
+        }
+        l[h] = l[h] * rescale[h] + sum;
+        m[h] = m_new;
+      }
+      kern.attn_accumulate(scores, kKeyTile, group, v_tile, nt, hd, rescale, acc);
+    }
+
+    if (splits == 1) {
+      for (int64_t h = 0; h < group; ++h) {
+        float* dst = o + (i * p.n_heads + g * group + h) * hd;
+        const float inv_l = 1.0f / l[h];
+        for (int64_t d = 0; d < hd; ++d) dst[d] = acc[h * hd + d] * inv_l;
+      }
+    } else {
+      float* dst = partial + task * partial_stride;
+      std::copy(m, m + group, dst);
+      std::copy(l, l + group, dst + group);
+      std::copy(acc, acc + group * hd, dst + 2 * group);
+    }
+  };
+  pool_.ParallelFor(0, pairs * splits, 1, [&](int64_t b, int64_t e) {
+    for (int64_t task = b; task < e; ++task) run_task(task);
+  });
+  if (splits == 1) return;
+
+  // Merge the splits of each (row, kv head); an empty split has m = -inf and weighs 0.
+  pool_.ParallelFor(0, pairs, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pair = b; pair < e; ++pair) {
+      const int64_t i = pair / kv, g = pair % kv;
+      const float* parts = partial + pair * splits * partial_stride;
+      for (int64_t h = 0; h < group; ++h) {
+        float m_all = -INFINITY;
+        for (int64_t s = 0; s < splits; ++s) m_all = std::max(m_all, parts[s * partial_stride + h]);
+        float* dst = o + (i * p.n_heads + g * group + h) * hd;
+        std::fill(dst, dst + hd, 0.0f);
+        float l_all = 0.0f;
+        for (int64_t s = 0; s < splits; ++s) {
+          const float* part = parts + s * partial_stride;
+          const float l_s = part[group + h];
+          if (l_s == 0.0f) continue;
+          const float wgt = std::exp(part[h] - m_all);
+          l_all += wgt * l_s;
+          const float* acc_s = part + 2 * group + h * hd;
+          for (int64_t d = 0; d < hd; ++d) dst[d] += wgt * acc_s[d];
+        }
+        const float inv_l = 1.0f / l_all;
+        for (int64_t d = 0; d < hd; ++d) dst[d] *= inv_l;
+      }
+    }
+  });
+}
+
+void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
+                           const TensorView& kv_pool, const TensorView& page_table,
+                           const TensorView& row_seq, const TensorView& row_kv_len,
+                           const TensorView& out) {
+  CheckAttentionArgs(kHost, params, q, kv_pool, page_table, row_seq, row_kv_len, out);
+  switch (kv_pool.dtype) {
+    case DType::kF32:
+      return AttentionT<float>(params, q, kv_pool, page_table, row_seq, row_kv_len, out);
+    case DType::kF16:
+      return AttentionT<f16_t>(params, q, kv_pool, page_table, row_seq, row_kv_len, out);
+    case DType::kBF16:
+      return AttentionT<bf16_t>(params, q, kv_pool, page_table, row_seq, row_kv_len, out);
+    case DType::kI32:
+      break;
+  }
+  MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
+}
+
+// ---- elementwise and MoD ops -----------------------------------------------------------------
+void CpuBackend::SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  CheckSameShapeF32Args(kHost, gate, up, out);
+  const float* g = gate.as<float>();
+  const float* u = up.as<float>();
+  float* o = out.as<float>();
+  pool_.ParallelFor(0, gate.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) o[i] = g[i] * Sigmoid(g[i]) * u[i];
+  });
+}
+
+void CpuBackend::Activation(const ActivationParams& params, const TensorView& x) {
+  CheckActivationArgs(kHost, x);
+  float* v = x.as<float>();
+  const ActivationKind kind = params.kind;
+  pool_.ParallelFor(0, x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+    switch (kind) {
+      case ActivationKind::kSilu:
+        for (int64_t i = b; i < e; ++i) v[i] = v[i] * Sigmoid(v[i]);
+        return;
+      case ActivationKind::kGelu:
+        for (int64_t i = b; i < e; ++i) {
+          v[i] = 0.5f * v[i] * (1.0f + std::erf(v[i] * static_cast<float>(M_SQRT1_2)));
+        }
+        return;
+      case ActivationKind::kRelu:
+        for (int64_t i = b; i < e; ++i) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+        return;
+    }
+  });
+}
+
+void CpuBackend::Add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  CheckSameShapeF32Args(kHost, a, b, out);
+  const float* ap = a.as<float>();
+  const float* bp = b.as<float>();
+  float* o = out.as<float>();
+  pool_.ParallelFor(0, a.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) o[i] = ap[i] + bp[i];
+  });
+}
+
+void CpuBackend::GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) {
+  CheckGatherRowsArgs(kHost, x, idx, out);
+  const int64_t n = x.dim(0), d = x.dim(1), m = idx.dim(0);
+  const int32_t* rows = idx.as<int32_t>();
+  for (int64_t j = 0; j < m; ++j) {
+    MODSERVE_CHECK(rows[j] >= 0 && rows[j] < n) << "row index " << rows[j] << " of " << n;
+  }
+  const float* xp = x.as<float>();
+  float* o = out.as<float>();
+  for (int64_t j = 0; j < m; ++j) std::memcpy(o + j * d, xp + rows[j] * d, d * sizeof(float));
+}
+
+void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const TensorView& x,
+                                const TensorView& y, const TensorView& idx, const TensorView& s) {
+  CheckScatterCombineArgs(kHost, x, y, idx, s);
+  const int64_t n = x.dim(0), d = x.dim(1), m = idx.dim(0);
+  const int32_t* rows = idx.as<int32_t>();
+  for (int64_t j = 0; j < m; ++j) {
+    MODSERVE_CHECK(rows[j] >= 0 && rows[j] < n) << "row index " << rows[j] << " of " << n;
+  }
+  float* xp = x.as<float>();
+  const float* yp = y.as<float>();
+  const float* sp = s.as<float>();
+  // Rows are distinct (contract), so chunks of j never touch the same x row.
+  pool_.ParallelFor(0, m, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(d, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t j = b; j < e; ++j) {
+                        float g = 0.0f;
+                        switch (params.weight_fn) {
+                          case WeightFn::kIdentity:
+                            g = sp[j];
+                            break;
+                          case WeightFn::kSigmoid:
+                            g = Sigmoid(sp[j]);
+                            break;
+                        }
+                        float* xr = xp + rows[j] * d;
+                        const float* yr = yp + j * d;
+                        switch (params.scale_target) {
+                          case ScaleTarget::kUpdate:
+                            for (int64_t c = 0; c < d; ++c) xr[c] = xr[c] + g * (yr[c] - xr[c]);
+                            break;
+                          case ScaleTarget::kBlockOutput:
+                            for (int64_t c = 0; c < d; ++c) xr[c] = g * yr[c];
+                            break;
+                        }
+                      }
+                    });
+}
+
+}  // namespace modserve::backend::cpu

@@ -1,0 +1,96 @@
+// The CPU backend: multi-threaded, SIMD (AVX2 / AVX-512, chosen at run time) versions of the
+// backend ops on host memory. It is what users without a GPU run, so it is built for speed; its
+// oracle is reference_ops.h. No asynchrony: every op has finished when it returns.
+#ifndef MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_
+#define MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
+#include "engine/backend/cpu/thread_pool.h"
+
+namespace modserve::backend::cpu {
+
+struct CpuBackendOptions {
+  // Threads that run an op, the calling thread included; 0 = std::thread::hardware_concurrency().
+  int num_threads = 0;
+  // Forces the kernels of one ISA (dispatch tests, benchmarks); unset = the best this CPU runs.
+  std::optional<Isa> isa;
+};
+
+// Threads: engine thread only (see Backend). Owns a ThreadPool whose workers sleep between ops.
+class CpuBackend final : public Backend {
+ public:
+  // InvalidArgument when num_threads < 0; Unavailable when `isa` names kernels this CPU (or OS)
+  // cannot run, e.g. AVX-512 on a CPU without avx512f/bw/vl.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options);
+
+  Isa isa() const { return kernels_.isa; }
+  int num_threads() const { return pool_.num_threads(); }
+
+  std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+  bool Supports(OpKind op, DType dtype) const override;
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
+  absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
+  absl::Status Synchronize() override;
+
+  void Embed(const TensorView& ids, const TensorView& table, const TensorView& out) override;
+  void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
+               const TensorView& out) override;
+  void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
+            const TensorView& out) override;
+  void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const TensorView& positions, const TensorView& slots,
+                       const TensorView& kv_pool) override;
+  void Attention(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
+                 const TensorView& page_table, const TensorView& row_seq,
+                 const TensorView& row_kv_len, const TensorView& out) override;
+  void SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) override;
+  void Activation(const ActivationParams& params, const TensorView& x) override;
+  void Add(const TensorView& a, const TensorView& b, const TensorView& out) override;
+  void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
+  void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
+                      const TensorView& idx, const TensorView& s) override;
+
+ private:
+  CpuBackend(const KernelTable& kernels, int num_threads);
+
+  template <typename W>
+  void EmbedT(const TensorView& ids, const TensorView& table, const TensorView& out);
+  template <typename W>
+  void RmsNormT(float eps, const TensorView& x, const TensorView& weight, const TensorView& out);
+  template <typename W>
+  void GemmT(const TensorView& x, const TensorView& w, const TensorView& bias,
+             const TensorView& out, GemmSmallNFn<W> small_n, GemmLargeNFn<W> large_n);
+  template <typename T>
+  void RopeAndAppendKvT(const RopeParams& params, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& positions, const TensorView& slots,
+                        const TensorView& kv_pool);
+  template <typename T>
+  void AttentionT(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
+                  const TensorView& page_table, const TensorView& row_seq,
+                  const TensorView& row_kv_len, const TensorView& out);
+  // Converts `count` KV entries to f32 with this ISA's kernels (a copy for f32).
+  template <typename T>
+  void KvToF32(const T* src, int64_t count, float* dst) const;
+  template <typename W>
+  void WeightToF32(const W* src, int64_t count, float* dst) const;
+
+  const KernelTable& kernels_;
+  ThreadPool pool_;
+  // Scratch reused across calls so a decode step does not allocate once sizes have been seen.
+  std::vector<float> bias_f32_;      // [m] f32: the Gemm bias converted once per call
+  std::vector<float> norm_weight_;   // [d] f32: the RmsNorm weight converted once per call
+  std::vector<float> attn_partial_;  // [n, n_kv_heads, splits, group, head_dim + 2] f32
+};
+
+}  // namespace modserve::backend::cpu
+
+#endif  // MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_

@@ -1,0 +1,78 @@
+// Run-time ISA detection and the choice of kernel table; compiled with baseline flags so that it
+// is safe to run on any x86-64 (or non-x86) CPU.
+#include "engine/backend/cpu/kernels.h"
+
+#include <string_view>
+
+namespace modserve::backend::cpu {
+
+std::string_view IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+// __builtin_cpu_supports also checks, via XGETBV, that the OS saves the ymm/zmm state.
+bool CpuHasIsa(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+#if defined(__x86_64__)
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+#else
+      return false;
+#endif
+    case Isa::kAvx512:
+#if defined(__x86_64__)
+      return CpuHasIsa(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+Isa BestIsa() {
+  if (CpuHasIsa(Isa::kAvx512)) return Isa::kAvx512;
+  if (CpuHasIsa(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+const KernelTable& KernelsFor(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return internal::kScalarKernelTable;
+    case Isa::kAvx2:
+#if defined(__x86_64__)
+      return internal::kAvx2KernelTable;
+#else
+      return internal::kScalarKernelTable;
+#endif
+    case Isa::kAvx512:
+#if defined(__x86_64__)
+      return internal::kAvx512KernelTable;
+#else
+      return internal::kScalarKernelTable;
+#endif
+  }
+  return internal::kScalarKernelTable;
+}
+
+}  // namespace modserve::backend::cpu

@@ -1,0 +1,79 @@
+// Per-ISA CPU kernel tables (scalar, AVX2+FMA+F16C, AVX-512F/BW/VL) and run-time ISA detection.
+// The kernels are single-threaded pieces of an op; threading and shape checks live in cpu_backend.
+#ifndef MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_
+#define MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "engine/common/dtype.h"
+
+namespace modserve::backend::cpu {
+
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512 };
+
+std::string_view IsaName(Isa isa);
+
+// Whether this CPU (and OS) can run kernels of `isa`: kAvx2 needs AVX2, FMA and F16C; kAvx512
+// needs AVX-512 F, BW and VL on top. kScalar is always available.
+bool CpuHasIsa(Isa isa);
+// The widest ISA that CpuHasIsa() accepts.
+Isa BestIsa();
+// Whether the CPU reports AVX512_BF16 (informational: see kernels_avx512.cc for why the GEMM
+// does not use vdpbf16ps).
+bool CpuHasAvx512Bf16();
+
+// Rows [row_begin, row_end) of out = x @ w^T + bias, i.e. out[i, r] for every i < n.
+// x [n, k] f32 row-major; w [m, k] row-major (m is implied by ldo); bias null or [m] f32;
+// out [n, ldo] f32. GemmSmallN streams each weight row once for all n rows (decode);
+// GemmLargeN packs w tiles to f32 and runs a register-blocked micro-kernel (prefill), and
+// additionally takes a row range [x_begin, x_end) of x so callers can split 2-D.
+template <typename W>
+using GemmSmallNFn = void (*)(const float* x, int64_t n, int64_t k, const W* w, const float* bias,
+                              float* out, int64_t ldo, int64_t row_begin, int64_t row_end);
+template <typename W>
+using GemmLargeNFn = void (*)(const float* x, int64_t x_begin, int64_t x_end, int64_t k, const W* w,
+                              const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                              int64_t row_end);
+
+struct KernelTable {
+  Isa isa;
+
+  GemmSmallNFn<float> gemm_small_f32;
+  GemmSmallNFn<f16_t> gemm_small_f16;
+  GemmSmallNFn<bf16_t> gemm_small_bf16;
+  GemmLargeNFn<float> gemm_large_f32;
+  GemmLargeNFn<f16_t> gemm_large_f16;
+  GemmLargeNFn<bf16_t> gemm_large_bf16;
+
+  // dst[i] = float(src[i]) for i < count (exact conversions).
+  void (*to_f32_f16)(const f16_t* src, int64_t count, float* dst);
+  void (*to_f32_bf16)(const bf16_t* src, int64_t count, float* dst);
+
+  // scores[g, t] = scale * dot(q[g, :], keys[t, :]).
+  // q [num_q, head_dim] f32; keys [num_keys, head_dim] f32; scores [num_q, ld_scores] f32.
+  void (*attn_scores)(const float* q, int64_t num_q, const float* keys, int64_t num_keys,
+                      int64_t head_dim, float scale, float* scores, int64_t ld_scores);
+  // acc[g, :] = acc[g, :] * rescale[g] + sum_t probs[g, t] * values[t, :].
+  // probs [num_q, ld_probs] f32; values [num_keys, head_dim] f32; acc [num_q, head_dim] f32.
+  void (*attn_accumulate)(const float* probs, int64_t ld_probs, int64_t num_q, const float* values,
+                          int64_t num_keys, int64_t head_dim, const float* rescale, float* acc);
+};
+
+// The table of `isa`; calling a kernel of an ISA that CpuHasIsa() rejects is undefined (SIGILL).
+const KernelTable& KernelsFor(Isa isa);
+
+namespace internal {
+// Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
+extern const KernelTable kScalarKernelTable;
+extern const KernelTable kAvx2KernelTable;
+extern const KernelTable kAvx512KernelTable;
+}  // namespace internal
+
+// Decode/prefill threshold: GemmSmallN up to this many x rows, GemmLargeN above. Up to ~16 rows
+// the small-n kernel is still bound by reading w once; beyond that packing w pays for itself.
+inline constexpr int64_t kGemmSmallNMax = 16;
+
+}  // namespace modserve::backend::cpu
+
+#endif  // MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_

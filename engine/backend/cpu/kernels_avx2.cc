@@ -1,0 +1,60 @@
+// AVX2 + FMA + F16C instantiation of the CPU kernels; compiled with -mavx2 -mfma -mf16c for this
+// file only. Only reachable through KernelsFor(Isa::kAvx2) after CpuHasIsa() said yes.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "engine/backend/cpu/kernels.h"
+
+namespace modserve::backend::cpu {
+namespace {
+
+struct Avx2 {
+  using V = __m256;
+  static constexpr int kLanes = 8;
+  // 6 rows x 2 vectors = 12 accumulators + 2 panel vectors + 1 broadcast of 16 ymm registers.
+  static constexpr int kMr = 6;
+  // 2 x rows x 4 weight rows = 8 accumulators; 4 x rows would spill.
+  static constexpr int kSmallNx = 2;
+
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Set1(float v) { return _mm256_set1_ps(v); }
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  // bf16 is the top half of an f32: widen and shift.
+  static V Load(const bf16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static V Load(const f16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static float ReduceAdd(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float ToF32(float v) { return v; }
+  static float ToF32(bf16_t v) {
+    const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static float ToF32(f16_t v) { return _cvtsh_ss(v.bits); }
+};
+
+#include "engine/backend/cpu/simd_kernels_impl.h"
+
+}  // namespace
+
+namespace internal {
+constinit const KernelTable kAvx2KernelTable = MakeKernelTable<Avx2>(Isa::kAvx2);
+}  // namespace internal
+
+}  // namespace modserve::backend::cpu

@@ -1,0 +1,40 @@
+// Portable instantiation of the CPU kernels (one float per "vector"), compiled with the baseline
+// flags: the fallback for CPUs without AVX2, and the third leg of the dispatch tests.
+#include <cstdint>
+
+#include "engine/backend/cpu/kernels.h"
+#include "engine/common/dtype.h"
+
+namespace modserve::backend::cpu {
+namespace {
+
+struct Scalar {
+  using V = float;
+  static constexpr int kLanes = 1;
+  static constexpr int kMr = 4;
+  static constexpr int kSmallNx = 4;
+
+  static V Zero() { return 0.0f; }
+  static V Set1(float v) { return v; }
+  static V Load(const float* p) { return *p; }
+  static V Load(const bf16_t* p) { return Bf16ToF32(*p); }
+  static V Load(const f16_t* p) { return F16ToF32(*p); }
+  static V Fma(V a, V b, V c) { return a * b + c; }
+  static V Add(V a, V b) { return a + b; }
+  static V Mul(V a, V b) { return a * b; }
+  static void Store(float* p, V v) { *p = v; }
+  static float ReduceAdd(V v) { return v; }
+  static float ToF32(float v) { return v; }
+  static float ToF32(bf16_t v) { return Bf16ToF32(v); }
+  static float ToF32(f16_t v) { return F16ToF32(v); }
+};
+
+#include "engine/backend/cpu/simd_kernels_impl.h"
+
+}  // namespace
+
+namespace internal {
+constinit const KernelTable kScalarKernelTable = MakeKernelTable<Scalar>(Isa::kScalar);
+}  // namespace internal
+
+}  // namespace modserve::backend::cpu

@@ -1,0 +1,37 @@
+// Argument checks shared by every implementation of the backend ops: dtypes, ranks, shapes and
+// devices. A failure is a caller bug, so they CHECK-fail; they never look at index values.
+#ifndef MODSERVE_ENGINE_BACKEND_CPU_OP_CHECKS_H_
+#define MODSERVE_ENGINE_BACKEND_CPU_OP_CHECKS_H_
+
+#include "engine/backend/backend.h"
+#include "engine/common/tensor_view.h"
+
+namespace modserve::backend::cpu {
+
+// Each function checks the arguments of the Backend op of the same name (see backend.h for the
+// shapes) and that every tensor lives on `device`.
+void CheckEmbedArgs(Device device, const TensorView& ids, const TensorView& table,
+                    const TensorView& out);
+void CheckRmsNormArgs(Device device, const TensorView& x, const TensorView& weight,
+                      const TensorView& out);
+void CheckGemmArgs(Device device, const TensorView& x, const TensorView& w, const TensorView& bias,
+                   const TensorView& out);
+void CheckRopeAndAppendKvArgs(Device device, const RopeParams& params, const TensorView& q,
+                              const TensorView& k, const TensorView& v, const TensorView& positions,
+                              const TensorView& slots, const TensorView& kv_pool);
+void CheckAttentionArgs(Device device, const AttentionParams& params, const TensorView& q,
+                        const TensorView& kv_pool, const TensorView& page_table,
+                        const TensorView& row_seq, const TensorView& row_kv_len,
+                        const TensorView& out);
+// SwiGlu and Add: three [n, f] f32 tensors of one shape.
+void CheckSameShapeF32Args(Device device, const TensorView& a, const TensorView& b,
+                           const TensorView& out);
+void CheckActivationArgs(Device device, const TensorView& x);
+void CheckGatherRowsArgs(Device device, const TensorView& x, const TensorView& idx,
+                         const TensorView& out);
+void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorView& y,
+                             const TensorView& idx, const TensorView& s);
+
+}  // namespace modserve::backend::cpu
+
+#endif  // MODSERVE_ENGINE_BACKEND_CPU_OP_CHECKS_H_

@@ -1,0 +1,32 @@
+// The oracle: plain-loop, single-threaded versions of every backend op with fp32 accumulation in
+// the obvious order. Correctness only; the CPU backend's fast ops are tested against these.
+#ifndef MODSERVE_ENGINE_BACKEND_CPU_REFERENCE_OPS_H_
+#define MODSERVE_ENGINE_BACKEND_CPU_REFERENCE_OPS_H_
+
+#include "engine/backend/backend.h"
+#include "engine/common/tensor_view.h"
+
+// Same signatures and contracts as the Backend ops in backend.h; all tensors are host (kCpu)
+// tensors. Thread-safe (no shared state). Bad shapes and out-of-range indices CHECK-fail.
+namespace modserve::backend::cpu::reference {
+
+void Embed(const TensorView& ids, const TensorView& table, const TensorView& out);
+void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
+             const TensorView& out);
+void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias, const TensorView& out);
+void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
+                     const TensorView& v, const TensorView& positions, const TensorView& slots,
+                     const TensorView& kv_pool);
+void Attention(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
+               const TensorView& page_table, const TensorView& row_seq,
+               const TensorView& row_kv_len, const TensorView& out);
+void SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out);
+void Activation(const ActivationParams& params, const TensorView& x);
+void Add(const TensorView& a, const TensorView& b, const TensorView& out);
+void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out);
+void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
+                    const TensorView& idx, const TensorView& s);
+
+}  // namespace modserve::backend::cpu::reference
+
+#endif  // MODSERVE_ENGINE_BACKEND_CPU_REFERENCE_OPS_H_

@@ -1,0 +1,252 @@
+// ISA-generic kernel bodies, written once against a vector-traits class S and instantiated by each
+// kernels_<isa>.cc. Deliberately no include guard and no includes: every ISA translation unit
+// includes this INSIDE its own anonymous namespace, after defining S, so the instantiations get
+// internal linkage and the linker can never fold an AVX-512 copy into code that runs elsewhere
+// (the classic one-definition-rule trap of per-file -m flags). For the same reason this file uses
+// no std:: templates and calls no inline functions from other headers.
+//
+// S provides: V (vector of kLanes floats), kLanes, kMr (micro-kernel rows), kSmallNx (x rows per
+// small-n tile), Zero(), Set1(float), Load(const float*|const f16_t*|const bf16_t*) -> V,
+// Fma(a, b, c) = a * b + c, Mul, Store(float*, V), ReduceAdd(V), ToF32(float|f16_t|bf16_t).
+
+inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Converts count elements to f32 (exact for every input dtype).
+template <class S, class W>
+void ConvertRow(const W* src, int64_t count, float* dst) {
+  int64_t i = 0;
+  for (; i + S::kLanes <= count; i += S::kLanes) S::Store(dst + i, S::Load(src + i));
+  for (; i < count; ++i) dst[i] = S::ToF32(src[i]);
+}
+
+template <class S>
+void ToF32F16(const f16_t* src, int64_t count, float* dst) {
+  ConvertRow<S>(src, count, dst);
+}
+template <class S>
+void ToF32Bf16(const bf16_t* src, int64_t count, float* dst) {
+  ConvertRow<S>(src, count, dst);
+}
+
+// ---- small n (decode): out[i, r0 + j] for NX x rows and NW weight rows over the whole k --------
+// NX * NW independent accumulators hide the FMA latency even at n = 1; each weight vector is
+// converted once and used for all NX x rows, and the NW rows are 4 parallel DRAM streams.
+template <class S, class W, int NX, int NW>
+void SmallNTile(const float* x, int64_t k, const W* w, const float* bias, float* out, int64_t ldo,
+                int64_t r0) {
+  using V = typename S::V;
+  V acc[NX][NW];
+#pragma GCC unroll 16
+  for (int i = 0; i < NX; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NW; ++j) acc[i][j] = S::Zero();
+  }
+  const int64_t k_vec = k - k % S::kLanes;
+  for (int64_t kk = 0; kk < k_vec; kk += S::kLanes) {
+    V wv[NW];
+#pragma GCC unroll 16
+    for (int j = 0; j < NW; ++j) wv[j] = S::Load(w + j * k + kk);
+#pragma GCC unroll 16
+    for (int i = 0; i < NX; ++i) {
+      const V xv = S::Load(x + i * k + kk);
+#pragma GCC unroll 16
+      for (int j = 0; j < NW; ++j) acc[i][j] = S::Fma(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NX; ++i) {
+    for (int j = 0; j < NW; ++j) {
+      float sum = S::ReduceAdd(acc[i][j]);
+      for (int64_t kk = k_vec; kk < k; ++kk) sum += x[i * k + kk] * S::ToF32(w[j * k + kk]);
+      if (bias != nullptr) sum += bias[r0 + j];
+      out[i * ldo + r0 + j] = sum;
+    }
+  }
+}
+
+// NW weight rows starting at row r0, for every x row; the weight rows stay in L1/L2 across the
+// x tiles, so DRAM sees them once.
+template <class S, class W, int NW>
+void SmallNRows(const float* x, int64_t n, int64_t k, const W* w, const float* bias, float* out,
+                int64_t ldo, int64_t r0) {
+  constexpr int kNx = S::kSmallNx;
+  int64_t i = 0;
+  for (; i + kNx <= n; i += kNx) {
+    SmallNTile<S, W, kNx, NW>(x + i * k, k, w, bias, out + i * ldo, ldo, r0);
+  }
+  const int64_t rest = n - i;
+  const float* xi = x + i * k;
+  float* oi = out + i * ldo;
+  // kSmallNx <= 4, so at most 3 rows remain.
+  if (rest == 3) SmallNTile<S, W, 3, NW>(xi, k, w, bias, oi, ldo, r0);
+  if (rest == 2) SmallNTile<S, W, 2, NW>(xi, k, w, bias, oi, ldo, r0);
+  if (rest == 1) SmallNTile<S, W, 1, NW>(xi, k, w, bias, oi, ldo, r0);
+}
+
+template <class S, class W>
+void GemmSmallN(const float* x, int64_t n, int64_t k, const W* w, const float* bias, float* out,
+                int64_t ldo, int64_t row_begin, int64_t row_end) {
+  int64_t r = row_begin;
+  for (; r + 4 <= row_end; r += 4) SmallNRows<S, W, 4>(x, n, k, w + r * k, bias, out, ldo, r);
+  for (; r < row_end; ++r) SmallNRows<S, W, 1>(x, n, k, w + r * k, bias, out, ldo, r);
+}
+
+// ---- large n (prefill): packed w panels and an kMr x (2 * kLanes) register-blocked kernel -------
+// kKc: a [kKc, 2 * kLanes] f32 panel is 32 KiB for AVX-512, so it stays in L1 while kMr x rows
+// stream past it; the kNcPanels panels of one block (128 KiB) sit in L2 and are reused by all x
+// rows of the call, which amortises the conversion and transposition of w.
+inline constexpr int64_t kKc = 256;
+inline constexpr int64_t kNcPanels = 4;
+
+// Panel p of `packed` is [kc, NR] f32: packed[p][kk][jj] = w[p * NR + jj, kk], zero past nc.
+template <class S, class W>
+void PackPanels(const W* w, int64_t ldw, int64_t nc, int64_t kc, float* packed) {
+  constexpr int64_t kNr = 2 * S::kLanes;
+  const int64_t panels = (nc + kNr - 1) / kNr;
+  alignas(64) float row[kKc];
+  for (int64_t j = 0; j < panels * kNr; ++j) {
+    float* dst = packed + (j / kNr) * kc * kNr + j % kNr;
+    if (j < nc) {
+      ConvertRow<S>(w + j * ldw, kc, row);
+      for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNr] = row[kk];
+    } else {
+      for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNr] = 0.0f;
+    }
+  }
+}
+
+// c[r, 0..nr) (+)= sum_kk a[r][kk] * b[kk, :] for r < mr. a holds kMr row pointers (rows past mr
+// repeat a valid row so the loop body has no branches; their results are dropped). On the first
+// k slice c is initialised with the bias (or zero) instead of being read.
+template <class S>
+void MicroKernel(const float* const* a, const float* b, int64_t kc, float* c, int64_t ldc, int mr,
+                 int nr, bool first, const float* bias) {
+  using V = typename S::V;
+  constexpr int kMr = S::kMr;
+  constexpr int kL = S::kLanes;
+  V acc[kMr][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = S::Zero();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const V b0 = S::Load(b + kk * 2 * kL);
+    const V b1 = S::Load(b + kk * 2 * kL + kL);
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+      const V av = S::Set1(a[r][kk]);
+      acc[r][0] = S::Fma(av, b0, acc[r][0]);
+      acc[r][1] = S::Fma(av, b1, acc[r][1]);
+    }
+  }
+  if (nr == 2 * kL) {
+    for (int r = 0; r < mr; ++r) {
+      float* cr = c + r * ldc;
+      V c0 = S::Zero(), c1 = S::Zero();
+      if (!first) {
+        c0 = S::Load(cr);
+        c1 = S::Load(cr + kL);
+      } else if (bias != nullptr) {
+        c0 = S::Load(bias);
+        c1 = S::Load(bias + kL);
+      }
+      S::Store(cr, S::Add(c0, acc[r][0]));
+      S::Store(cr + kL, S::Add(c1, acc[r][1]));
+    }
+    return;
+  }
+  alignas(64) float tmp[2 * kL];
+  for (int r = 0; r < mr; ++r) {
+    float* cr = c + r * ldc;
+    S::Store(tmp, acc[r][0]);
+    S::Store(tmp + kL, acc[r][1]);
+    for (int j = 0; j < nr; ++j) {
+      const float base = !first ? cr[j] : (bias != nullptr ? bias[j] : 0.0f);
+      cr[j] = base + tmp[j];
+    }
+  }
+}
+
+template <class S, class W>
+void GemmLargeN(const float* x, int64_t x_begin, int64_t x_end, int64_t k, const W* w,
+                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  constexpr int64_t kNr = 2 * S::kLanes;
+  constexpr int kMr = S::kMr;
+  alignas(64) float packed[kKc * kNr * kNcPanels];
+  for (int64_t jb = row_begin; jb < row_end; jb += kNr * kNcPanels) {
+    const int64_t nc = Min64(kNr * kNcPanels, row_end - jb);
+    const int64_t panels = (nc + kNr - 1) / kNr;
+    for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+      const int64_t kc = Min64(kKc, k - k0);
+      PackPanels<S>(w + jb * k + k0, k, nc, kc, packed);
+      for (int64_t i0 = x_begin; i0 < x_end; i0 += kMr) {
+        const int mr = static_cast<int>(Min64(kMr, x_end - i0));
+        const float* a[kMr];
+        for (int r = 0; r < kMr; ++r) a[r] = x + (i0 + (r < mr ? r : mr - 1)) * k + k0;
+        for (int64_t p = 0; p < panels; ++p) {
+          const int nr = static_cast<int>(Min64(kNr, nc - p * kNr));
+          MicroKernel<S>(a, packed + p * kc * kNr, kc, out + i0 * ldo + jb + p * kNr, ldo, mr, nr,
+                         k0 == 0, bias != nullptr ? bias + jb + p * kNr : nullptr);
+        }
+      }
+    }
+  }
+}
+
+// ---- attention tiles ------------------------------------------------------------------------
+template <class S>
+void AttnScores(const float* q, int64_t num_q, const float* keys, int64_t num_keys,
+                int64_t head_dim, float scale, float* scores, int64_t ld_scores) {
+  const int64_t d_vec = head_dim - head_dim % S::kLanes;
+  for (int64_t g = 0; g < num_q; ++g) {
+    const float* qg = q + g * head_dim;
+    for (int64_t t = 0; t < num_keys; ++t) {
+      const float* kt = keys + t * head_dim;
+      typename S::V acc = S::Zero();
+      for (int64_t d = 0; d < d_vec; d += S::kLanes)
+        acc = S::Fma(S::Load(qg + d), S::Load(kt + d), acc);
+      float sum = S::ReduceAdd(acc);
+      for (int64_t d = d_vec; d < head_dim; ++d) sum += qg[d] * kt[d];
+      scores[g * ld_scores + t] = sum * scale;
+    }
+  }
+}
+
+// The accumulator of one head_dim chunk stays in a register across all keys of the tile.
+template <class S>
+void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const float* values,
+                    int64_t num_keys, int64_t head_dim, const float* rescale, float* acc) {
+  const int64_t d_vec = head_dim - head_dim % S::kLanes;
+  for (int64_t g = 0; g < num_q; ++g) {
+    const float* pg = probs + g * ld_probs;
+    float* ag = acc + g * head_dim;
+    const typename S::V rv = S::Set1(rescale[g]);
+    for (int64_t d = 0; d < d_vec; d += S::kLanes) {
+      typename S::V a = S::Mul(S::Load(ag + d), rv);
+      for (int64_t t = 0; t < num_keys; ++t) {
+        a = S::Fma(S::Set1(pg[t]), S::Load(values + t * head_dim + d), a);
+      }
+      S::Store(ag + d, a);
+    }
+    for (int64_t d = d_vec; d < head_dim; ++d) {
+      float a = ag[d] * rescale[g];
+      for (int64_t t = 0; t < num_keys; ++t) a += pg[t] * values[t * head_dim + d];
+      ag[d] = a;
+    }
+  }
+}
+
+// constexpr so each ISA's table is constant-initialised: no code of that ISA runs at start-up.
+template <class S>
+constexpr KernelTable MakeKernelTable(Isa isa) {
+  return KernelTable{
+      .isa = isa,
+      .gemm_small_f32 = &GemmSmallN<S, float>,
+      .gemm_small_f16 = &GemmSmallN<S, f16_t>,
+      .gemm_small_bf16 = &GemmSmallN<S, bf16_t>,
+      .gemm_large_f32 = &GemmLargeN<S, float>,
+      .gemm_large_f16 = &GemmLargeN<S, f16_t>,
+      .gemm_large_bf16 = &GemmLargeN<S, bf16_t>,
+      .to_f32_f16 = &ToF32F16<S>,
+      .to_f32_bf16 = &ToF32Bf16<S>,
+      .attn_scores = &AttnScores<S>,
+      .attn_accumulate = &AttnAccumulate<S>,
+  };
+}

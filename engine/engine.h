@@ -1,0 +1,152 @@
+// The engine facade: loads a checkpoint onto a backend, owns the KV cache, and runs sequences
+// step by step (the server's scheduler drives Step) or to completion (Generate, for the CLI,
+// tests and benchmarks). It knows nothing of gRPC, protobuf, prometheus or flags.
+#ifndef MODSERVE_ENGINE_ENGINE_H_
+#define MODSERVE_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/backend/backend.h"
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/model/transformer.h"
+#include "engine/model/weights.h"
+#include "engine/sampler/sampler.h"
+#include "engine/sampler/stop_checker.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace modserve::engine {
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string backend = "cpu";
+  int num_threads = 0;             // CPU backend threads; 0 = every core
+  int32_t max_batch_tokens = 512;  // rows of one forward pass (prefill chunks + decode tokens)
+  int32_t max_seqs = 16;           // sequences in one forward pass
+  int64_t kv_cache_bytes = int64_t{256} << 20;
+  int32_t block_size = 16;         // tokens per KV page
+  DType kv_dtype = DType::kF32;
+  uint64_t seed = 0;               // seeds the generator of per-request seeds
+};
+
+// One generation request, already tokenized.
+struct Request {
+  std::vector<TokenId> prompt;        // non-empty; BOS included when the model wants one
+  SamplingParams sampling;            // temperature 0 = greedy
+  std::optional<double> threshold;    // overrides mod.threshold for this request (in (0, 1))
+};
+
+// One sequence's share of a step: feed up to num_tokens of its pending input (prompt chunk, or
+// the last sampled token when decoding).
+struct StepEntry {
+  SequenceId seq_id = 0;
+  int32_t num_tokens = 1;
+};
+
+// A sampled token and what it adds to the output.
+struct TokenEvent {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;
+  std::string text;  // text safe to stream with this token (UTF-8 complete, stop strings held)
+  std::optional<FinishReason> finish_reason;  // set on the last token of the request
+};
+
+struct SequenceStepResult {
+  SequenceId seq_id = 0;
+  int32_t num_fed = 0;  // tokens fed this step
+  // Set when this step fed the sequence's last pending token and a new token was sampled.
+  std::optional<TokenEvent> event;
+};
+
+struct StepResult {
+  std::vector<SequenceStepResult> sequences;  // in the order of the entries
+  int32_t num_tokens = 0;                     // rows of the forward pass
+  int32_t num_layer_skips = 0;                // routed layers no row entered
+  // Per routed layer: rows routed in, of num_tokens.
+  std::vector<int32_t> routed_rows;
+};
+
+// A finished (or stopped) request.
+struct GenerationResult {
+  std::vector<TokenId> token_ids;   // generated tokens, the stopping one included
+  std::vector<float> logprobs;      // of each generated token
+  std::vector<std::vector<TokenLogprob>> top_logprobs;
+  std::string text;                 // empty when the checkpoint has no tokenizer
+  FinishReason finish_reason = FinishReason::kLength;
+  int32_t prompt_tokens = 0;
+  // Per routed layer index (config order), the decision for every token fed to the model:
+  // the prompt, then each generated token but the last (which is never fed).
+  std::vector<std::vector<uint8_t>> routing;
+  std::vector<int32_t> routed_layers;  // the layer index of each entry of `routing`
+  int64_t kv_bytes = 0;         // KV entries held at the end, in bytes (exact, not pages)
+  int64_t kv_bytes_dense = 0;   // what a dense model of the same shape would hold
+  int64_t kv_pages = 0;         // pages held at the end
+};
+
+// Threads: one thread (the engine thread) calls everything but the const accessors.
+class Engine {
+ public:
+  // NotFound / InvalidArgument / DataLoss from loading (each names the file or key);
+  // NotFound or Unavailable for an unknown or absent backend; ResourceExhausted when the KV cache
+  // or work buffers cannot be allocated; InvalidArgument for options that cannot work.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  ~Engine();
+
+  const ModelConfig& config() const { return model_.config(); }
+  const EngineOptions& options() const { return options_; }
+  // Null when the checkpoint directory has no tokenizer file.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  backend::Backend& backend() { return *backend_; }
+  KvCacheStats kv_stats() const { return kv_->GetStats(); }
+  // Bytes one token's K and V take at one layer.
+  int64_t kv_bytes_per_token_layer() const;
+
+  // Registers a request and returns its sequence id. InvalidArgument for bad sampling
+  // parameters, threshold or token ids; OutOfRange when prompt + max_new_tokens exceeds the
+  // model's max_seq_len.
+  absl::StatusOr<SequenceId> Add(const Request& request);
+  // One forward pass over the entries. Errors are those of Transformer::Step (nothing is
+  // committed); NotFound for an unknown id; FailedPrecondition for a finished sequence.
+  absl::StatusOr<StepResult> Step(absl::Span<const StepEntry> entries);
+  // Frees the sequence's KV pages and forgets it (finish, cancel, preemption).
+  absl::Status Release(SequenceId seq_id);
+  // Drops a sequence's KV pages but keeps its tokens, so a later step recomputes them
+  // (preemption by recompute).
+  absl::Status Preempt(SequenceId seq_id);
+
+  int32_t PendingTokens(SequenceId seq_id) const;
+  bool Finished(SequenceId seq_id) const;
+  // The result so far (complete once Finished()).
+  absl::StatusOr<GenerationResult> Result(SequenceId seq_id) const;
+
+  // Runs `requests` to completion together: continuous batching with chunked prefill inside
+  // max_batch_tokens, admission by worst-case KV pages. Results are in request order.
+  absl::StatusOr<std::vector<GenerationResult>> Generate(absl::Span<const Request> requests);
+
+ private:
+  struct Sequence;
+  Engine(EngineOptions options, LoadedModel model);
+
+  EngineOptions options_;
+  LoadedModel model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Transformer> transformer_;
+  std::unique_ptr<Sampler> sampler_;
+  absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  SequenceId next_id_ = 1;
+};
+
+}  // namespace modserve::engine
+
+#endif  // MODSERVE_ENGINE_ENGINE_H_

@@ -1,0 +1,48 @@
+// BlockTable: page arithmetic for one (sequence, layer); allocation policy lives in the manager.
+#include "engine/kv_cache/block_table.h"
+
+#include "engine/common/logging.h"
+
+namespace modserve::engine {
+
+BlockTable::BlockTable(int32_t block_size) : block_size_(block_size) {
+  MODSERVE_CHECK(block_size > 0) << "block_size=" << block_size;
+}
+
+int64_t BlockTable::PagesNeeded(int32_t num_new_tokens) const {
+  MODSERVE_CHECK(num_new_tokens >= 0) << "num_new_tokens=" << num_new_tokens;
+  const int64_t total = int64_t{num_tokens_} + num_new_tokens;
+  const int64_t pages = (total + block_size_ - 1) / block_size_;
+  return pages <= num_pages() ? 0 : pages - num_pages();
+}
+
+void BlockTable::AddPages(absl::Span<const PageId> pages) {
+  pages_.insert(pages_.end(), pages.begin(), pages.end());
+}
+
+void BlockTable::AddTokens(int32_t num_new_tokens) {
+  MODSERVE_CHECK(num_new_tokens >= 0) << "num_new_tokens=" << num_new_tokens;
+  MODSERVE_CHECK_LE(int64_t{num_tokens_} + num_new_tokens, int64_t{capacity()});
+  num_tokens_ += num_new_tokens;
+}
+
+int64_t BlockTable::Slot(int32_t entry_idx) const {
+  MODSERVE_CHECK(entry_idx >= 0 && entry_idx < capacity())
+      << "entry " << entry_idx << " outside capacity " << capacity();
+  return int64_t{pages_[entry_idx / block_size_]} * block_size_ + entry_idx % block_size_;
+}
+
+void BlockTable::TrimTo(std::vector<PageId>* released) {
+  const size_t keep = static_cast<size_t>((num_tokens_ + block_size_ - 1) / block_size_);
+  if (pages_.size() <= keep) return;
+  released->insert(released->end(), pages_.begin() + static_cast<ptrdiff_t>(keep), pages_.end());
+  pages_.resize(keep);
+}
+
+void BlockTable::Clear(std::vector<PageId>* released) {
+  released->insert(released->end(), pages_.begin(), pages_.end());
+  pages_.clear();
+  num_tokens_ = 0;
+}
+
+}  // namespace modserve::engine

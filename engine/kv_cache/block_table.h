@@ -1,0 +1,53 @@
+// The page list and token count of one (sequence, layer), and the slot number of each entry.
+// It holds page ids only; the pool owns their lifetimes and the backend owns their memory.
+#ifndef MODSERVE_ENGINE_KV_CACHE_BLOCK_TABLE_H_
+#define MODSERVE_ENGINE_KV_CACHE_BLOCK_TABLE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "engine/kv_cache/block_pool.h"
+
+namespace modserve::engine {
+
+// Entry i (the i-th token stored at this (sequence, layer), in position order) lives on page
+// pages()[i / block_size] at offset i % block_size, i.e. in pool slot
+//   slot = pages()[i / block_size] * block_size + i % block_size,
+// which indexes the pool tensor viewed as [num_pages * block_size] token slots per K/V half.
+// In a routed layer entry i is the i-th token *routed into* that layer, not position i.
+// Pages beyond ceil(num_tokens / block_size) may be held briefly between a capacity reservation
+// and its commit (KvCacheManager::ReserveCapacity / Commit).
+// Thread contract: engine thread only. Misuse (tokens beyond capacity) is a bug: CHECK.
+class BlockTable {
+ public:
+  explicit BlockTable(int32_t block_size);
+
+  int32_t block_size() const { return block_size_; }
+  int32_t num_tokens() const { return num_tokens_; }
+  int32_t num_pages() const { return static_cast<int32_t>(pages_.size()); }
+  int32_t capacity() const { return num_pages() * block_size_; }
+  absl::Span<const PageId> pages() const { return pages_; }
+
+  // Pages to add so that `num_new_tokens` more entries fit after num_tokens().
+  // 64-bit: num_tokens() + num_new_tokens may not fit 32 bits for a hostile request size.
+  int64_t PagesNeeded(int32_t num_new_tokens) const;
+  void AddPages(absl::Span<const PageId> pages);
+  // Advances num_tokens(). CHECK: the result fits capacity().
+  void AddTokens(int32_t num_new_tokens);
+  // CHECK: 0 <= entry_idx < capacity().
+  int64_t Slot(int32_t entry_idx) const;
+  // Moves pages not needed for num_tokens() into `released` (in table order).
+  void TrimTo(std::vector<PageId>* released);
+  // Moves every page into `released` and resets num_tokens() to 0.
+  void Clear(std::vector<PageId>* released);
+
+ private:
+  int32_t block_size_;
+  int32_t num_tokens_ = 0;
+  std::vector<PageId> pages_;
+};
+
+}  // namespace modserve::engine
+
+#endif  // MODSERVE_ENGINE_KV_CACHE_BLOCK_TABLE_H_

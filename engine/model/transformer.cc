@@ -1,0 +1,432 @@
+// The forward pass: model order, one op call per line, for every backend.
+#include "engine/model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
+
+namespace modserve::engine {
+namespace {
+
+backend::WeightFn ToBackend(WeightFn w) {
+  switch (w) {
+    case WeightFn::kIdentity:
+      return backend::WeightFn::kIdentity;
+    case WeightFn::kSigmoid:
+      return backend::WeightFn::kSigmoid;
+  }
+  return backend::WeightFn::kIdentity;
+}
+
+backend::ScaleTarget ToBackend(ScaleTarget t) {
+  switch (t) {
+    case ScaleTarget::kUpdate:
+      return backend::ScaleTarget::kUpdate;
+    case ScaleTarget::kBlockOutput:
+      return backend::ScaleTarget::kBlockOutput;
+  }
+  return backend::ScaleTarget::kUpdate;
+}
+
+backend::ActivationKind ToBackend(Activation a) {
+  switch (a) {
+    case Activation::kSilu:
+      return backend::ActivationKind::kSilu;
+    case Activation::kGelu:
+      return backend::ActivationKind::kGelu;
+    case Activation::kRelu:
+      return backend::ActivationKind::kRelu;
+  }
+  return backend::ActivationKind::kSilu;
+}
+
+// Host vector -> the first v.size() elements of an I32/F32 device buffer.
+template <typename T>
+absl::Status Upload(backend::Backend* be, const std::vector<T>& host, size_t count,
+                    const backend::DeviceBuffer& dst, DType dtype) {
+  if (count == 0) return absl::OkStatus();
+  TensorView src(const_cast<T*>(host.data()), dtype, {static_cast<int64_t>(count)});
+  return be->CopyToDevice(src, dst.View(dtype, {static_cast<int64_t>(count)}));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
+    const ModelConfig& config, const ModelWeights& weights, backend::Backend* backend,
+    KvCacheManager* kv, const TransformerOptions& options) {
+  if (options.max_batch_tokens < 1 || options.max_seqs < 1 || options.block_size < 1 ||
+      options.num_pages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transformer options must be positive: max_batch_tokens=", options.max_batch_tokens,
+        " max_seqs=", options.max_seqs, " block_size=", options.block_size,
+        " num_pages=", options.num_pages));
+  }
+  if (!backend->Supports(backend::OpKind::kAttention, options.kv_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("backend '", std::string(backend->name()),
+                                                   "' does not support KV dtype ",
+                                                   std::string(DTypeName(options.kv_dtype))));
+  }
+  // Every weight must be of a dtype the backend runs, and each bias of its weight's dtype.
+  auto check = [&](const TensorView& w, const TensorView& b, backend::OpKind op,
+                   const std::string& name) -> absl::Status {
+    if (!backend->Supports(op, w.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("backend '", std::string(backend->name()),
+                                                     "' cannot run ", name, " stored as ",
+                                                     std::string(DTypeName(w.dtype))));
+    }
+    if (!b.empty() && b.dtype != w.dtype) {
+      return absl::DataLossError(absl::StrCat(name, ": bias is ", std::string(DTypeName(b.dtype)),
+                                              " but the weight is ",
+                                              std::string(DTypeName(w.dtype))));
+    }
+    return absl::OkStatus();
+  };
+  MODSERVE_RETURN_IF_ERROR(
+      check(weights.embed_tokens, {}, backend::OpKind::kEmbed, "model.embed_tokens.weight"));
+  MODSERVE_RETURN_IF_ERROR(check(weights.lm_head, {}, backend::OpKind::kGemm, "lm_head.weight"));
+  MODSERVE_RETURN_IF_ERROR(check(weights.norm, {}, backend::OpKind::kRmsNorm, "model.norm.weight"));
+  for (int l = 0; l < config.n_layers; ++l) {
+    const LayerWeights& lw = weights.layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    for (const auto& [w, name] : {std::pair{lw.q_proj, "self_attn.q_proj"},
+                                  {lw.k_proj, "self_attn.k_proj"}, {lw.v_proj, "self_attn.v_proj"},
+                                  {lw.o_proj, "self_attn.o_proj"}, {lw.gate_proj, "mlp.gate_proj"},
+                                  {lw.up_proj, "mlp.up_proj"}, {lw.down_proj, "mlp.down_proj"}}) {
+      MODSERVE_RETURN_IF_ERROR(check(w, {}, backend::OpKind::kGemm, p + name + ".weight"));
+    }
+    MODSERVE_RETURN_IF_ERROR(check(lw.input_layernorm, {}, backend::OpKind::kRmsNorm,
+                                   p + "input_layernorm.weight"));
+    MODSERVE_RETURN_IF_ERROR(check(lw.post_attention_layernorm, {}, backend::OpKind::kRmsNorm,
+                                   p + "post_attention_layernorm.weight"));
+    if (!lw.routed) continue;
+    MODSERVE_RETURN_IF_ERROR(
+        check(lw.router_weight, lw.router_bias, backend::OpKind::kGemm, p + "router.weight"));
+    if (!lw.predictor_hidden_weight.empty()) {
+      MODSERVE_RETURN_IF_ERROR(check(lw.predictor_hidden_weight, lw.predictor_hidden_bias,
+                                     backend::OpKind::kGemm, p + "aux_router.0.weight"));
+    }
+    if (!lw.predictor_out_weight.empty()) {
+      MODSERVE_RETURN_IF_ERROR(check(lw.predictor_out_weight, lw.predictor_out_bias,
+                                     backend::OpKind::kGemm, p + "aux_router (output).weight"));
+    }
+  }
+  std::unique_ptr<Transformer> t(new Transformer(config, weights, backend, kv, options));
+  MODSERVE_RETURN_IF_ERROR(t->AllocateBuffers());
+  return t;
+}
+
+absl::Status Transformer::AllocateBuffers() {
+  const int64_t T = options_.max_batch_tokens;
+  const int64_t d = config_.d_model, hd = config_.head_dim;
+  const int64_t p =
+      config_.mod && config_.mod->predictor ? std::max<int64_t>(1, config_.mod->predictor->hidden_size) : 1;
+  max_pages_per_seq_ = (config_.max_seq_len + options_.block_size - 1) / options_.block_size + 1;
+  auto alloc = [&](backend::DeviceBuffer& buf, int64_t elems, size_t elem_bytes) -> absl::Status {
+    MODSERVE_ASSIGN_OR_RETURN(buf, backend_->Allocate(static_cast<size_t>(elems) * elem_bytes));
+    return absl::OkStatus();
+  };
+  const int64_t pool_elems =
+      int64_t{options_.num_pages} * 2 * config_.n_kv_heads * options_.block_size * hd;
+  MODSERVE_RETURN_IF_ERROR(alloc(kv_pool_, pool_elems, DTypeBytes(options_.kv_dtype)));
+  MODSERVE_RETURN_IF_ERROR(alloc(x_, T * d, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(xs_, T * d, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(a_, T * d, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(q_, T * config_.n_heads * hd, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(k_, T * config_.n_kv_heads * hd, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(v_, T * config_.n_kv_heads * hd, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(att_, T * config_.n_heads * hd, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(o_, T * d, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(gate_, T * config_.d_ff, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(up_, T * config_.d_ff, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(s_, T, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(z_, T, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(ph_, T * p, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(s_sel_, T, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(logits_, T * config_.vocab_size, 4));
+  for (backend::DeviceBuffer* b : {&ids_, &idx_, &pos_, &slots_, &row_seq_, &row_kv_len_}) {
+    MODSERVE_RETURN_IF_ERROR(alloc(*b, T, 4));
+  }
+  MODSERVE_RETURN_IF_ERROR(alloc(page_table_, int64_t{options_.max_seqs} * max_pages_per_seq_, 4));
+  for (auto* v : {&h_ids_, &h_idx_, &h_pos_, &h_slots_, &h_row_seq_, &h_row_kv_len_}) {
+    v->resize(T);
+  }
+  h_page_table_.resize(static_cast<size_t>(options_.max_seqs) * max_pages_per_seq_);
+  z_host_.resize(T);
+  s_host_.resize(T);
+  h_s_sel_.resize(T);
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::RouteScores(int layer, int64_t n) {
+  const LayerWeights& lw = weights_.layers[layer];
+  const ModConfig& mod = *config_.mod;
+  const int64_t d = config_.d_model;
+  const TensorView x = x_.View(DType::kF32, {n, d});
+  const TensorView s = s_.View(DType::kF32, {n, 1});
+  // s = w . u + b, u = x or RMSNorm_in(x)
+  TensorView u = x;
+  if (mod.router.input == RouterInput::kInputLayernorm) {
+    u = a_.View(DType::kF32, {n, d});
+    backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, x, lw.input_layernorm, u);
+  }
+  backend_->Gemm(u, lw.router_weight, lw.router_bias, s);
+  TensorView z = s;
+  if (mod.inference_routing == InferenceRouting::kPredictorThreshold) {
+    // z = P(x): Linear -> act -> Linear, or one Linear
+    z = z_.View(DType::kF32, {n, 1});
+    if (mod.predictor->type == PredictorType::kMlp) {
+      const TensorView ph = ph_.View(DType::kF32, {n, mod.predictor->hidden_size});
+      backend_->Gemm(x, lw.predictor_hidden_weight, lw.predictor_hidden_bias, ph);
+      backend_->Activation({ToBackend(mod.predictor->activation)}, ph);
+      backend_->Gemm(ph, lw.predictor_out_weight, lw.predictor_out_bias, z);
+    } else {
+      backend_->Gemm(x, lw.predictor_out_weight, lw.predictor_out_bias, z);
+    }
+  }
+  // The decision is made on the host; on the CPU backend these copies are memcpys.
+  MODSERVE_RETURN_IF_ERROR(
+      backend_->CopyToHost(s, TensorView(s_host_.data(), DType::kF32, {n, 1})));
+  return backend_->CopyToHost(z, TensorView(z_host_.data(), DType::kF32, {n, 1}));
+}
+
+void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs) {
+  const LayerWeights& lw = weights_.layers[layer];
+  const int64_t d = config_.d_model, hd = config_.head_dim;
+  const int64_t H = config_.n_heads, KV = config_.n_kv_heads, f = config_.d_ff;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const TensorView a = a_.View(DType::kF32, {m, d});
+  const TensorView q2 = q_.View(DType::kF32, {m, H * hd});
+  const TensorView k2 = k_.View(DType::kF32, {m, KV * hd});
+  const TensorView v2 = v_.View(DType::kF32, {m, KV * hd});
+  const TensorView att = att_.View(DType::kF32, {m, H * hd});
+  const TensorView o = o_.View(DType::kF32, {m, d});
+  const TensorView gate = gate_.View(DType::kF32, {m, f});
+  const TensorView up = up_.View(DType::kF32, {m, f});
+  const TensorView pool = kv_pool_.View(
+      options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd});
+  const TensorView pos = pos_.View(DType::kI32, {m});
+  const TensorView slots = slots_.View(DType::kI32, {m});
+  const backend::RopeParams rope{static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd),
+                                 config_.rope_theta, options_.block_size};
+  const backend::AttentionParams attn{static_cast<int>(H), static_cast<int>(KV),
+                                      static_cast<int>(hd), options_.block_size,
+                                      1.0f / std::sqrt(static_cast<float>(hd))};
+
+  // h = x + Attn(RMSNorm_in(x))
+  backend_->RmsNorm({eps}, rows, lw.input_layernorm, a);
+  backend_->Gemm(a, lw.q_proj, {}, q2);
+  backend_->Gemm(a, lw.k_proj, {}, k2);
+  backend_->Gemm(a, lw.v_proj, {}, v2);
+  backend_->RopeAndAppendKv(rope, q_.View(DType::kF32, {m, H, hd}),
+                            k_.View(DType::kF32, {m, KV, hd}), v_.View(DType::kF32, {m, KV, hd}),
+                            pos, slots, pool);
+  backend_->Attention(attn, q_.View(DType::kF32, {m, H, hd}), pool,
+                      page_table_.View(DType::kI32, {num_seqs, max_pages_per_seq_}),
+                      row_seq_.View(DType::kI32, {m}), row_kv_len_.View(DType::kI32, {m}), att);
+  backend_->Gemm(att, lw.o_proj, {}, o);
+  backend_->Add(rows, o, rows);
+  // y = h + MLP(RMSNorm_post(h)), MLP(z) = down(silu(gate(z)) * up(z))
+  backend_->RmsNorm({eps}, rows, lw.post_attention_layernorm, a);
+  backend_->Gemm(a, lw.gate_proj, {}, gate);
+  backend_->Gemm(a, lw.up_proj, {}, up);
+  backend_->SwiGlu(gate, up, gate);
+  backend_->Gemm(gate, lw.down_proj, {}, o);
+  backend_->Add(rows, o, rows);
+}
+
+absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs) {
+  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
+  const int L = static_cast<int>(config_.n_layers);
+  const int64_t d = config_.d_model;
+  if (num_seqs == 0) return absl::InvalidArgumentError("step has no sequences");
+  if (num_seqs > options_.max_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", num_seqs, " sequences, more than max_seqs ", options_.max_seqs));
+  }
+  StepOutput out;
+  out.row_offsets.push_back(0);
+  for (const StepSequence& s : seqs) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", s.seq_id, " has no tokens"));
+    if (s.start_pos < 0 || s.start_pos + n > config_.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s.seq_id, ": positions up to ", s.start_pos + n, " exceed max_seq_len ",
+          config_.max_seq_len));
+    }
+    if (!(s.threshold > 0.0 && s.threshold < 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s.seq_id, ": threshold ", s.threshold, " is not in (0, 1)"));
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s.seq_id, ": token id ", t,
+                                                       " outside the vocabulary [0, ",
+                                                       config_.vocab_size, ")"));
+      }
+    }
+    out.row_offsets.push_back(out.row_offsets.back() + static_cast<int32_t>(n));
+  }
+  const int64_t N = out.row_offsets.back();
+  if (N > options_.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("step has ", N, " tokens, more than max_batch_tokens ",
+                                                   options_.max_batch_tokens));
+  }
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    for (int64_t j = 0; j < i; ++j) {
+      if (seqs[i].seq_id == seqs[j].seq_id) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", seqs[i].seq_id, " appears twice in one step"));
+      }
+    }
+  }
+
+  // Reserve room for every new token at every layer before computing anything: routing is only
+  // known layer by layer, and a step must never stop half-written. Unused pages go back below.
+  std::vector<ReservedSlots> reserved(num_seqs);
+  std::vector<std::vector<int32_t>> base(num_seqs, std::vector<int32_t>(L));
+  std::vector<std::vector<int32_t>> used(num_seqs, std::vector<int32_t>(L, 0));
+  auto release = [&](int64_t upto) {
+    for (int64_t i = 0; i < upto; ++i) {
+      (void)kv_->Commit(seqs[i].seq_id, std::vector<int32_t>(L, 0)).ok();
+    }
+  };
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int32_t n = static_cast<int32_t>(seqs[i].tokens.size());
+    for (int l = 0; l < L; ++l) {
+      auto count = kv_->NumTokens(seqs[i].seq_id, l);
+      if (!count.ok()) {
+        release(i);
+        return count.status();
+      }
+      base[i][l] = *count;
+    }
+    auto r = kv_->ReserveCapacity(seqs[i].seq_id, std::vector<int32_t>(L, n));
+    if (!r.ok()) {
+      release(i);
+      return r.status();
+    }
+    reserved[i] = *std::move(r);
+  }
+  auto fail = [&](absl::Status st) {
+    release(num_seqs);
+    return st;
+  };
+
+  // x = embed_tokens[ids]
+  for (int64_t i = 0, r = 0; i < num_seqs; ++i) {
+    for (int32_t t : seqs[i].tokens) h_ids_[r++] = t;
+  }
+  if (auto st = Upload(backend_, h_ids_, N, ids_, DType::kI32); !st.ok()) return fail(st);
+  const TensorView x = x_.View(DType::kF32, {N, d});
+  backend_->Embed(ids_.View(DType::kI32, {N}), weights_.embed_tokens, x);
+
+  const int num_routed = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
+  out.selected.assign(num_routed, std::vector<uint8_t>(N));
+  out.probs.assign(num_routed, std::vector<float>(N));
+  int routed_idx = 0;
+  for (int l = 0; l < L; ++l) {
+    const bool routed = config_.IsRouted(l);
+    // Rows that run the block: all of them, or those routed in.
+    int64_t m = 0;
+    if (routed) {
+      if (auto st = RouteScores(l, N); !st.ok()) return fail(st);
+      for (int64_t i = 0; i < num_seqs; ++i) {
+        for (int32_t r = out.row_offsets[i]; r < out.row_offsets[i + 1]; ++r) {
+          // sigmoid(z) > tau, in double so only true near-ties can differ from the reference
+          const double prob = 1.0 / (1.0 + std::exp(-static_cast<double>(z_host_[r])));
+          const bool sel = prob > seqs[i].threshold;
+          out.selected[routed_idx][r] = sel;
+          out.probs[routed_idx][r] = static_cast<float>(prob);
+          if (sel) {
+            h_idx_[m] = r;
+            h_s_sel_[m] = s_host_[r];
+            ++m;
+          }
+        }
+      }
+      ++routed_idx;
+      if (m == 0) {  // no row entered: the layer's weights are not read at all
+        ++out.num_layer_skips;
+        continue;
+      }
+    } else {
+      for (int64_t r = 0; r < N; ++r) h_idx_[r] = static_cast<int32_t>(r);
+      m = N;
+    }
+    // Positions, KV slots and visible-key counts of the rows that run the block.
+    for (int64_t j = 0, i = 0; j < m; ++j) {
+      const int32_t r = h_idx_[j];
+      while (r >= out.row_offsets[i + 1]) ++i;
+      const int32_t rank = used[i][l]++;
+      h_pos_[j] = seqs[i].start_pos + (r - out.row_offsets[i]);
+      h_slots_[j] = static_cast<int32_t>(reserved[i].ForLayer(l)[rank]);
+      h_row_seq_[j] = static_cast<int32_t>(i);
+      h_row_kv_len_[j] = base[i][l] + rank + 1;
+    }
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      auto pages = kv_->PageTable(seqs[i].seq_id, l);
+      if (!pages.ok()) return fail(pages.status());
+      MODSERVE_CHECK_LE(static_cast<int64_t>(pages->size()), max_pages_per_seq_);
+      int32_t* row = h_page_table_.data() + i * max_pages_per_seq_;
+      std::fill(row, row + max_pages_per_seq_, 0);
+      std::copy(pages->begin(), pages->end(), row);
+    }
+    for (auto st : {Upload(backend_, h_pos_, m, pos_, DType::kI32),
+                    Upload(backend_, h_slots_, m, slots_, DType::kI32),
+                    Upload(backend_, h_row_seq_, m, row_seq_, DType::kI32),
+                    Upload(backend_, h_row_kv_len_, m, row_kv_len_, DType::kI32),
+                    Upload(backend_, h_page_table_, num_seqs * max_pages_per_seq_, page_table_,
+                           DType::kI32)}) {
+      if (!st.ok()) return fail(st);
+    }
+    if (!routed) {
+      RunBlock(l, x, N, num_seqs);  // x' = the dense block
+      continue;
+    }
+    // Gather the selected rows, run the block on that compact batch, scatter the weighted
+    // update back: x' = x + g(s) (y - x) or g(s) y.
+    for (auto st : {Upload(backend_, h_idx_, m, idx_, DType::kI32),
+                    Upload(backend_, h_s_sel_, m, s_sel_, DType::kF32)}) {
+      if (!st.ok()) return fail(st);
+    }
+    const TensorView xs = xs_.View(DType::kF32, {m, d});
+    const TensorView idx = idx_.View(DType::kI32, {m});
+    backend_->GatherRows(x, idx, xs);
+    RunBlock(l, xs, m, num_seqs);
+    backend_->ScatterCombine({ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)},
+                             x, xs, idx, s_sel_.View(DType::kF32, {m}));
+  }
+
+  // logits = lm_head(RMSNorm_final(x)) for the rows asked for
+  out.logit_offsets.push_back(0);
+  int64_t R = 0;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int32_t first = seqs[i].all_logits ? out.row_offsets[i] : out.row_offsets[i + 1] - 1;
+    for (int32_t r = first; r < out.row_offsets[i + 1]; ++r) h_idx_[R++] = r;
+    out.logit_offsets.push_back(static_cast<int32_t>(R));
+  }
+  if (auto st = Upload(backend_, h_idx_, R, idx_, DType::kI32); !st.ok()) return fail(st);
+  const TensorView rows = xs_.View(DType::kF32, {R, d});
+  const TensorView logits = logits_.View(DType::kF32, {R, config_.vocab_size});
+  backend_->GatherRows(x, idx_.View(DType::kI32, {R}), rows);
+  backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, rows, weights_.norm, rows);
+  backend_->Gemm(rows, weights_.lm_head, {}, logits);
+  out.logits.resize(static_cast<size_t>(R * config_.vocab_size));
+  if (auto st = backend_->CopyToHost(
+          logits, TensorView(out.logits.data(), DType::kF32, {R, config_.vocab_size}));
+      !st.ok()) {
+    return fail(st);
+  }
+  if (auto st = backend_->Synchronize(); !st.ok()) return fail(st);
+
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    // Commit cannot fail here: the counts fit the capacity reserved above.
+    MODSERVE_CHECK(kv_->Commit(seqs[i].seq_id, used[i]).ok());
+  }
+  return out;
+}
+
+}  // namespace modserve::engine

@@ -1,0 +1,124 @@
+// THE forward pass of a (Mixture-of-Depths) Llama, written once against backend::Backend.
+// It runs one step over many sequences at once (prefill chunks and decode tokens mixed), makes
+// the causal routing decision of every token at every routed layer, and writes KV entries only
+// for routed-in tokens. It does not sample, schedule or own sequences: see executor/ and sampler/.
+#ifndef MODSERVE_ENGINE_MODEL_TRANSFORMER_H_
+#define MODSERVE_ENGINE_MODEL_TRANSFORMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/backend/backend.h"
+#include "engine/kv_cache/kv_cache_manager.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
+
+namespace modserve::engine {
+
+struct TransformerOptions {
+  int32_t max_batch_tokens = 2048;  // most rows (tokens) one step may carry
+  int32_t max_seqs = 64;            // most sequences one step may carry
+  int32_t block_size = 16;          // tokens per KV page
+  int32_t num_pages = 0;            // pages in the KV pool (all layers share it)
+  DType kv_dtype = DType::kF32;     // storage of K and V in the pool
+};
+
+// One sequence's share of a step. The sequence must already be added to the KV manager.
+struct StepSequence {
+  SequenceId seq_id = 0;
+  absl::Span<const int32_t> tokens;  // new tokens, at positions start_pos, start_pos + 1, ...
+  int32_t start_pos = 0;             // tokens the sequence has fed so far
+  double threshold = 0.5;            // tau on sigmoid(z) for this request (the compute knob)
+  bool all_logits = false;           // logits for every new token, else for the last one only
+};
+
+// What a step produced, on the host.
+struct StepOutput {
+  // [num_logit_rows, vocab_size] f32, row-major; sequence i owns rows
+  // [logit_offsets[i], logit_offsets[i + 1]).
+  std::vector<float> logits;
+  std::vector<int32_t> logit_offsets;  // [num_seqs + 1]
+  // Per routed layer (in the order of ModConfig::routed_layers), per step row (sequences in
+  // order, their tokens in order): whether the token was routed in, and sigmoid(z).
+  std::vector<std::vector<uint8_t>> selected;
+  std::vector<std::vector<float>> probs;
+  std::vector<int32_t> row_offsets;  // [num_seqs + 1] first step row of each sequence
+  // Routed layers that no row of this step entered (their weights were not read).
+  int32_t num_layer_skips = 0;
+};
+
+// Thread contract: engine thread only. The config, weights, backend and KV manager must outlive
+// the Transformer; the KV pool and all work buffers are allocated once in Create().
+class Transformer {
+ public:
+  // InvalidArgument for options that cannot work (non-positive sizes, a KV dtype the backend
+  // does not support); ResourceExhausted when the backend cannot allocate the pool or buffers.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const ModelConfig& config,
+                                                             const ModelWeights& weights,
+                                                             backend::Backend* backend,
+                                                             KvCacheManager* kv,
+                                                             const TransformerOptions& options);
+
+  // Runs one forward pass over `seqs`. Before any compute it reserves KV capacity for every new
+  // token at every layer; afterwards it commits only what routing used and returns the rest.
+  // Errors: InvalidArgument (too many rows or sequences, empty token list, token id outside the
+  // vocabulary, position past max_seq_len), NotFound (unknown sequence), ResourceExhausted (not
+  // enough free KV pages: nothing was written, the caller may preempt and retry), Internal
+  // (device failure). On error no KV entry was committed.
+  absl::StatusOr<StepOutput> Step(absl::Span<const StepSequence> seqs);
+
+  const ModelConfig& config() const { return config_; }
+  const TransformerOptions& options() const { return options_; }
+
+ private:
+  Transformer(const ModelConfig& config, const ModelWeights& weights, backend::Backend* backend,
+              KvCacheManager* kv, const TransformerOptions& options)
+      : config_(config), weights_(weights), backend_(backend), kv_(kv), options_(options) {}
+
+  absl::Status AllocateBuffers();
+  // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y); the
+  // index buffers (positions, slots, row_seq, row_kv_len, page table) are already filled.
+  void RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs);
+  // z and s for `n` rows of x_ (host copies land in z_host_, s_host_).
+  absl::Status RouteScores(int layer, int64_t n);
+
+  const ModelConfig& config_;
+  const ModelWeights& weights_;
+  backend::Backend* backend_;
+  KvCacheManager* kv_;
+  TransformerOptions options_;
+  int64_t max_pages_per_seq_ = 0;
+
+  // Device buffers, allocated once. Shapes are capacities: [max_batch_tokens, ...].
+  backend::DeviceBuffer kv_pool_;  // [num_pages, 2 * n_kv_heads, block_size, head_dim] kv_dtype
+  backend::DeviceBuffer x_;        // [T, d_model] f32 residual stream
+  backend::DeviceBuffer xs_;       // [T, d_model] f32 gathered rows of a routed layer, then y
+  backend::DeviceBuffer a_;        // [T, d_model] f32 normed input
+  backend::DeviceBuffer q_;        // [T, n_heads * head_dim] f32
+  backend::DeviceBuffer k_;        // [T, n_kv_heads * head_dim] f32
+  backend::DeviceBuffer v_;        // [T, n_kv_heads * head_dim] f32
+  backend::DeviceBuffer att_;      // [T, n_heads * head_dim] f32
+  backend::DeviceBuffer o_;        // [T, d_model] f32 projection outputs
+  backend::DeviceBuffer gate_;     // [T, d_ff] f32
+  backend::DeviceBuffer up_;       // [T, d_ff] f32
+  backend::DeviceBuffer s_;        // [T, 1] f32 router scores
+  backend::DeviceBuffer z_;        // [T, 1] f32 decision logits
+  backend::DeviceBuffer ph_;       // [T, max(p, 1)] f32 predictor hidden
+  backend::DeviceBuffer s_sel_;    // [T] f32 router scores of the selected rows
+  backend::DeviceBuffer logits_;   // [T, vocab_size] f32
+  // I32 index buffers: [T] each, and the page table [max_seqs, max_pages_per_seq].
+  backend::DeviceBuffer ids_, idx_, pos_, slots_, row_seq_, row_kv_len_, page_table_;
+
+  // Host staging (same shapes), reused every step.
+  std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_,
+      h_page_table_;
+  std::vector<float> z_host_, s_host_, h_s_sel_;
+};
+
+}  // namespace modserve::engine
+
+#endif  // MODSERVE_ENGINE_MODEL_TRANSFORMER_H_

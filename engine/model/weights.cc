@@ -1,0 +1,173 @@
+// Binds checkpoint tensors to ModelWeights. One table (the plan) lists every expected tensor with
+// its shape and destination, so the expected-name list and the binding cannot drift apart.
+#include "engine/model/weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "engine/common/status_macros.h"
+
+namespace modserve::engine {
+namespace {
+
+struct Slot {
+  std::string name;
+  std::vector<int64_t> shape;
+  TensorView* view;
+  bool check_finite;  // routers and predictors: small, and a NaN there silently misroutes
+};
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Every tensor `c` implies, pointing into `w` (whose layers are sized here).
+std::vector<Slot> Plan(const ModelConfig& c, ModelWeights* w) {
+  std::vector<Slot> plan;
+  auto add = [&](std::string name, std::vector<int64_t> shape, TensorView* view,
+                 bool check_finite = false) {
+    plan.push_back(Slot{std::move(name), std::move(shape), view, check_finite});
+  };
+  const int64_t d = c.d_model;
+  const int64_t q_rows = c.n_heads * c.head_dim;
+  const int64_t kv_rows = c.n_kv_heads * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, d}, &w->embed_tokens);
+  add("model.norm.weight", {d}, &w->norm);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, d}, &w->lm_head);
+  w->layers.assign(static_cast<size_t>(c.n_layers), LayerWeights{});
+  for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
+    LayerWeights& lw = w->layers[static_cast<size_t>(l)];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "input_layernorm.weight", {d}, &lw.input_layernorm);
+    add(p + "self_attn.q_proj.weight", {q_rows, d}, &lw.q_proj);
+    add(p + "self_attn.k_proj.weight", {kv_rows, d}, &lw.k_proj);
+    add(p + "self_attn.v_proj.weight", {kv_rows, d}, &lw.v_proj);
+    add(p + "self_attn.o_proj.weight", {d, q_rows}, &lw.o_proj);
+    add(p + "post_attention_layernorm.weight", {d}, &lw.post_attention_layernorm);
+    add(p + "mlp.gate_proj.weight", {c.d_ff, d}, &lw.gate_proj);
+    add(p + "mlp.up_proj.weight", {c.d_ff, d}, &lw.up_proj);
+    add(p + "mlp.down_proj.weight", {d, c.d_ff}, &lw.down_proj);
+    if (!c.IsRouted(l)) continue;
+    lw.routed = true;
+    const ModConfig& m = *c.mod;
+    add(p + "router.weight", {1, d}, &lw.router_weight, true);
+    if (m.router.bias) add(p + "router.bias", {1}, &lw.router_bias, true);
+    if (!m.predictor) continue;
+    const PredictorConfig& pc = *m.predictor;
+    switch (pc.type) {
+      case PredictorType::kMlp:
+        add(p + "aux_router.0.weight", {pc.hidden_size, d}, &lw.predictor_hidden_weight, true);
+        add(p + "aux_router.2.weight", {1, pc.hidden_size}, &lw.predictor_out_weight, true);
+        if (pc.bias) {
+          add(p + "aux_router.0.bias", {pc.hidden_size}, &lw.predictor_hidden_bias, true);
+          add(p + "aux_router.2.bias", {1}, &lw.predictor_out_bias, true);
+        }
+        break;
+      case PredictorType::kLinear:
+        add(p + "aux_router.weight", {1, d}, &lw.predictor_out_weight, true);
+        if (pc.bias) add(p + "aux_router.bias", {1}, &lw.predictor_out_bias, true);
+        break;
+    }
+  }
+  // Sorted like the reference loader's checks, so both report the same first problem.
+  std::sort(plan.begin(), plan.end(), [](const Slot& a, const Slot& b) { return a.name < b.name; });
+  return plan;
+}
+
+template <typename T, typename ToFloat>
+absl::Status CheckFiniteAs(const TensorView& v, absl::string_view name, ToFloat to_float) {
+  const T* data = static_cast<const T*>(v.data);
+  const int64_t n = v.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = to_float(data[i]);
+    if (!std::isfinite(x)) {
+      return absl::DataLossError(absl::StrCat("tensor '", name, "' has a non-finite value (", x,
+                                              ") at element ", i, " of ", n));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFinite(const TensorView& v, absl::string_view name) {
+  switch (v.dtype) {
+    case DType::kF32:
+      return CheckFiniteAs<float>(v, name, [](float x) { return x; });
+    case DType::kF16:
+      return CheckFiniteAs<f16_t>(v, name, F16ToF32);
+    case DType::kBF16:
+      return CheckFiniteAs<bf16_t>(v, name, Bf16ToF32);
+    case DType::kI32:
+      break;
+  }
+  const std::string_view dtype_name = DTypeName(v.dtype);
+  return absl::DataLossError(absl::StrCat("tensor '", name, "' has dtype ",
+                                          absl::string_view(dtype_name.data(), dtype_name.size()),
+                                          ", not a floating-point type"));
+}
+
+bool IsIgnored(const ModelConfig& c, absl::string_view name) {
+  return (c.tie_word_embeddings && name == "lm_head.weight") ||
+         absl::EndsWith(name, ".rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+std::vector<std::string> ExpectedTensorNames(const ModelConfig& config) {
+  ModelWeights scratch;
+  std::vector<std::string> names;
+  for (Slot& s : Plan(config, &scratch)) names.push_back(std::move(s.name));
+  return names;
+}
+
+absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint) {
+  ModelWeights w;
+  const std::vector<Slot> plan = Plan(config, &w);
+  std::set<std::string_view> expected;
+  for (const Slot& s : plan) {
+    const TensorInfo* info = checkpoint.Find(s.name);
+    if (info == nullptr) {
+      return absl::DataLossError(absl::StrCat("checkpoint is missing tensor '", s.name,
+                                              "' (expected shape ", ShapeString(s.shape), ")"));
+    }
+    if (info->shape != s.shape) {
+      return absl::DataLossError(absl::StrCat("tensor '", s.name, "' has shape ",
+                                              ShapeString(info->shape), ", expected ",
+                                              ShapeString(s.shape)));
+    }
+    MODSERVE_ASSIGN_OR_RETURN(*s.view, checkpoint.Get(s.name));
+    if (s.check_finite) MODSERVE_RETURN_IF_ERROR(CheckFinite(*s.view, s.name));
+    expected.insert(s.name);
+  }
+  std::vector<std::string> unexpected;
+  for (const std::string& name : checkpoint.Names()) {
+    if (expected.count(name) == 0 && !IsIgnored(config, name)) unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "unexpected tensor '", unexpected.front(), "'",
+        unexpected.size() > 1 ? absl::StrCat(" (and ", unexpected.size() - 1, " more)") : ""));
+  }
+  if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return w;
+}
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_dir) {
+  MODSERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(model_dir));
+  MODSERVE_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(model_dir));
+  absl::StatusOr<ModelWeights> weights = BindWeights(config, checkpoint);
+  if (!weights.ok()) {
+    return absl::Status(weights.status().code(),
+                        absl::StrCat(model_dir, ": ", weights.status().message()));
+  }
+  return LoadedModel(std::move(config), std::move(checkpoint), *std::move(weights));
+}
+
+}  // namespace modserve::engine

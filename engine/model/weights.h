@@ -1,0 +1,105 @@
+// ModelWeights: typed views of every tensor a config implies (DESIGN.md section 3), bound from a
+// Checkpoint with exact shape checks. It copies, converts and uploads nothing: views point into
+// the checkpoint's mapping, in the dtype the file stores (BF16/F16/F32, mixed per tensor).
+#ifndef MODSERVE_ENGINE_MODEL_WEIGHTS_H_
+#define MODSERVE_ENGINE_MODEL_WEIGHTS_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/common/tensor_view.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/config.h"
+
+namespace modserve::engine {
+
+// One transformer block. Linear weights are [out, in] row-major (HF / torch.nn.Linear), so
+// y = W x computes y[o] = sum_i W[o, i] * x[i]. Dtype: whatever the file holds (F32/F16/BF16).
+// An empty() view means "absent" (see each field).
+struct LayerWeights {
+  TensorView input_layernorm;           // [d_model]
+  TensorView q_proj;                    // [n_heads * head_dim, d_model]
+  TensorView k_proj;                    // [n_kv_heads * head_dim, d_model]
+  TensorView v_proj;                    // [n_kv_heads * head_dim, d_model]
+  TensorView o_proj;                    // [d_model, n_heads * head_dim]
+  TensorView post_attention_layernorm;  // [d_model]
+  TensorView gate_proj;                 // [d_ff, d_model]
+  TensorView up_proj;                   // [d_ff, d_model]
+  TensorView down_proj;                 // [d_model, d_ff]
+
+  // Routed layers only (config.IsRouted(l)); empty otherwise.
+  bool routed = false;
+  TensorView router_weight;  // [1, d_model]   model.layers.{l}.router.weight
+  TensorView router_bias;    // [1]            router.bias; empty unless mod.router.bias
+
+  // Predictor P_l, routed layers of a config with mod.predictor only; empty otherwise.
+  // Written as up to two Linear layers so one code path serves both types:
+  //   kMlp:    a = act(predictor_hidden_weight x + predictor_hidden_bias)   [p]
+  //            z = predictor_out_weight a + predictor_out_bias              [1]
+  //   kLinear: z = predictor_out_weight x + predictor_out_bias              [1]
+  TensorView predictor_hidden_weight;  // [p, d_model]  aux_router.0.weight; kMlp only
+  TensorView predictor_hidden_bias;    // [p]           aux_router.0.bias; kMlp and bias only
+  TensorView predictor_out_weight;     // [1, p] aux_router.2.weight (kMlp) or
+                                       // [1, d_model] aux_router.weight (kLinear)
+  TensorView predictor_out_bias;       // [1]  aux_router.2.bias / aux_router.bias; bias only
+};
+
+struct ModelWeights {
+  TensorView embed_tokens;           // [vocab_size, d_model]
+  std::vector<LayerWeights> layers;  // n_layers entries, index = layer l
+  TensorView norm;                   // [d_model]  model.norm.weight (RMSNorm_final)
+  TensorView lm_head;                // [vocab_size, d_model]; the same view as embed_tokens when
+                       // tie_word_embeddings (a stored lm_head.weight is then ignored)
+};
+
+// Binds every tensor `config` implies to a view into `checkpoint`. The views are valid while
+// `checkpoint` lives (moving it keeps them valid). Checks, all returning DataLoss:
+//   - every expected tensor exists, with exactly the expected shape (the message names the
+//     tensor, the shape found and the shape expected);
+//   - no tensor is left over (the first unexpected name is reported), except lm_head.weight in
+//     a tied model and rotary `*.rotary_emb.inv_freq` buffers, which are ignored;
+//   - every router and predictor value is finite (the message names the tensor and the element).
+//     The large matrices are not scanned: that would touch every page of the mapping.
+absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint);
+
+// The tensor names a config implies, sorted (lm_head.weight only when untied). For tools and
+// error messages; BindWeights uses the same list.
+std::vector<std::string> ExpectedTensorNames(const ModelConfig& config);
+
+// A model directory loaded in one piece: config, mapped checkpoint and the weights bound to it.
+// Move-only. Moving keeps `weights()` valid because the mapped bytes never move, and the
+// accessors are const so a caller cannot swap the checkpoint out from under the views.
+// Threads: immutable after LoadModel(); safe to read from any thread.
+class LoadedModel {
+ public:
+  LoadedModel(LoadedModel&&) noexcept = default;
+  LoadedModel& operator=(LoadedModel&&) noexcept = default;
+  LoadedModel(const LoadedModel&) = delete;
+  LoadedModel& operator=(const LoadedModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const Checkpoint& checkpoint() const { return checkpoint_; }
+  const ModelWeights& weights() const { return weights_; }
+
+ private:
+  friend absl::StatusOr<LoadedModel> LoadModel(const std::string& model_dir);
+  LoadedModel(ModelConfig config, Checkpoint checkpoint, ModelWeights weights)
+      : config_(std::move(config)),
+        checkpoint_(std::move(checkpoint)),
+        weights_(std::move(weights)) {}
+
+  ModelConfig config_;
+  Checkpoint checkpoint_;
+  ModelWeights weights_;
+};
+
+// LoadConfig + Checkpoint::Open + BindWeights on `model_dir`, with their status codes
+// (InvalidArgument for a bad config.json, NotFound for missing files, DataLoss for corrupt or
+// mismatched weights). Every message names the file or tensor at fault.
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_dir);
+
+}  // namespace modserve::engine
+
+#endif  // MODSERVE_ENGINE_MODEL_WEIGHTS_H_

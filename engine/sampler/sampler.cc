@@ -1,0 +1,284 @@
+// Sampler: one pass of penalties over the few penalised ids, one pass of temperature over the
+// vocabulary, then truncation on a candidate list so that sorting is avoided unless top-k or
+// top-p needs it.
+#include "engine/sampler/sampler.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/logging.h"
+
+namespace modserve::engine {
+namespace {
+
+// Logits that overflowed while being processed (a tiny repetition penalty or temperature) stay
+// the largest finite float, so softmax still has a finite maximum; -inf stays masked.
+void ClampPositiveInfinity(std::vector<float>& logits) {
+  for (float& logit : logits) {
+    if (logit == INFINITY) logit = FLT_MAX;
+  }
+}
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Sorts (canonical order) and keeps a prefix of `candidates` that holds at least top_p of the
+// softmax mass, so the top-p cut lies inside it; returns the weight of the dropped tail,
+// sum(exp(logit - max_logit)). Sorting a 128k vocabulary costs ~10x a selection pass, and the
+// nucleus is usually a few hundred tokens, so grow the prefix geometrically from
+// kNucleusPrefix instead of sorting everything.
+double SortNucleusPrefix(std::vector<Candidate>& candidates, float top_p) {
+  constexpr size_t kNucleusPrefix = 1024;
+  float max_logit = candidates[0].logit;
+  for (const Candidate& c : candidates) max_logit = std::max(max_logit, c.logit);
+  double total = 0.0;
+  for (const Candidate& c : candidates) total += std::exp(static_cast<double>(c.logit) - max_logit);
+  size_t prefix = std::min(candidates.size(), kNucleusPrefix);
+  double prefix_weight = total;
+  while (prefix < candidates.size()) {
+    std::nth_element(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(prefix),
+                     candidates.end(), CandidateBefore);
+    prefix_weight = 0.0;
+    for (size_t i = 0; i < prefix; ++i) {
+      prefix_weight += std::exp(static_cast<double>(candidates[i].logit) - max_logit);
+    }
+    if (prefix_weight >= static_cast<double>(top_p) * total) break;
+    prefix = std::min(candidates.size(), prefix * 4);
+  }
+  const double tail_weight = prefix < candidates.size() ? total - prefix_weight : 0.0;
+  candidates.resize(prefix);
+  std::sort(candidates.begin(), candidates.end(), CandidateBefore);
+  return std::max(tail_weight, 0.0);
+}
+
+absl::Status FieldError(const std::string& field, auto value, const std::string& range) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sampling: ", field, "=", value, " outside allowed range ", range));
+}
+
+}  // namespace
+
+absl::Status Validate(const SamplingParams& params) {
+  if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
+    return FieldError("temperature", params.temperature, "[0, inf) finite");
+  }
+  if (params.top_k < 0) return FieldError("top_k", params.top_k, "[0, inf), 0 = off");
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return FieldError("top_p", params.top_p, "(0, 1]");
+  }
+  if (!(params.min_p >= 0.0f && params.min_p < 1.0f)) {
+    return FieldError("min_p", params.min_p, "[0, 1)");
+  }
+  if (!std::isfinite(params.repetition_penalty) || params.repetition_penalty <= 0.0f) {
+    return FieldError("repetition_penalty", params.repetition_penalty, "(0, inf) finite");
+  }
+  if (!std::isfinite(params.presence_penalty)) {
+    return FieldError("presence_penalty", params.presence_penalty, "finite");
+  }
+  if (!std::isfinite(params.frequency_penalty)) {
+    return FieldError("frequency_penalty", params.frequency_penalty, "finite");
+  }
+  if (params.top_logprobs < 0 || params.top_logprobs > kMaxTopLogprobs) {
+    return FieldError("top_logprobs", params.top_logprobs,
+                      absl::StrCat("[0, ", kMaxTopLogprobs, "]"));
+  }
+  if (params.max_new_tokens < 1) {
+    return FieldError("max_new_tokens", params.max_new_tokens, "[1, inf)");
+  }
+  for (size_t i = 0; i < params.stop_token_ids.size(); ++i) {
+    if (params.stop_token_ids[i] < 0) {
+      return FieldError(absl::StrCat("stop_token_ids[", i, "]"), params.stop_token_ids[i],
+                        "[0, vocab_size)");
+    }
+  }
+  for (size_t i = 0; i < params.stop_strings.size(); ++i) {
+    if (params.stop_strings[i].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling: stop_strings[", i, "] is empty; stop strings need >= 1 byte"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key) {
+  constexpr uint64_t kM0 = 0xD2511F53u;
+  constexpr uint64_t kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u;
+  constexpr uint32_t kW1 = 0xBB67AE85u;
+  std::array<uint32_t, 4> c = counter;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key[0] += kW0;
+      key[1] += kW1;
+    }
+    const uint64_t p0 = kM0 * c[0];
+    const uint64_t p1 = kM1 * c[2];
+    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ key[0], static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ key[1], static_cast<uint32_t>(p0)};
+  }
+  return c;
+}
+
+double UniformDraw(uint64_t seed, uint64_t step) {
+  const std::array<uint32_t, 4> out =
+      Philox4x32({static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), 0, 0},
+                 {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  const uint64_t bits = (uint64_t{out[0]} << 32 | out[1]) >> 11;
+  return static_cast<double>(bits) * 0x1.0p-53;
+}
+
+SamplingState::SamplingState(uint64_t seed, absl::Span<const TokenId> prompt) : seed_(seed) {
+  for (TokenId token : prompt) See(token);
+}
+
+void SamplingState::Accept(TokenId token) {
+  See(token);
+  auto [it, inserted] = output_index_.try_emplace(token, output_counts_.size());
+  if (inserted) {
+    output_counts_.emplace_back(token, 1);
+  } else {
+    ++output_counts_[it->second].second;
+  }
+  ++num_generated_;
+}
+
+void SamplingState::See(TokenId token) {
+  if (seen_set_.insert(token).second) seen_list_.push_back(token);
+}
+
+Sampler::Sampler(uint64_t engine_seed) : seed_generator_(engine_seed) {}
+
+uint64_t Sampler::RequestSeed(const SamplingParams& params) {
+  return params.seed.has_value() ? *params.seed : SplitMix64(seed_generator_);
+}
+
+SamplingState Sampler::NewState(const SamplingParams& params, absl::Span<const TokenId> prompt) {
+  return SamplingState(RequestSeed(params), prompt);
+}
+
+absl::StatusOr<SampleResult> Sampler::Sample(absl::Span<const float> logits,
+                                             const SamplingParams& params, SamplingState* state) {
+  absl::StatusOr<SampleResult> result = SampleImpl(logits, params, *state);
+  if (result.ok()) state->Accept(result->token);
+  return result;
+}
+
+absl::StatusOr<SampleResult> Sampler::SampleImpl(absl::Span<const float> logits,
+                                                 const SamplingParams& params,
+                                                 const SamplingState& state) {
+  const auto vocab = static_cast<TokenId>(logits.size());
+  if (vocab == 0) return absl::InternalError("sampler: empty logits row");
+  for (TokenId id = 0; id < vocab; ++id) {
+    if (std::isnan(logits[id]) || logits[id] == INFINITY) {
+      return absl::InternalError(absl::StrCat("sampler: logit of token ", id, " is ", logits[id]));
+    }
+  }
+  // Prompt ids come from the request; output ids were sampled from an earlier vocab-sized row.
+  for (TokenId id : state.seen_tokens()) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampler: token id ", id, " outside vocabulary of ", vocab));
+    }
+  }
+
+  work_.assign(logits.begin(), logits.end());
+  if (params.repetition_penalty != 1.0f) {
+    ApplyRepetitionPenalty(absl::MakeSpan(work_), state.seen_tokens(), params.repetition_penalty);
+  }
+  if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
+    ApplyPresenceFrequencyPenalties(absl::MakeSpan(work_), state.output_counts(),
+                                    params.presence_penalty, params.frequency_penalty);
+  }
+  const bool greedy = params.temperature < kGreedyTemperature;
+  if (!greedy) ApplyTemperature(absl::MakeSpan(work_), params.temperature);
+  ClampPositiveInfinity(work_);
+
+  const size_t num_alternatives = static_cast<size_t>(params.top_logprobs);
+  SampleResult result;
+  if (greedy) {
+    // Strict '>' over ascending ids: ties resolve to the lowest id.
+    TokenId best = 0;
+    for (TokenId id = 1; id < vocab; ++id) {
+      if (work_[id] > work_[best]) best = id;
+    }
+    if (work_[best] == -INFINITY) {
+      return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
+    }
+    double total = 0.0;
+    for (float logit : work_) total += std::exp(static_cast<double>(logit) - work_[best]);
+    const double lse = work_[best] + std::log(total);
+    result.token = best;
+    result.logprob = static_cast<float>(work_[best] - lse);
+    if (num_alternatives > 0) {
+      candidates_.clear();
+      for (TokenId id = 0; id < vocab; ++id) {
+        if (work_[id] != -INFINITY) candidates_.push_back({id, work_[id]});
+      }
+      KeepTopK(candidates_, static_cast<int32_t>(num_alternatives));
+      for (const Candidate& c : candidates_) {
+        result.top_logprobs.push_back({c.id, static_cast<float>(c.logit - lse)});
+      }
+    }
+    return result;
+  }
+
+  candidates_.clear();
+  for (TokenId id = 0; id < vocab; ++id) {
+    if (work_[id] != -INFINITY) candidates_.push_back({id, work_[id]});
+  }
+  if (candidates_.empty()) {
+    return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
+  }
+
+  bool sorted = false;
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates_.size()) {
+    KeepTopK(candidates_, params.top_k);
+    sorted = true;
+  }
+  if (params.top_p < 1.0f) {
+    double tail_weight = 0.0;
+    if (!sorted) {
+      tail_weight = SortNucleusPrefix(candidates_, params.top_p);
+      sorted = true;
+    }
+    candidates_.resize(TopPCount(candidates_, params.top_p, tail_weight));
+  }
+  KeepMinP(candidates_, params.min_p);
+
+  // Inverse CDF of the survivors' softmax, in double, at the request's own counter.
+  const double lse = LogSumExp(candidates_);
+  const double target = UniformDraw(state.seed(), static_cast<uint64_t>(state.num_generated()));
+  double cumulative = 0.0;
+  size_t chosen = candidates_.size() - 1;  // rounding can leave target just above the total
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    cumulative += std::exp(candidates_[i].logit - lse);
+    if (target < cumulative) {
+      chosen = i;
+      break;
+    }
+  }
+  result.token = candidates_[chosen].id;
+  result.logprob = static_cast<float>(candidates_[chosen].logit - lse);
+  if (num_alternatives > 0) {
+    if (!sorted) {
+      const size_t n = std::min(num_alternatives, candidates_.size());
+      std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<ptrdiff_t>(n),
+                        candidates_.end(), CandidateBefore);
+    }
+    const size_t n = std::min(num_alternatives, candidates_.size());
+    for (size_t i = 0; i < n; ++i) {
+      result.top_logprobs.push_back(
+          {candidates_[i].id, static_cast<float>(candidates_[i].logit - lse)});
+    }
+  }
+  return result;
+}
+
+}  // namespace modserve::engine
