@@ -51,7 +51,7 @@ def main():
         if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 character
             print(text[len(shown):], end="", flush=True)
             shown = text
-    print()
+    print(flush=True)
     n = dec.n
     dense_tokens = n * cfg.n_layers
     kv = sum(dec.kv_tokens(l) for l in range(cfg.n_layers))
