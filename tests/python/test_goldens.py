@@ -17,3 +17,13 @@ def test_random_goldens_reproduce_exactly(tmp_path):
                 ours = os.path.join(dirpath, f)
                 rel = os.path.relpath(ours, tmp_path)
                 assert filecmp.cmp(ours, os.path.join(committed, rel), shallow=False), rel
+
+
+def test_demo_goldens_reproduce_exactly(tmp_path):
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import make_goldens; "
+            "torch.set_num_threads(1); make_goldens.make_demo(sys.argv[2], sys.argv[3])")
+    subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "tools"), str(tmp_path),
+                    os.path.join(ROOT, "models", "demo")], check=True, capture_output=True)
+    assert filecmp.cmp(tmp_path / "demo.json",
+                       os.path.join(ROOT, "tests", "testdata", "goldens", "demo.json"),
+                       shallow=False)
