@@ -16,10 +16,11 @@ runtime_pkgs=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-core
 build_pkgs=(build-essential cmake ninja-build pkg-config git
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   prometheus-cpp-dev libsentencepiece-dev libpcre2-dev libicu-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev)
+  zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev)
 # libopenblas0-pthread: Debian's torch calls the generic libblas, 25x slower than OpenBLAS.
 python_pkgs=(python3 python3-venv python3-pip python3-torch libopenblas0-pthread python3-numpy python3-pytest
-  python3-sentencepiece python3-grpcio python3-protobuf fortunes fortunes-min)
+  python3-sentencepiece python3-grpcio python3-protobuf python3-yaml fortunes fortunes-min
+  prometheus)
 
 pkgs=("${runtime_pkgs[@]}")
 case "$want" in

@@ -1,8 +1,8 @@
 // The name -> factory table of compiled-in backends. An explicit table rather than static
 // self-registration, which static libraries silently drop at link time.
 //
-// CUDA hook (for engine/backend/cuda/, not written yet): when MODSERVE_WITH_CUDA is defined this
-// file includes engine/backend/cuda/cuda_backend.h, which must declare in modserve::backend::cuda
+// CUDA hook: when MODSERVE_WITH_CUDA is defined this file includes
+// engine/backend/cuda/cuda_backend.h, which declares in modserve::backend::cuda
 //   int VisibleDeviceCount();  // 0 when the driver or device is missing; never fails
 //   absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options);
 #include "engine/backend/registry.h"
@@ -59,11 +59,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
   if (name == kCpu) return CreateCpu(options);
   if (name == kCuda) {
 #if defined(MODSERVE_WITH_CUDA) && MODSERVE_WITH_CUDA
-    if (options.device_ordinal < 0 || options.device_ordinal >= cuda::VisibleDeviceCount()) {
-      return absl::UnavailableError(absl::StrCat("backend 'cuda': device ordinal ",
-                                                 options.device_ordinal, " but ",
-                                                 cuda::VisibleDeviceCount(), " device(s) visible"));
-    }
+    // Unavailable ("no CUDA device visible ...", or a bad ordinal) comes from the factory.
     return cuda::CreateCudaBackend(options);
 #else
     return absl::UnavailableError(

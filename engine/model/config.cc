@@ -381,6 +381,10 @@ absl::StatusOr<ModelConfig> LoadConfig(const std::string& model_dir) {
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat(path, ": no such file"));
   }
+  // A FIFO would block the read below forever, a directory reads as empty text.
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for reading"));
   std::ostringstream text;

@@ -123,7 +123,10 @@ absl::Status Transformer::AllocateBuffers() {
   const int64_t d = config_.d_model, hd = config_.head_dim;
   const int64_t p =
       config_.mod && config_.mod->predictor ? std::max<int64_t>(1, config_.mod->predictor->hidden_size) : 1;
-  max_pages_per_seq_ = (config_.max_seq_len + options_.block_size - 1) / options_.block_size + 1;
+  // A sequence holds at most what fits its positions, and never more pages than the pool has:
+  // a huge max_seq_len must not size the page table beyond the cache.
+  max_pages_per_seq_ = std::min<int64_t>(
+      (config_.max_seq_len + options_.block_size - 1) / options_.block_size + 1, options_.num_pages);
   auto alloc = [&](backend::DeviceBuffer& buf, int64_t elems, size_t elem_bytes) -> absl::Status {
     MODSERVE_ASSIGN_OR_RETURN(buf, backend_->Allocate(static_cast<size_t>(elems) * elem_bytes));
     return absl::OkStatus();

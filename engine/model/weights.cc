@@ -128,6 +128,15 @@ std::vector<std::string> ExpectedTensorNames(const ModelConfig& config) {
 }
 
 absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint) {
+  // Each layer has 9 tensors: a config whose layer count the file cannot back is refused before
+  // anything is sized from it (a hostile num_hidden_layers would otherwise allocate terabytes).
+  const int64_t min_tensors = 9 * config.n_layers + 2;
+  if (checkpoint.num_tensors() < min_tensors) {
+    return absl::DataLossError(absl::StrCat(
+        "config.json has ", config.n_layers, " layers (model.layers.0 to model.layers.",
+        config.n_layers - 1, ", at least ", min_tensors, " tensors), but the checkpoint holds only ",
+        checkpoint.num_tensors(), " tensors"));
+  }
   ModelWeights w;
   const std::vector<Slot> plan = Plan(config, &w);
   std::set<std::string_view> expected;

@@ -3,6 +3,7 @@
 // the causal invariants of DESIGN.md section 2 (whole, chunked and token-by-token prefill agree;
 // batch composition never changes a sequence's tokens; KV pages match the decisions).
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -34,6 +35,13 @@ constexpr double kNearTieMargin = 1e-4;
 // Chunked or token-by-token prefill runs the same math in other batch shapes; only the order of
 // f32 sums inside kernels can differ.
 constexpr double kReshapeTolerance = 1e-4;
+
+// Which backend the goldens run on: "cpu" unless MODSERVE_TEST_BACKEND names another
+// (tests/gpu/run.sh sets it to "cuda").
+std::string TestBackend() {
+  const char* b = std::getenv("MODSERVE_TEST_BACKEND");
+  return b != nullptr && *b != '\0' ? b : "cpu";
+}
 
 struct Golden {
   std::string file;
@@ -70,7 +78,7 @@ struct Harness {
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) return nullptr;
     h->model = std::make_unique<LoadedModel>(*std::move(m));
-    auto be = backend::CreateBackend("cpu");
+    auto be = backend::CreateBackend(TestBackend());
     EXPECT_TRUE(be.ok()) << be.status();
     h->backend = *std::move(be);
     const ModelConfig& cfg = h->model->config();
@@ -140,6 +148,9 @@ TEST_P(EngineGoldenTest, MatchesReference) {
   }
   if (!fs::exists(fs::path(ModelDir(g)) / "config.json")) {
     GTEST_SKIP() << ModelDir(g) << " is not present";
+  }
+  if (auto be = backend::CreateBackend(TestBackend()); !be.ok()) {
+    GTEST_SKIP() << "backend " << TestBackend() << " unavailable: " << be.status();
   }
   auto h = Harness::Make(ModelDir(g));
   ASSERT_NE(h, nullptr);
@@ -227,7 +238,11 @@ TEST_P(EngineGoldenTest, GreedyContinuationMatchesReference) {
   if (!fs::exists(fs::path(ModelDir(g)) / "config.json")) {
     GTEST_SKIP() << ModelDir(g) << " is not present";
   }
+  if (auto be = backend::CreateBackend(TestBackend()); !be.ok()) {
+    GTEST_SKIP() << "backend " << TestBackend() << " unavailable: " << be.status();
+  }
   EngineOptions opts;
+  opts.backend = TestBackend();
   opts.model_dir = ModelDir(g);
   opts.kv_cache_bytes = 8 << 20;
   auto engine = Engine::Create(opts);

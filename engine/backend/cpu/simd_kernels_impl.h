@@ -42,7 +42,24 @@ void SmallNTile(const float* x, int64_t k, const W* w, const float* bias, float*
     for (int j = 0; j < NW; ++j) acc[i][j] = S::Zero();
   }
   const int64_t k_vec = k - k % S::kLanes;
+  // Address of the next group's rows, which start right after this group's (rows are
+  // contiguous). Integer arithmetic: on the last group it points past the matrix.
+  const __UINTPTR_TYPE__ next =
+      reinterpret_cast<__UINTPTR_TYPE__>(w) + static_cast<__UINTPTR_TYPE__>(NW * k * sizeof(W));
+  const __UINTPTR_TYPE__ row_bytes = static_cast<__UINTPTR_TYPE__>(k * sizeof(W));
   for (int64_t kk = 0; kk < k_vec; kk += S::kLanes) {
+    // Software prefetch of the next group, one line per row per 64 bytes consumed: each row is
+    // its own stream of only k * sizeof(W) bytes (4 KiB for TinyLlama's BF16 rows), too short
+    // for the hardware prefetcher to ramp up before the stream ends. Worth ~15-25% of decode
+    // bandwidth on the 2-core VM (docs/PERFORMANCE.md). Prefetches never fault, so reaching past
+    // the end of the matrix on the last group is harmless.
+    if (((kk * static_cast<int64_t>(sizeof(W))) & 63) == 0) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NW; ++j) {
+        __builtin_prefetch(reinterpret_cast<const void*>(next + j * row_bytes + kk * sizeof(W)), 0,
+                           3);
+      }
+    }
     V wv[NW];
 #pragma GCC unroll 16
     for (int j = 0; j < NW; ++j) wv[j] = S::Load(w + j * k + kk);

@@ -1,0 +1,254 @@
+// modserve-loadgen: N concurrent streams against a modserve server, prompts from a file; prints
+// time to first token and inter-token latency percentiles, tokens/s and errors by code.
+// It measures from the client side (network included) and does no warm-up of its own.
+//
+//   modserve-loadgen --server 127.0.0.1:50051 --prompts prompts.txt --concurrency 8
+//       --num_requests 64 --max_new_tokens 128
+// Prompt file: one prompt per line; a line "ids:1,2,3" sends token ids instead of text.
+// With --offline_model DIR it first runs the same requests through the engine in-process
+// (Engine::Generate, batches of --concurrency) and prints the served/offline tokens/s ratio.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "grpcpp/grpcpp.h"
+#include "modserve/v1/modserve.grpc.pb.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of the modserve server");
+ABSL_FLAG(std::string, prompts, "", "file with one prompt per line ('ids:1,2,3' for token ids)");
+ABSL_FLAG(int32_t, concurrency, 8, "streams in flight at once");
+ABSL_FLAG(int32_t, num_requests, 64, "requests in total");
+ABSL_FLAG(int32_t, max_new_tokens, 128, "tokens per request");
+ABSL_FLAG(bool, ignore_eos, true, "generate exactly max_new_tokens");
+ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
+ABSL_FLAG(std::string, offline_model, "",
+          "also run the requests offline on this checkpoint and compare tokens/s");
+ABSL_FLAG(int32_t, offline_threads, 0, "CPU threads of the offline engine; 0 = every core");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(600), "deadline of each request");
+
+namespace {
+
+namespace v1 = modserve::v1;
+
+struct Results {
+  std::mutex mu;
+  std::vector<double> ttft;  // seconds
+  std::vector<double> itl;   // seconds, one per token after the first
+  int64_t tokens = 0;
+  std::map<std::string, int> errors;  // by gRPC code name
+};
+
+std::string CodeName(grpc::StatusCode code) {
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int c = static_cast<int>(code);
+  return c >= 0 && c < 17 ? kNames[c] : std::to_string(c);
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t idx = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * v.size()));
+  return v[idx];
+}
+
+void RunOne(v1::ModServe::Stub& stub, const v1::GenerateRequest& req, Results* results) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoNanoseconds(absl::GetFlag(FLAGS_timeout)));
+  const absl::Time start = absl::Now();
+  absl::Time last = start;
+  bool first = true;
+  std::vector<double> itl;
+  double ttft = 0.0;
+  int64_t tokens = 0;
+  auto reader = stub.GenerateStream(&ctx, req);
+  v1::GenerateStreamResponse msg;
+  while (reader->Read(&msg)) {
+    const int n = msg.token_ids_size();
+    if (n == 0) continue;
+    const absl::Time now = absl::Now();
+    if (first) {
+      ttft = absl::ToDoubleSeconds(now - start);
+      first = false;
+      // Tokens that arrived together with the first share its arrival: zero gaps.
+      for (int i = 1; i < n; ++i) itl.push_back(0.0);
+    } else {
+      // Several tokens in one message (the server coalesces for slow readers): split the gap.
+      const double gap = absl::ToDoubleSeconds(now - last) / n;
+      for (int i = 0; i < n; ++i) itl.push_back(gap);
+    }
+    last = now;
+    tokens += n;
+  }
+  const grpc::Status status = reader->Finish();
+  std::lock_guard<std::mutex> lock(results->mu);
+  results->tokens += tokens;
+  if (!status.ok()) {
+    ++results->errors[CodeName(status.error_code())];
+    return;
+  }
+  results->ttft.push_back(ttft);
+  results->itl.insert(results->itl.end(), itl.begin(), itl.end());
+}
+
+// Tokens/s of Engine::Generate over the requests in batches of `concurrency` (what the server
+// could reach at best with the same batch), or a negative value after printing an error.
+double OfflineTokensPerSecond(const std::vector<v1::GenerateRequest>& requests, int32_t total,
+                              int32_t concurrency) {
+  namespace engine = modserve::engine;
+  engine::EngineOptions eo;
+  eo.model_dir = absl::GetFlag(FLAGS_offline_model);
+  eo.num_threads = absl::GetFlag(FLAGS_offline_threads);
+  eo.max_seqs = concurrency;
+  auto e = engine::Engine::Create(eo);
+  if (!e.ok()) {
+    std::cerr << "modserve-loadgen: offline engine: " << e.status() << std::endl;
+    return -1.0;
+  }
+  std::vector<engine::Request> batch;
+  int64_t tokens = 0;
+  const absl::Time start = absl::Now();
+  for (int32_t i = 0; i < total; ++i) {
+    const v1::GenerateRequest& r = requests[static_cast<size_t>(i) % requests.size()];
+    engine::Request er;
+    if (r.has_prompt_token_ids()) {
+      er.prompt.assign(r.prompt_token_ids().ids().begin(), r.prompt_token_ids().ids().end());
+    } else if ((*e)->tokenizer() != nullptr) {
+      auto ids = (*e)->tokenizer()->Encode(r.prompt(), /*add_special_tokens=*/true);
+      if (!ids.ok()) {
+        std::cerr << "modserve-loadgen: offline tokenize: " << ids.status() << std::endl;
+        return -1.0;
+      }
+      er.prompt = *std::move(ids);
+    } else {
+      std::cerr << "modserve-loadgen: text prompts need a tokenizer offline" << std::endl;
+      return -1.0;
+    }
+    er.sampling.temperature = r.sampling().temperature();
+    er.sampling.max_new_tokens = r.stopping().max_new_tokens();
+    er.sampling.ignore_eos = r.stopping().ignore_eos();
+    batch.push_back(std::move(er));
+    if (static_cast<int32_t>(batch.size()) == concurrency || i + 1 == total) {
+      auto results = (*e)->Generate(batch);
+      if (!results.ok()) {
+        std::cerr << "modserve-loadgen: offline generate: " << results.status() << std::endl;
+        return -1.0;
+      }
+      for (const auto& res : *results) tokens += static_cast<int64_t>(res.token_ids.size());
+      batch.clear();
+    }
+  }
+  return tokens / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("modserve-loadgen --prompts FILE [--concurrency N] ...");
+  absl::ParseCommandLine(argc, argv);
+  std::ifstream in(absl::GetFlag(FLAGS_prompts));
+  if (!in) {
+    std::cerr << "modserve-loadgen: cannot read --prompts '" << absl::GetFlag(FLAGS_prompts) << "'"
+              << std::endl;
+    return 1;
+  }
+  std::vector<v1::GenerateRequest> requests;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    v1::GenerateRequest req;
+    if (absl::StartsWith(line, "ids:")) {
+      for (absl::string_view part : absl::StrSplit(line.substr(4), ',', absl::SkipWhitespace())) {
+        int32_t id;
+        if (!absl::SimpleAtoi(part, &id)) {
+          std::cerr << "modserve-loadgen: bad token id '" << part << "'" << std::endl;
+          return 1;
+        }
+        req.mutable_prompt_token_ids()->add_ids(id);
+      }
+    } else {
+      req.set_prompt(line);
+    }
+    req.mutable_stopping()->set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+    req.mutable_stopping()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+    req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+    requests.push_back(req);
+  }
+  if (requests.empty()) {
+    std::cerr << "modserve-loadgen: no prompts in the file" << std::endl;
+    return 1;
+  }
+  const int32_t total = absl::GetFlag(FLAGS_num_requests);
+  double offline = 0.0;
+  if (!absl::GetFlag(FLAGS_offline_model).empty()) {
+    offline = OfflineTokensPerSecond(requests, total, absl::GetFlag(FLAGS_concurrency));
+    if (offline < 0.0) return 1;
+  }
+  auto stub = v1::ModServe::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials()));
+  std::atomic<int32_t> next{0};
+  Results results;
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> workers;
+  for (int32_t w = 0; w < absl::GetFlag(FLAGS_concurrency); ++w) {
+    workers.emplace_back([&] {
+      for (int32_t i = next++; i < total; i = next++) {
+        v1::GenerateRequest req = requests[static_cast<size_t>(i) % requests.size()];
+        req.set_request_id("loadgen-" + std::to_string(i));
+        RunOne(*stub, req, &results);
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+
+  std::printf("requests: %d ok, %d total, concurrency %d, %.2f s\n",
+              static_cast<int>(results.ttft.size()), total, absl::GetFlag(FLAGS_concurrency), wall);
+  std::printf("tokens/s: %.1f (%lld tokens)\n", results.tokens / wall,
+              static_cast<long long>(results.tokens));
+  if (offline > 0.0) {
+    std::printf("offline tokens/s: %.1f (Engine::Generate, batch %d); served/offline: %.1f%%\n",
+                offline, absl::GetFlag(FLAGS_concurrency), 100.0 * results.tokens / wall / offline);
+  }
+  std::printf("ttft ms: p50 %.2f  p90 %.2f  p99 %.2f\n", 1e3 * Percentile(results.ttft, 50),
+              1e3 * Percentile(results.ttft, 90), 1e3 * Percentile(results.ttft, 99));
+  std::printf("itl ms:  p50 %.3f  p90 %.3f  p99 %.3f\n", 1e3 * Percentile(results.itl, 50),
+              1e3 * Percentile(results.itl, 90), 1e3 * Percentile(results.itl, 99));
+  std::printf("errors:");
+  if (results.errors.empty()) std::printf(" none");
+  for (const auto& [code, n] : results.errors) std::printf(" %s=%d", code.c_str(), n);
+  std::printf("\n");
+  return results.errors.empty() ? 0 : 1;
+}

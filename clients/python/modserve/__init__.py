@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the modserve API (see generate_stubs.sh)."""

@@ -1,0 +1,1 @@
+"""Generated from proto/modserve/v1/modserve.proto; do not edit."""

@@ -1,0 +1,499 @@
+// CudaBackend: argument checks (shared with the CPU backend), dtype dispatch into the kernels of
+// kernels/, cuBLAS for GEMMs with more than kGemvMaxRows rows, and error bookkeeping. It allocates
+// only in Create() and Allocate(); no op synchronises the host (CopyToHost and Synchronize do).
+#include "engine/backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "engine/backend/cpu/op_checks.h"
+#include "engine/backend/cuda/cuda_check.h"
+#include "engine/backend/cuda/kernels/kernels.h"
+#include "engine/common/logging.h"
+#include "engine/common/status_macros.h"
+
+namespace modserve::backend::cuda {
+namespace {
+
+constexpr Device kDev = Device::kCuda;
+// Host uploads go through this pinned buffer so that CopyToDevice returns at once and the caller
+// may reuse its memory; space is recycled at the next Synchronize()/CopyToHost(). Larger copies
+// (and overflow between syncs) go straight from pageable memory, which the driver stages itself.
+constexpr size_t kPinnedStagingBytes = size_t{8} << 20;
+constexpr size_t kPinnedMaxCopyBytes = kPinnedStagingBytes / 8;
+
+// The ordinal travels in the DeviceBuffer's ctx pointer.
+void FreeOnDevice(void* data, void* ctx) {
+  const int ordinal = static_cast<int>(reinterpret_cast<intptr_t>(ctx));
+  int current = -1;
+  const bool switch_device = cudaGetDevice(&current) == cudaSuccess && current != ordinal;
+  if (switch_device) cudaSetDevice(ordinal);
+  cudaFree(data);  // nowhere to report a failure from a destructor; a dead context frees anyway
+  if (switch_device) cudaSetDevice(current);
+}
+
+// cuBLAS takes int dimensions.
+int CheckedInt(int64_t v, const char* what) {
+  MODSERVE_CHECK(v <= std::numeric_limits<int>::max()) << what << " " << v << " exceeds cuBLAS int";
+  return static_cast<int>(v);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(const BackendOptions& options,
+                                                         const CudaTuning& tuning);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return kDev; }
+  bool Supports(OpKind op, DType dtype) const override;
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
+  absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
+  absl::Status Synchronize() override;
+
+  void Embed(const TensorView& ids, const TensorView& table, const TensorView& out) override;
+  void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
+               const TensorView& out) override;
+  void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
+            const TensorView& out) override;
+  void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const TensorView& positions, const TensorView& slots,
+                       const TensorView& kv_pool) override;
+  void Attention(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
+                 const TensorView& page_table, const TensorView& row_seq,
+                 const TensorView& row_kv_len, const TensorView& out) override;
+  void SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) override;
+  void Activation(const ActivationParams& params, const TensorView& x) override;
+  void Add(const TensorView& a, const TensorView& b, const TensorView& out) override;
+  void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
+  void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
+                      const TensorView& idx, const TensorView& s) override;
+
+ private:
+  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {}
+
+  // Every entry point makes the backend's device current for the calling thread (cheap when it
+  // already is), so a backend created on one thread works from another.
+  void MakeCurrent() const { cudaSetDevice(ordinal_); }
+  // Keeps the first failure until Synchronize()/CopyToHost() reports it.
+  void Record(cudaError_t err, absl::string_view op) {
+    if (err != cudaSuccess && pending_.ok()) pending_ = CudaStatus(err, op);
+  }
+  void Record(cublasStatus_t st, absl::string_view op) {
+    if (st != CUBLAS_STATUS_SUCCESS && pending_.ok()) pending_ = CublasStatus(st, op);
+  }
+  absl::Status TakePending() { return std::exchange(pending_, absl::OkStatus()); }
+  // Waits for the stream; returns the first recorded or device error; recycles the staging buffer.
+  absl::Status Drain(absl::string_view where);
+  DeviceBuffer Owned(void* p, size_t bytes) const {
+    return DeviceBuffer(p, bytes, kDev, &FreeOnDevice,
+                        reinterpret_cast<void*>(static_cast<intptr_t>(ordinal_)));
+  }
+
+  // Gemm bodies for n > kGemvMaxRows; out [n, m] = x [n, k] @ w [m, k]^T (+ bias).
+  void GemmBf16Planes(const float* x, const void* w, const void* bias, int64_t n, int64_t m,
+                      int64_t k, float* out);
+  void GemmWidenedF16(const float* x, const void* w, const void* bias, int64_t n, int64_t m,
+                      int64_t k, float* out);
+  void GemmF32(const float* x, const void* w, const void* bias, int64_t n, int64_t m, int64_t k,
+               float* out);
+
+  const int ordinal_;
+  int num_sms_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer gemm_scratch_;       // bytes per CudaTuning; layouts in the Gemm bodies
+  DeviceBuffer cublas_workspace_;   // owned here, lent to cuBLAS
+  DeviceBuffer attention_scratch_;  // kernels::AttentionPlan partials
+  char* pinned_ = nullptr;          // [kPinnedStagingBytes] host staging for CopyToDevice
+  size_t pinned_used_ = 0;          // bytes handed out since the last drain
+  absl::Status pending_;
+};
+
+absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOptions& options,
+                                                             const CudaTuning& tuning) {
+  int count = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&count);
+  if (count_err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the (non-sticky) error for later callers
+    return absl::UnavailableError(absl::StrCat(
+        "backend 'cuda': no CUDA device visible (cudaGetDeviceCount: ",
+        count_err == cudaSuccess ? "0 devices" : cudaGetErrorName(count_err),
+        "); check the driver, the GPU and CUDA_VISIBLE_DEVICES"));
+  }
+  if (options.device_ordinal < 0 || options.device_ordinal >= count) {
+    return absl::UnavailableError(absl::StrCat("backend 'cuda': device ordinal ",
+                                               options.device_ordinal, " but ", count,
+                                               " device(s) visible"));
+  }
+  const int ordinal = options.device_ordinal;
+  MODSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  cudaDeviceProp prop;
+  MODSERVE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
+  if (prop.major < 8) {
+    return absl::UnavailableError(absl::StrCat(
+        "backend 'cuda': device ", ordinal, " (", prop.name, ") has compute capability ",
+        prop.major, ".", prop.minor, "; the kernels need 8.0 or newer (bf16, sm_80)"));
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(ordinal));
+  b->num_sms_ = prop.multiProcessorCount;
+  MODSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
+  MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
+  MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(b->cublas_, b->stream_));
+  // Default math: no TF32 for f32 GEMMs (NVIDIA_TF32_OVERRIDE=1 in the environment cannot turn it
+  // on either; only CUBLAS_TF32_TENSOR_OP_MATH could), fp32 accumulation for bf16 inputs.
+  MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(b->cublas_, CUBLAS_DEFAULT_MATH));
+  MODSERVE_ASSIGN_OR_RETURN(b->gemm_scratch_, b->Allocate(tuning.gemm_scratch_bytes));
+  MODSERVE_ASSIGN_OR_RETURN(b->cublas_workspace_, b->Allocate(tuning.cublas_workspace_bytes));
+  MODSERVE_ASSIGN_OR_RETURN(b->attention_scratch_, b->Allocate(tuning.attention_scratch_bytes));
+  MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(
+      b->cublas_, b->cublas_workspace_.data(), b->cublas_workspace_.bytes()));
+  MODSERVE_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(reinterpret_cast<void**>(&b->pinned_), kPinnedStagingBytes,
+                    cudaHostAllocDefault));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+CudaBackend::~CudaBackend() {
+  MakeCurrent();
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  // The scratch DeviceBuffers free themselves after this body.
+}
+
+bool CudaBackend::Supports(OpKind op, DType dtype) const {
+  const bool storage = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  switch (op) {
+    case OpKind::kEmbed:
+    case OpKind::kRmsNorm:
+    case OpKind::kGemm:
+    case OpKind::kRopeAndAppendKv:
+    case OpKind::kAttention:
+      return storage;
+    case OpKind::kSwiGlu:
+    case OpKind::kActivation:
+    case OpKind::kAdd:
+    case OpKind::kGatherRows:
+    case OpKind::kScatterCombine:
+      return dtype == DType::kF32;
+  }
+  return false;
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return DeviceBuffer(nullptr, 0, kDev, nullptr, nullptr);
+  MakeCurrent();
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);  // 256-byte aligned
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda: cannot allocate ", bytes, " bytes on device ", ordinal_, " (", free_bytes,
+        " of ", total_bytes, " bytes free)"));
+  }
+  MODSERVE_RETURN_IF_ERROR(CudaStatus(err, absl::StrCat("cudaMalloc(", bytes, " bytes)")));
+  return Owned(p, bytes);
+}
+
+absl::Status CudaBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
+  if (host_src.device != Device::kCpu || dst.device != kDev) {
+    return absl::InvalidArgumentError("CopyToDevice: host_src must be a host tensor and dst a "
+                                      "cuda tensor");
+  }
+  if (host_src.bytes() != dst.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyToDevice: host_src has ", host_src.bytes(),
+                                                   " bytes, dst ", dst.bytes()));
+  }
+  const size_t bytes = dst.bytes();
+  if (bytes == 0) return absl::OkStatus();
+  MakeCurrent();
+  const size_t offset = (pinned_used_ + 255) / 256 * 256;
+  if (bytes <= kPinnedMaxCopyBytes && offset + bytes <= kPinnedStagingBytes) {
+    std::memcpy(pinned_ + offset, host_src.data, bytes);
+    pinned_used_ = offset + bytes;
+    return CudaStatus(
+        cudaMemcpyAsync(dst.data, pinned_ + offset, bytes, cudaMemcpyHostToDevice, stream_),
+        "CopyToDevice (staged)");
+  }
+  return CudaStatus(
+      cudaMemcpyAsync(dst.data, host_src.data, bytes, cudaMemcpyHostToDevice, stream_),
+      "CopyToDevice");
+}
+
+absl::Status CudaBackend::Drain(absl::string_view where) {
+  const cudaError_t err = cudaStreamSynchronize(stream_);
+  pinned_used_ = 0;
+  MODSERVE_RETURN_IF_ERROR(TakePending());
+  return CudaStatus(err, absl::StrCat(where, " (a device error in an earlier op)"));
+}
+
+absl::Status CudaBackend::CopyToHost(const TensorView& src, const TensorView& host_dst) {
+  if (src.device != kDev || host_dst.device != Device::kCpu) {
+    return absl::InvalidArgumentError("CopyToHost: src must be a cuda tensor and host_dst a host "
+                                      "tensor");
+  }
+  if (src.bytes() != host_dst.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyToHost: src has ", src.bytes(),
+                                                   " bytes, host_dst ", host_dst.bytes()));
+  }
+  MakeCurrent();
+  if (src.bytes() > 0) {
+    Record(cudaMemcpyAsync(host_dst.data, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_),
+           "CopyToHost");
+  }
+  return Drain("CopyToHost");
+}
+
+absl::Status CudaBackend::Synchronize() {
+  MakeCurrent();
+  return Drain("Synchronize");
+}
+
+void CudaBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  cpu::CheckEmbedArgs(kDev, ids, table, out);
+  MakeCurrent();
+  Record(kernels::Embed(stream_, ids.as<int32_t>(), ids.dim(0), table.data, table.dtype,
+                        table.dim(0), table.dim(1), out.as<float>()),
+         "Embed");
+}
+
+void CudaBackend::RmsNorm(const RmsNormParams& params, const TensorView& x,
+                          const TensorView& weight, const TensorView& out) {
+  cpu::CheckRmsNormArgs(kDev, x, weight, out);
+  MakeCurrent();
+  Record(kernels::RmsNorm(stream_, x.as<float>(), weight.data, weight.dtype, x.dim(0), x.dim(1),
+                          params.eps, out.as<float>()),
+         "RmsNorm");
+}
+
+void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
+                       const TensorView& out) {
+  cpu::CheckGemmArgs(kDev, x, w, bias, out);
+  MakeCurrent();
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  if (n == 0 || m == 0) return;
+  const void* b = bias.empty() ? nullptr : bias.data;
+  if (n <= kernels::kGemvMaxRows) {
+    Record(kernels::Gemv(stream_, x.as<float>(), w.data, b, w.dtype, n, m, k, out.as<float>()),
+           "Gemm (gemv)");
+    return;
+  }
+  switch (w.dtype) {
+    case DType::kBF16:
+      return GemmBf16Planes(x.as<float>(), w.data, b, n, m, k, out.as<float>());
+    case DType::kF16:
+      return GemmWidenedF16(x.as<float>(), w.data, b, n, m, k, out.as<float>());
+    case DType::kF32:
+      return GemmF32(x.as<float>(), w.data, b, n, m, k, out.as<float>());
+    case DType::kI32:
+      break;
+  }
+  MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);
+}
+
+// x is split exactly into three bf16 planes (kernels.h); one tensor-core GEMM multiplies all three
+// by w (bf16 x bf16 products are exact in f32, sums in f32), and a combine adds the plane results
+// and the bias. Scratch layout per chunk of `rows` rows of x: planes [3, rows, k] bf16, then
+// (256-byte aligned) products [3, rows, m] f32. The chunk is as many rows as fit.
+void CudaBackend::GemmBf16Planes(const float* x, const void* w, const void* bias, int64_t n,
+                                 int64_t m, int64_t k, float* out) {
+  const size_t per_row = 3 * static_cast<size_t>(k) * 2 + 3 * static_cast<size_t>(m) * 4 + 256;
+  const int64_t rows = std::min<int64_t>(n, static_cast<int64_t>(gemm_scratch_.bytes() / per_row));
+  MODSERVE_CHECK(rows >= 1) << "Gemm m=" << m << " k=" << k << " needs " << per_row
+                            << " scratch bytes per row; CudaTuning::gemm_scratch_bytes is "
+                            << gemm_scratch_.bytes();
+  char* scratch = static_cast<char*>(gemm_scratch_.data());
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t rc = std::min(rows, n - r0);
+    void* planes = scratch;
+    float* prod = reinterpret_cast<float*>(scratch + (3 * rc * k * 2 + 255) / 256 * 256);
+    Record(kernels::SplitToBf16Planes(stream_, x + r0 * k, rc, k, planes), "Gemm (split)");
+    // Column-major view: prod^T [m, 3 rc] = (w^T [k, m])^T @ planes^T [k, 3 rc].
+    Record(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CheckedInt(m, "m"),
+                        CheckedInt(3 * rc, "3n"), CheckedInt(k, "k"), &alpha, w, CUDA_R_16BF,
+                        static_cast<int>(k), planes, CUDA_R_16BF, static_cast<int>(k), &beta, prod,
+                        CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+           "Gemm (cublasGemmEx bf16 planes)");
+    Record(kernels::CombinePlanes(stream_, prod, bias, DType::kBF16, rc, m, out + r0 * m),
+           "Gemm (combine)");
+  }
+}
+
+// f16 weights cannot share the bf16 trick (f16 planes of x would under/overflow), so chunks of
+// w's rows are widened to f32 in scratch ([rows, k] f32) and multiplied with plain f32 SGEMM.
+void CudaBackend::GemmWidenedF16(const float* x, const void* w, const void* bias, int64_t n,
+                                 int64_t m, int64_t k, float* out) {
+  const int64_t rows =
+      std::min<int64_t>(m, static_cast<int64_t>(gemm_scratch_.bytes() / (4 * std::max<int64_t>(k, 1))));
+  MODSERVE_CHECK(rows >= 1) << "Gemm k=" << k << " does not fit CudaTuning::gemm_scratch_bytes "
+                            << gemm_scratch_.bytes();
+  float* wf = static_cast<float*>(gemm_scratch_.data());
+  const auto* w16 = static_cast<const uint16_t*>(w);
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int64_t r0 = 0; r0 < m; r0 += rows) {
+    const int64_t rc = std::min(rows, m - r0);
+    Record(kernels::WidenToF32(stream_, w16 + r0 * k, DType::kF16, rc * k, wf), "Gemm (widen)");
+    // out^T rows r0 .. r0 + rc: column-major [rc, n] block at out + r0 with leading dim m.
+    Record(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CheckedInt(rc, "m"),
+                        CheckedInt(n, "n"), CheckedInt(k, "k"), &alpha, wf, CUDA_R_32F,
+                        static_cast<int>(k), x, CUDA_R_32F, static_cast<int>(k), &beta, out + r0,
+                        CUDA_R_32F, CheckedInt(m, "m"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+           "Gemm (cublasGemmEx f32, widened f16)");
+  }
+  if (bias != nullptr) {
+    Record(kernels::AddBias(stream_, bias, DType::kF16, n, m, out), "Gemm (bias)");
+  }
+}
+
+void CudaBackend::GemmF32(const float* x, const void* w, const void* bias, int64_t n, int64_t m,
+                          int64_t k, float* out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  Record(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CheckedInt(m, "m"), CheckedInt(n, "n"),
+                      CheckedInt(k, "k"), &alpha, w, CUDA_R_32F, static_cast<int>(k), x,
+                      CUDA_R_32F, static_cast<int>(k), &beta, out, CUDA_R_32F,
+                      static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+         "Gemm (cublasGemmEx f32)");
+  if (bias != nullptr) {
+    Record(kernels::AddBias(stream_, bias, DType::kF32, n, m, out), "Gemm (bias)");
+  }
+}
+
+void CudaBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q,
+                                  const TensorView& k, const TensorView& v,
+                                  const TensorView& positions, const TensorView& slots,
+                                  const TensorView& kv_pool) {
+  cpu::CheckRopeAndAppendKvArgs(kDev, params, q, k, v, positions, slots, kv_pool);
+  MakeCurrent();
+  kernels::RopeKvArgs a;
+  a.q = q.as<float>();
+  a.k = k.as<float>();
+  a.v = v.as<float>();
+  a.positions = positions.as<int32_t>();
+  a.slots = slots.as<int32_t>();
+  a.kv_pool = kv_pool.data;
+  a.pool_dtype = kv_pool.dtype;
+  a.n = q.dim(0);
+  a.num_pages = kv_pool.dim(0);
+  a.n_heads = params.n_heads;
+  a.n_kv_heads = params.n_kv_heads;
+  a.head_dim = params.head_dim;
+  a.block_size = params.block_size;
+  a.rope_theta = params.rope_theta;
+  Record(kernels::RopeAndAppendKv(stream_, a), "RopeAndAppendKv");
+}
+
+void CudaBackend::Attention(const AttentionParams& params, const TensorView& q,
+                            const TensorView& kv_pool, const TensorView& page_table,
+                            const TensorView& row_seq, const TensorView& row_kv_len,
+                            const TensorView& out) {
+  cpu::CheckAttentionArgs(kDev, params, q, kv_pool, page_table, row_seq, row_kv_len, out);
+  MODSERVE_CHECK_LE(params.head_dim, kernels::kAttentionMaxHeadDim);
+  MakeCurrent();
+  kernels::AttentionArgs a;
+  a.q = q.as<float>();
+  a.kv_pool = kv_pool.data;
+  a.pool_dtype = kv_pool.dtype;
+  a.page_table = page_table.as<int32_t>();
+  a.row_seq = row_seq.as<int32_t>();
+  a.row_kv_len = row_kv_len.as<int32_t>();
+  a.out = out.as<float>();
+  a.n = q.dim(0);
+  a.num_pages = kv_pool.dim(0);
+  a.num_seqs = page_table.dim(0);
+  a.max_pages = page_table.dim(1);
+  a.n_heads = params.n_heads;
+  a.n_kv_heads = params.n_kv_heads;
+  a.head_dim = params.head_dim;
+  a.block_size = params.block_size;
+  a.scale = params.scale;
+  const kernels::AttentionPlan plan =
+      kernels::PlanAttention(a, num_sms_, attention_scratch_.bytes());
+  Record(kernels::Attention(stream_, a, plan, attention_scratch_.data()), "Attention");
+}
+
+void CudaBackend::SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  cpu::CheckSameShapeF32Args(kDev, gate, up, out);
+  MakeCurrent();
+  Record(kernels::SwiGlu(stream_, gate.as<float>(), up.as<float>(), gate.numel(),
+                         out.as<float>()),
+         "SwiGlu");
+}
+
+void CudaBackend::Activation(const ActivationParams& params, const TensorView& x) {
+  cpu::CheckActivationArgs(kDev, x);
+  MakeCurrent();
+  int kind = 0;
+  switch (params.kind) {
+    case ActivationKind::kSilu:
+      kind = 0;
+      break;
+    case ActivationKind::kGelu:
+      kind = 1;
+      break;
+    case ActivationKind::kRelu:
+      kind = 2;
+      break;
+  }
+  Record(kernels::Activation(stream_, kind, x.numel(), x.as<float>()), "Activation");
+}
+
+void CudaBackend::Add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  cpu::CheckSameShapeF32Args(kDev, a, b, out);
+  MakeCurrent();
+  Record(kernels::Add(stream_, a.as<float>(), b.as<float>(), a.numel(), out.as<float>()), "Add");
+}
+
+void CudaBackend::GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) {
+  cpu::CheckGatherRowsArgs(kDev, x, idx, out);
+  MakeCurrent();
+  Record(kernels::GatherRows(stream_, x.as<float>(), x.dim(0), x.dim(1), idx.as<int32_t>(),
+                             idx.dim(0), out.as<float>()),
+         "GatherRows");
+}
+
+void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const TensorView& x,
+                                 const TensorView& y, const TensorView& idx, const TensorView& s) {
+  cpu::CheckScatterCombineArgs(kDev, x, y, idx, s);
+  MakeCurrent();
+  const int weight_fn = params.weight_fn == WeightFn::kIdentity ? 0 : 1;
+  const int scale_target = params.scale_target == ScaleTarget::kUpdate ? 0 : 1;
+  Record(kernels::ScatterCombine(stream_, weight_fn, scale_target, x.as<float>(), x.dim(0),
+                                 x.dim(1), y.as<float>(), idx.as<int32_t>(), s.as<float>(),
+                                 idx.dim(0)),
+         "ScatterCombine");
+}
+
+}  // namespace
+
+int VisibleDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options,
+                                                           const CudaTuning& tuning) {
+  return CudaBackend::Create(options, tuning);
+}
+
+}  // namespace modserve::backend::cuda

@@ -1,0 +1,116 @@
+// The f32 elementwise and row ops: SwiGLU, activations, add, row gather and the MoD weighted scatter.
+// Grid-stride loops in the reference's operation order (accurate expf/erff, no fast-math).
+#include <cmath>
+
+#include "engine/backend/cuda/kernels/device_utils.cuh"
+#include "engine/backend/cuda/kernels/kernels.h"
+
+namespace modserve::backend::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float Sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// `out` may alias gate or up: each element is read before it is written by the same thread.
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g * Sigmoid(g) * up[i];
+  }
+}
+
+__global__ void ActivationKernel(int kind, int64_t count, float* x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    switch (kind) {
+      case 0:
+        x[i] = v * Sigmoid(v);
+        break;
+      case 1:
+        x[i] = 0.5f * v * (1.0f + erff(v * static_cast<float>(M_SQRT1_2)));
+        break;
+      default:
+        x[i] = v > 0.0f ? v : 0.0f;
+        break;
+    }
+  }
+}
+
+__global__ void AddKernel(const float* a, const float* b, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void GatherRowsKernel(const float* __restrict__ x, int64_t n, int64_t d,
+                                 const int32_t* __restrict__ idx, int64_t m,
+                                 float* __restrict__ out) {
+  const int64_t count = m * d;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = i / d, c = i % d;
+    const int32_t r = idx[j];
+    TrapUnless(r >= 0 && r < n);
+    out[i] = x[r * d + c];
+  }
+}
+
+// Rows idx[j] are distinct (contract), so no two threads touch the same element of x.
+__global__ void ScatterCombineKernel(int weight_fn, int scale_target, float* x, int64_t n,
+                                     int64_t d, const float* __restrict__ y,
+                                     const int32_t* __restrict__ idx, const float* __restrict__ s,
+                                     int64_t m) {
+  const int64_t count = m * d;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = i / d, c = i % d;
+    const int32_t r = idx[j];
+    TrapUnless(r >= 0 && r < n);
+    const float g = weight_fn == 0 ? s[j] : Sigmoid(s[j]);
+    float& xc = x[r * d + c];
+    xc = scale_target == 0 ? xc + g * (y[i] - xc) : g * y[i];
+  }
+}
+
+}  // namespace
+
+cudaError_t SwiGlu(cudaStream_t stream, const float* gate, const float* up, int64_t count,
+                   float* out) {
+  if (count == 0) return cudaSuccess;
+  SwiGluKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(gate, up, count, out);
+  return cudaGetLastError();
+}
+
+cudaError_t Activation(cudaStream_t stream, int kind, int64_t count, float* x) {
+  if (count == 0) return cudaSuccess;
+  ActivationKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(kind, count, x);
+  return cudaGetLastError();
+}
+
+cudaError_t Add(cudaStream_t stream, const float* a, const float* b, int64_t count, float* out) {
+  if (count == 0) return cudaSuccess;
+  AddKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(a, b, count, out);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(cudaStream_t stream, const float* x, int64_t n, int64_t d,
+                       const int32_t* idx, int64_t m, float* out) {
+  if (m * d == 0) return cudaSuccess;
+  GatherRowsKernel<<<GridFor(m * d, kThreads), kThreads, 0, stream>>>(x, n, d, idx, m, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterCombine(cudaStream_t stream, int weight_fn, int scale_target, float* x,
+                           int64_t n, int64_t d, const float* y, const int32_t* idx,
+                           const float* s, int64_t m) {
+  if (m * d == 0) return cudaSuccess;
+  ScatterCombineKernel<<<GridFor(m * d, kThreads), kThreads, 0, stream>>>(
+      weight_fn, scale_target, x, n, d, y, idx, s, m);
+  return cudaGetLastError();
+}
+
+}  // namespace modserve::backend::cuda::kernels

@@ -1,0 +1,188 @@
+// Metrics: families are created once; per-label children are looked up per observation only for
+// the bounded labels (finish_reason, code, phase).
+#include "server/metrics.h"
+
+#include <exception>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/sampler/stop_checker.h"
+
+namespace modserve::server {
+namespace {
+
+// From 1 ms: a decode step of a small model on a GPU takes a few ms, so coarser first buckets
+// would put every inter-token latency in one bucket.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0};
+}
+
+prometheus::Histogram* MakeHistogram(prometheus::Registry& registry, const std::string& name,
+                                     const std::string& help) {
+  return &prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(
+      {}, LatencyBuckets());
+}
+
+prometheus::Counter* MakeCounter(prometheus::Registry& registry, const std::string& name,
+                                 const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+}
+
+prometheus::Gauge* MakeGauge(prometheus::Registry& registry, const std::string& name,
+                             const std::string& help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+}  // namespace
+
+const std::vector<std::string>& MetricNames() {
+  static const auto* names = new std::vector<std::string>{
+      "modserve_time_to_first_token_seconds",  "modserve_inter_token_latency_seconds",
+      "modserve_e2e_request_latency_seconds",  "modserve_request_queue_time_seconds",
+      "modserve_request_prefill_time_seconds", "modserve_request_decode_time_seconds",
+      "modserve_prompt_tokens_total",          "modserve_generation_tokens_total",
+      "modserve_num_requests_running",         "modserve_num_requests_waiting",
+      "modserve_kv_cache_usage_ratio",         "modserve_num_preemptions_total",
+      "modserve_request_success_total",        "modserve_request_failure_total",
+      "modserve_layer_tokens_total",           "modserve_layer_batch_skips_total",
+      "modserve_kv_bytes_per_token",           "modserve_kv_bytes_per_token_dense",
+      "modserve_step_duration_seconds",
+  };
+  return *names;
+}
+
+Metrics::Metrics(int32_t n_layers)
+    : registry_(std::make_shared<prometheus::Registry>()), n_layers_(n_layers) {
+  prometheus::Registry& r = *registry_;
+  ttft_ = MakeHistogram(r, "modserve_time_to_first_token_seconds",
+                        "Time from acceptance to the first generated token.");
+  itl_ = MakeHistogram(r, "modserve_inter_token_latency_seconds",
+                       "Time between consecutive tokens of a request.");
+  e2e_ = MakeHistogram(r, "modserve_e2e_request_latency_seconds",
+                       "Time from acceptance to the end of a successful request.");
+  queue_time_ = MakeHistogram(r, "modserve_request_queue_time_seconds",
+                              "Time a request waited for admission.");
+  prefill_time_ = MakeHistogram(r, "modserve_request_prefill_time_seconds",
+                                "Time from admission to the first token.");
+  decode_time_ = MakeHistogram(r, "modserve_request_decode_time_seconds",
+                               "Time from the first token to the end of the request.");
+  // prometheus-cpp appends nothing to counter names, so the _total suffix is part of the name.
+  prompt_tokens_ = MakeCounter(r, "modserve_prompt_tokens_total", "Prompt tokens admitted.");
+  generation_tokens_ = MakeCounter(r, "modserve_generation_tokens_total", "Tokens generated.");
+  running_ = MakeGauge(r, "modserve_num_requests_running", "Requests in the running batch.");
+  waiting_ = MakeGauge(r, "modserve_num_requests_waiting", "Requests waiting for admission.");
+  kv_usage_ = MakeGauge(r, "modserve_kv_cache_usage_ratio", "Fraction of KV pages in use.");
+  preemptions_ = MakeCounter(r, "modserve_num_preemptions_total",
+                             "Sequences preempted (recomputed later) for lack of KV pages.");
+  success_ = &prometheus::BuildCounter()
+                  .Name("modserve_request_success_total")
+                  .Help("Requests that finished, by finish_reason.")
+                  .Register(r);
+  for (auto reason : {engine::FinishReason::kLength, engine::FinishReason::kStopToken,
+                      engine::FinishReason::kStopString}) {
+    success_->Add({{"finish_reason", std::string(engine::FinishReasonName(reason))}});
+  }
+  failure_ = &prometheus::BuildCounter()
+                  .Name("modserve_request_failure_total")
+                  .Help("Requests that ended with an error, by gRPC status code.")
+                  .Register(r);
+  // Zero-valued series for the codes the server produces, so rate() works before the first one.
+  for (absl::StatusCode code : {absl::StatusCode::kInvalidArgument, absl::StatusCode::kOutOfRange,
+                                absl::StatusCode::kResourceExhausted,
+                                absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded,
+                                absl::StatusCode::kCancelled, absl::StatusCode::kInternal}) {
+    failure_->Add({{"code", absl::StatusCodeToString(code)}});
+  }
+  auto& layer_tokens = prometheus::BuildCounter()
+                           .Name("modserve_layer_tokens_total")
+                           .Help("Tokens per layer that were computed or skipped (MoD routing).")
+                           .Register(r);
+  auto& batch_skips = prometheus::BuildCounter()
+                          .Name("modserve_layer_batch_skips_total")
+                          .Help("Steps in which no token of the batch entered the layer.")
+                          .Register(r);
+  for (int32_t l = 0; l < n_layers; ++l) {
+    const std::string layer = std::to_string(l);
+    layer_computed_.push_back(&layer_tokens.Add({{"layer", layer}, {"decision", "computed"}}));
+    layer_skipped_.push_back(&layer_tokens.Add({{"layer", layer}, {"decision", "skipped"}}));
+    layer_batch_skips_.push_back(&batch_skips.Add({{"layer", layer}}));
+  }
+  kv_bytes_per_token_ = MakeGauge(r, "modserve_kv_bytes_per_token",
+                                  "KV bytes a token holds, from the measured routed fractions.");
+  kv_bytes_per_token_dense_ = MakeGauge(r, "modserve_kv_bytes_per_token_dense",
+                                        "KV bytes a token would hold if every layer stored it.");
+  step_duration_ = &prometheus::BuildHistogram()
+                        .Name("modserve_step_duration_seconds")
+                        .Help("Duration of one engine step, by phase (prefill, decode, mixed).")
+                        .Register(r);
+  for (const char* phase : {"prefill", "decode", "mixed"}) {
+    step_duration_->Add({{"phase", phase}}, LatencyBuckets());
+  }
+}
+
+Metrics::~Metrics() = default;
+
+absl::Status Metrics::Serve(const std::string& host, int port) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+    exposer_->RegisterCollectable(registry_);
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    port_ = ports.empty() ? 0 : ports.front();
+  } catch (const std::exception& e) {
+    exposer_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void Metrics::Refresh(const engine::StepLoop& loop) {
+  running_->Set(loop.num_running());
+  waiting_->Set(loop.num_waiting());
+  kv_usage_->Set(loop.kv_num_pages() > 0
+                     ? static_cast<double>(loop.kv_used_pages()) / loop.kv_num_pages()
+                     : 0.0);
+}
+
+void Metrics::CountFailure(absl::StatusCode code) {
+  failure_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
+
+void Metrics::OnStep(const engine::StepStats& stats) {
+  step_duration_->Add({{"phase", std::string(stats.phase)}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(stats.duration));
+  prompt_tokens_->Increment(stats.num_prompt_tokens);
+  generation_tokens_->Increment(stats.num_sampled);
+  for (double s : stats.inter_token_seconds) itl_->Observe(s);
+  for (int32_t l = 0; l < n_layers_ && l < static_cast<int32_t>(stats.layer_computed.size()); ++l) {
+    layer_computed_[l]->Increment(stats.layer_computed[l]);
+    layer_skipped_[l]->Increment(stats.layer_skipped[l]);
+    if (stats.num_tokens > 0 && stats.layer_computed[l] == 0) layer_batch_skips_[l]->Increment();
+  }
+  running_->Set(stats.num_running);
+  waiting_->Set(stats.num_waiting);
+  kv_usage_->Set(stats.kv_usage_ratio);
+  kv_bytes_per_token_->Set(stats.kv_bytes_per_token);
+  kv_bytes_per_token_dense_->Set(stats.kv_bytes_per_token_dense);
+}
+
+void Metrics::OnPreemption() { preemptions_->Increment(); }
+
+void Metrics::OnRequestFinished(const engine::FinishedRequest& request) {
+  const engine::RequestTimings& t = request.timings;
+  success_
+      ->Add(
+          {{"finish_reason", std::string(engine::FinishReasonName(request.result.finish_reason))}})
+      .Increment();
+  e2e_->Observe(Seconds(t.accepted, t.finished));
+  queue_time_->Observe(Seconds(t.accepted, t.scheduled));
+  ttft_->Observe(Seconds(t.accepted, t.first_token));
+  prefill_time_->Observe(Seconds(t.scheduled, t.first_token));
+  decode_time_->Observe(Seconds(t.first_token, t.finished));
+}
+
+void Metrics::OnRequestFailed(absl::StatusCode code) { CountFailure(code); }
+
+}  // namespace modserve::server

@@ -1,0 +1,67 @@
+// Assembles a running modserve: engine, step loop, gRPC server (ModServe, health, reflection),
+// metrics endpoint and health monitor; and the SIGTERM drain. Flags live in main.cc, not here.
+#ifndef MODSERVE_SERVER_SERVER_H_
+#define MODSERVE_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "engine/executor/step_loop.h"
+#include "grpcpp/grpcpp.h"
+#include "server/generate_service.h"
+#include "server/health.h"
+#include "server/metrics.h"
+
+namespace modserve::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;           // 0 picks a free port
+  int metrics_port = -1;  // -1 = no /metrics endpoint; 0 picks a free port
+  engine::StepLoopOptions loop;
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // Health turns NOT_SERVING when the engine thread has not gone round its loop for this long.
+  absl::Duration stall_limit = absl::Seconds(30);
+  absl::Duration health_period = absl::Milliseconds(100);
+};
+
+// Thread contract: Start, Drain and Shutdown from one controlling thread (main or a test).
+class Server {
+ public:
+  // Loads the model (engine errors pass through), then serves. Unavailable when a port cannot
+  // be bound. The engine's max_seqs / max_batch_tokens are raised to the loop's when smaller.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       engine::EngineOptions engine_options);
+  ~Server();  // Shutdown()
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  engine::StepLoop& loop() { return *loop_; }
+  Metrics& metrics() { return *metrics_; }
+
+  // SIGTERM: NOT_SERVING, no new requests, in-flight ones run up to drain_timeout (then end with
+  // UNAVAILABLE), then the gRPC server shuts down. Returns whether everything finished in time.
+  bool Drain();
+  // Stops at once: in-flight requests end with UNAVAILABLE. loop() stays readable.
+  void Shutdown();
+
+ private:
+  Server() = default;
+
+  ServerOptions options_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<engine::StepLoop> loop_;
+  std::unique_ptr<GenerateService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<HealthMonitor> health_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace modserve::server
+
+#endif  // MODSERVE_SERVER_SERVER_H_

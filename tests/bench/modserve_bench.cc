@@ -1,0 +1,919 @@
+// modserve-bench: decode and prefill throughput of the real Engine (CPU backend) on synthetic
+// checkpoints of real shapes (~110M Llama and TinyLlama-1.1B, each dense and MoD), set beside the
+// machine's measured read bandwidth. A benchmark, not a test: it prints tables and asserts
+// nothing; the random weights make the generated text meaningless.
+//
+//   modserve-bench --shapes 110m,tinyllama --batches 1,4,16 --contexts 128,1024 --steps 32
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "engine/backend/cpu/thread_pool.h"
+#include "engine/common/dtype.h"
+#include "engine/common/status_macros.h"
+#include "engine/engine.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, workdir, "/tmp/modserve-bench",
+          "where the synthetic checkpoints are written (and reused when already there)");
+ABSL_FLAG(std::string, shapes, "110m,tinyllama", "model shapes to run: 110m, tinyllama");
+ABSL_FLAG(std::string, batches, "1,4,16", "decode batch sizes (sequences per step)");
+ABSL_FLAG(std::string, contexts, "128,1024", "prompt tokens prefilled before decode is timed");
+ABSL_FLAG(int32_t, steps, 32, "timed decode steps per (batch, context)");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = every core");
+ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache storage: f32, f16 or bf16");
+ABSL_FLAG(int32_t, prefill_tokens, 512, "prompt length of the prefill measurement");
+ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is reported)");
+ABSL_FLAG(int32_t, max_batch_tokens, 512, "engine max_batch_tokens (the prefill chunk)");
+ABSL_FLAG(std::string, variants, "dense,mod", "which checkpoints of each shape to run");
+
+namespace modserve::bench {
+namespace {
+
+using modserve::DType;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// ---- shapes and synthetic checkpoints ---------------------------------------------------------
+
+struct Shape {
+  std::string name;
+  int64_t d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab_size, max_seq_len;
+  double rms_norm_eps, rope_theta;
+};
+
+const std::vector<Shape>& KnownShapes() {
+  static const std::vector<Shape> shapes = {
+      {"110m", 768, 12, 12, 4, 64, 2048, 32000, 2048, 1e-5, 10000.0},
+      {"tinyllama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 1e-5, 10000.0},
+  };
+  return shapes;
+}
+
+// MoD: every other layer routed (1, 3, 5, ...).
+std::vector<int> RoutedLayers(const Shape& s) {
+  std::vector<int> layers;
+  for (int l = 1; l < s.n_layers; l += 2) layers.push_back(l);
+  return layers;
+}
+
+// Router bias b with P(N(0, 1) + b > 0) = 12.5%: the router input is RMSNorm_in(x) (unit RMS, norm
+// weight 1) and the router weight ~ N(0, 1 / d_model), so w . u ~ N(0, 1).
+constexpr float kRouterBias = -1.15f;
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  enum Fill { kRandom, kOnes, kRouterWeight, kRouterBias } fill;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  int64_t bytes() const { return numel() * static_cast<int64_t>(modserve::DTypeBytes(dtype)); }
+};
+
+// Tensors in file order: the large BF16 matrices first, then the norms and F32 routers, with the
+// 4-byte router biases last, so every matrix starts 64-byte aligned in the mapped file.
+std::vector<TensorSpec> TensorsOf(const Shape& s, bool mod) {
+  const int64_t d = s.d_model, hd = s.head_dim;
+  std::vector<TensorSpec> t;
+  t.push_back({"model.embed_tokens.weight", DType::kBF16, {s.vocab_size, d}, TensorSpec::kRandom});
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    t.push_back(
+        {p + "self_attn.q_proj.weight", DType::kBF16, {s.n_heads * hd, d}, TensorSpec::kRandom});
+    t.push_back(
+        {p + "self_attn.k_proj.weight", DType::kBF16, {s.n_kv_heads * hd, d}, TensorSpec::kRandom});
+    t.push_back(
+        {p + "self_attn.v_proj.weight", DType::kBF16, {s.n_kv_heads * hd, d}, TensorSpec::kRandom});
+    t.push_back(
+        {p + "self_attn.o_proj.weight", DType::kBF16, {d, s.n_heads * hd}, TensorSpec::kRandom});
+    t.push_back({p + "mlp.gate_proj.weight", DType::kBF16, {s.d_ff, d}, TensorSpec::kRandom});
+    t.push_back({p + "mlp.up_proj.weight", DType::kBF16, {s.d_ff, d}, TensorSpec::kRandom});
+    t.push_back({p + "mlp.down_proj.weight", DType::kBF16, {d, s.d_ff}, TensorSpec::kRandom});
+  }
+  t.push_back({"lm_head.weight", DType::kBF16, {s.vocab_size, d}, TensorSpec::kRandom});
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    t.push_back({p + "input_layernorm.weight", DType::kBF16, {d}, TensorSpec::kOnes});
+    t.push_back({p + "post_attention_layernorm.weight", DType::kBF16, {d}, TensorSpec::kOnes});
+  }
+  t.push_back({"model.norm.weight", DType::kBF16, {d}, TensorSpec::kOnes});
+  if (mod) {
+    for (int l : RoutedLayers(s)) {
+      t.push_back({absl::StrCat("model.layers.", l, ".router.weight"),
+                   DType::kF32,
+                   {1, d},
+                   TensorSpec::kRouterWeight});
+    }
+    for (int l : RoutedLayers(s)) {
+      t.push_back({absl::StrCat("model.layers.", l, ".router.bias"),
+                   DType::kF32,
+                   {1},
+                   TensorSpec::kRouterBias});
+    }
+  }
+  return t;
+}
+
+json ConfigJson(const Shape& s, bool mod) {
+  json c = {
+      {"model_type", "llama"},
+      {"architectures", {mod ? "LlamaMoDForCausalLM" : "LlamaForCausalLM"}},
+      {"hidden_size", s.d_model},
+      {"intermediate_size", s.d_ff},
+      {"num_hidden_layers", s.n_layers},
+      {"num_attention_heads", s.n_heads},
+      {"num_key_value_heads", s.n_kv_heads},
+      {"head_dim", s.head_dim},
+      {"rms_norm_eps", s.rms_norm_eps},
+      {"rope_theta", s.rope_theta},
+      {"vocab_size", s.vocab_size},
+      {"max_position_embeddings", s.max_seq_len},
+      {"tie_word_embeddings", false},
+      {"bos_token_id", 1},
+      {"eos_token_id", 2},
+      {"torch_dtype", "bfloat16"},
+  };
+  if (mod) {
+    c["mod"] = {
+        {"format_version", 1},
+        {"routed_layers", RoutedLayers(s)},
+        {"capacity", 0.125},
+        {"router", {{"bias", true}, {"input", "input_layernorm"}}},
+        {"weight_fn", "sigmoid"},
+        {"scale_target", "update"},
+        {"inference_routing", "router_threshold"},
+        {"threshold", 0.5},
+    };
+  }
+  return c;
+}
+
+// SplitMix64: a fast counter-based generator, so any chunk of a tensor can be filled on its own.
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// N(0, 0.02) approximated by the sum of four 16-bit uniforms (Irwin-Hall, 4 terms), rounded to
+// BF16 by truncation: statistically close enough for a throughput benchmark, and ~1 ns a value.
+void FillRandomBf16(uint64_t seed, int64_t begin, int64_t end, uint16_t* out) {
+  constexpr double kMean = 4 * 32767.5;
+  const double kStd = std::sqrt(4 * (65536.0 * 65536.0 - 1) / 12.0);
+  const float scale = static_cast<float>(0.02 / kStd);
+  for (int64_t i = begin; i < end; ++i) {
+    const uint64_t r = SplitMix64(seed ^ (static_cast<uint64_t>(i) * 0xd1342543de82ef95ULL));
+    const uint32_t sum = static_cast<uint32_t>(r & 0xffff) +
+                         static_cast<uint32_t>((r >> 16) & 0xffff) +
+                         static_cast<uint32_t>((r >> 32) & 0xffff) + static_cast<uint32_t>(r >> 48);
+    const float v = static_cast<float>(static_cast<double>(sum) - kMean) * scale;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    out[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+std::string ShapeSignature(const Shape& s, bool mod) {
+  return absl::StrCat("modserve-bench v1 ", ConfigJson(s, mod).dump());
+}
+
+// Writes config.json + model.safetensors under `dir` unless a complete copy of the same shape is
+// already there (bench_signature.txt is written last, so a partial write is never reused).
+absl::Status EnsureCheckpoint(const Shape& s, bool mod, const std::string& dir, int threads) {
+  namespace fs = std::filesystem;
+  const std::string sig_path = dir + "/bench_signature.txt";
+  const std::string signature = ShapeSignature(s, mod);
+  {
+    std::ifstream in(sig_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (in && ss.str() == signature) return absl::OkStatus();
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  fs::remove(sig_path, ec);
+  const auto t0 = Clock::now();
+
+  const std::vector<TensorSpec> tensors = TensorsOf(s, mod);
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  int64_t offset = 0;
+  for (const TensorSpec& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype == DType::kF32 ? "F32" : "BF16"},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
+  }
+  std::string text = header.dump();
+  // Pad the header with spaces (valid JSON) so the data starts 64-byte aligned.
+  while ((8 + text.size()) % 64 != 0) text.push_back(' ');
+
+  const std::string st_path = dir + "/model.safetensors";
+  std::FILE* f = std::fopen(st_path.c_str(), "wb");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", st_path));
+  uint64_t header_len = text.size();  // little-endian on every target we build for
+  bool ok = std::fwrite(&header_len, 8, 1, f) == 1 &&
+            std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  std::vector<uint8_t> buf;
+  std::mt19937_64 router_rng(mod ? 1234 : 0);
+  for (size_t ti = 0; ok && ti < tensors.size(); ++ti) {
+    const TensorSpec& t = tensors[ti];
+    const int64_t n = t.numel();
+    buf.resize(static_cast<size_t>(t.bytes()));
+    switch (t.fill) {
+      case TensorSpec::kRandom: {
+        // Seeded by the tensor's name, so the dense and MoD files share every matrix.
+        const uint64_t seed = SplitMix64(std::hash<std::string>{}(t.name));
+        uint16_t* out = reinterpret_cast<uint16_t*>(buf.data());
+        const int nt = std::max(1, threads);
+        std::vector<std::thread> pool;
+        for (int w = 0; w < nt; ++w) {
+          pool.emplace_back([=] { FillRandomBf16(seed, n * w / nt, n * (w + 1) / nt, out); });
+        }
+        for (std::thread& th : pool) th.join();
+        break;
+      }
+      case TensorSpec::kOnes: {
+        const uint16_t one = modserve::F32ToBf16(1.0f).bits;
+        uint16_t* out = reinterpret_cast<uint16_t*>(buf.data());
+        std::fill(out, out + n, one);
+        break;
+      }
+      case TensorSpec::kRouterWeight: {
+        std::normal_distribution<float> dist(0.0f, 1.0f / std::sqrt(static_cast<float>(s.d_model)));
+        float* out = reinterpret_cast<float*>(buf.data());
+        for (int64_t i = 0; i < n; ++i) out[i] = dist(router_rng);
+        break;
+      }
+      case TensorSpec::kRouterBias: {
+        float* out = reinterpret_cast<float*>(buf.data());
+        std::fill(out, out + n, kRouterBias);
+        break;
+      }
+    }
+    ok = std::fwrite(buf.data(), 1, buf.size(), f) == buf.size();
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return absl::InternalError(absl::StrCat("short write to ", st_path));
+  {
+    std::ofstream cfg(dir + "/config.json");
+    cfg << ConfigJson(s, mod).dump(2) << "\n";
+    if (!cfg) return absl::InternalError(absl::StrCat("cannot write ", dir, "/config.json"));
+  }
+  std::ofstream sig(sig_path);
+  sig << signature;
+  if (!sig) return absl::InternalError(absl::StrCat("cannot write ", sig_path));
+  std::printf("wrote %s (%.2f GB) in %.1f s\n", st_path.c_str(), offset / 1e9,
+              Seconds(t0, Clock::now()));
+  return absl::OkStatus();
+}
+
+// ---- machine read bandwidth ---------------------------------------------------------------------
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) uint64_t SumAvx512(const uint64_t* p, int64_t n) {
+  __m512i a[8];
+  for (__m512i& v : a) v = _mm512_set1_epi64(0);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (int j = 0; j < 8; ++j) a[j] = _mm512_add_epi64(a[j], _mm512_load_si512(p + i + 8 * j));
+  }
+  __m512i s = a[0];
+  for (int j = 1; j < 8; ++j) s = _mm512_add_epi64(s, a[j]);
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, s);
+  uint64_t total = 0;
+  for (uint64_t v : lanes) total += v;
+  for (; i < n; ++i) total += p[i];
+  return total;
+}
+
+__attribute__((target("avx2"))) uint64_t SumAvx2(const uint64_t* p, int64_t n) {
+  __m256i a[4];
+  for (__m256i& v : a) v = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 4; ++j) {
+      a[j] = _mm256_add_epi64(a[j],
+                              _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4 * j)));
+    }
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a[0], a[1]), _mm256_add_epi64(a[2], a[3])));
+  uint64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < n; ++i) total += p[i];
+  return total;
+}
+#endif
+
+uint64_t Sum(const uint64_t* p, int64_t n) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return SumAvx512(p, n);
+  if (__builtin_cpu_supports("avx2")) return SumAvx2(p, n);
+#endif
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += p[i];
+    s1 += p[i + 1];
+    s2 += p[i + 2];
+    s3 += p[i + 3];
+  }
+  for (; i < n; ++i) s0 += p[i];
+  return s0 + s1 + s2 + s3;
+}
+
+// Multi-threaded sum over a 2 GiB buffer (far beyond the caches), best of 7 passes, one
+// contiguous half per thread. huge_pages: the buffer is madvise'd for 2 MiB transparent huge
+// pages. On this kind of VM (nested paging) 4 KiB pages cost about a third of the bandwidth in
+// TLB walks, so the two numbers differ a lot; the weights' file mapping gets 2 MiB pages when
+// the checkpoint was read into the page cache by faults (see EvictFromPageCache).
+double MeasureReadBandwidth(int threads, bool huge_pages) {
+  const int64_t bytes = int64_t{2} << 30;
+  const int64_t words = bytes / 8;
+  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes));
+  MODSERVE_CHECK(buf != nullptr);
+  ::madvise(buf, bytes, huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([=] {
+      for (int64_t i = words * t / threads; i < words * (t + 1) / threads; ++i) {
+        buf[i] = static_cast<uint64_t>(i);
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  double best = 0;
+  uint64_t keep = 0;
+  for (int rep = 0; rep < 7; ++rep) {
+    std::vector<uint64_t> sums(threads);
+    pool.clear();
+    const auto t0 = Clock::now();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const int64_t b = words * t / threads, e = words * (t + 1) / threads;
+        sums[t] = Sum(buf + b, e - b);
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    const double sec = Seconds(t0, Clock::now());
+    for (uint64_t v : sums) keep += v;
+    best = std::max(best, bytes / sec / 1e9);
+  }
+  if (keep == 42) std::printf(" ");  // keeps the sums alive
+  std::free(buf);
+  return best;
+}
+
+// Drops the checkpoint file from the page cache (fdatasync first, so the pages are clean), so
+// the engine's first touches read it back the way a real checkpoint load from disk does:
+// readahead fills large folios, which the kernel maps with 2 MiB pages. A file still cached from
+// the bench's own fwrite() is mostly in small folios and runs ~25% slower on this VM.
+void EvictFromPageCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  (void)::fdatasync(fd);
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// ---- engine measurements ----------------------------------------------------------------------
+
+// Bytes a decode step reads, by part of the model (weights of one layer include its norms).
+struct ModelBytes {
+  int64_t dense_layer = 0;    // attention + MLP matrices and both norms of one layer
+  int64_t router = 0;         // router weight + bias (read for every row of a routed layer)
+  int64_t lm_head = 0;        // lm_head + final norm
+  int64_t embed_row = 0;      // one row of embed_tokens
+  int64_t total_weights = 0;  // whole checkpoint
+};
+
+ModelBytes BytesOf(const Shape& s, bool mod) {
+  ModelBytes b;
+  for (const TensorSpec& t : TensorsOf(s, mod)) {
+    b.total_weights += t.bytes();
+    if (t.name == "model.layers.0.router.weight" || t.name == "model.layers.1.router.weight") {
+      b.router += t.bytes() + 4;
+    }
+    if (t.name.rfind("model.layers.0.", 0) == 0) b.dense_layer += t.bytes();
+  }
+  b.lm_head = s.vocab_size * s.d_model * 2 + s.d_model * 2;
+  b.embed_row = s.d_model * 2;
+  return b;
+}
+
+struct DecodeRun {
+  int batch = 0, context = 0, steps = 0;
+  double seconds = 0;             // timed steps only
+  double weight_bytes = 0;        // over the timed steps
+  double kv_bytes = 0;            // KV entries attended over the timed steps
+  int64_t routed_rows = 0;        // rows that entered a routed layer (summed over layers, steps)
+  int64_t routed_candidates = 0;  // rows offered to routed layers
+  int64_t layer_skips = 0;        // routed layers no row entered
+  int64_t routed_layer_steps = 0;
+  // KV held at the end (all sequences): exact entries, pages, and what a dense model would hold.
+  int64_t kv_entry_bytes = 0, kv_entry_bytes_dense = 0, kv_page_bytes = 0, kv_page_bytes_dense = 0;
+  // Ideal MoD/dense KV ratio from the measured per-layer routed fractions of the fed tokens.
+  double kv_ideal_ratio = 1.0;
+  // Per routed layer (config order): fraction of all fed tokens routed in.
+  std::vector<double> layer_fractions;
+
+  double tokens_per_s() const { return batch * steps / seconds; }
+  double gb_per_s() const { return (weight_bytes + kv_bytes) / seconds / 1e9; }
+  double routed_fraction() const {
+    return routed_candidates == 0 ? 1.0 : static_cast<double>(routed_rows) / routed_candidates;
+  }
+  double skip_fraction() const {
+    return routed_layer_steps == 0 ? 0.0 : static_cast<double>(layer_skips) / routed_layer_steps;
+  }
+};
+
+std::vector<engine::TokenId> RandomPrompt(int64_t len, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(3, static_cast<int32_t>(vocab - 1));
+  std::vector<engine::TokenId> p(static_cast<size_t>(len));
+  p[0] = 1;  // BOS
+  for (size_t i = 1; i < p.size(); ++i) p[i] = dist(rng);
+  return p;
+}
+
+engine::Request MakeRequest(std::vector<engine::TokenId> prompt, int32_t max_new_tokens) {
+  engine::Request r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.ignore_eos = true;
+  r.sampling.max_new_tokens = max_new_tokens;
+  return r;
+}
+
+// Feeds the whole prompt of each of `ids` (`prompt_len` tokens each, none fed yet), chunked into
+// steps of at most max_batch_tokens rows.
+absl::Status Prefill(engine::Engine& e, const std::vector<engine::SequenceId>& ids,
+                     int32_t prompt_len) {
+  std::vector<int32_t> left(ids.size(), prompt_len);
+  for (;;) {
+    std::vector<engine::StepEntry> entries;
+    std::vector<size_t> which;
+    int32_t budget = e.options().max_batch_tokens;
+    for (size_t i = 0; i < ids.size() && budget > 0; ++i) {
+      if (left[i] == 0) continue;
+      const int32_t n = std::min(left[i], budget);
+      entries.push_back({ids[i], n});
+      which.push_back(i);
+      budget -= n;
+    }
+    if (entries.empty()) return absl::OkStatus();
+    MODSERVE_ASSIGN_OR_RETURN(engine::StepResult r, e.Step(entries));
+    for (size_t j = 0; j < which.size(); ++j) left[which[j]] -= r.sequences[j].num_fed;
+  }
+}
+
+absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const ModelBytes& mb,
+                                        int batch, int context, int steps) {
+  const engine::ModelConfig& cfg = e.config();
+  std::vector<engine::SequenceId> ids;
+  for (int b = 0; b < batch; ++b) {
+    MODSERVE_ASSIGN_OR_RETURN(
+        engine::SequenceId id,
+        e.Add(MakeRequest(RandomPrompt(context, s.vocab_size, 1000 + b), steps + 4)));
+    ids.push_back(id);
+  }
+  MODSERVE_RETURN_IF_ERROR(Prefill(e, ids, context));
+  std::vector<engine::StepEntry> entries;
+  for (engine::SequenceId id : ids) entries.push_back({id, 1});
+  MODSERVE_RETURN_IF_ERROR(e.Step(entries).status());  // warm-up (untimed)
+
+  std::vector<engine::StepResult> results;
+  results.reserve(steps);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    MODSERVE_ASSIGN_OR_RETURN(engine::StepResult r, e.Step(entries));
+    results.push_back(std::move(r));
+  }
+  DecodeRun run;
+  run.seconds = Seconds(t0, Clock::now());
+  run.batch = batch;
+  run.context = context;
+  run.steps = steps;
+
+  const int64_t L = cfg.n_layers;
+  const int64_t num_routed = cfg.mod ? static_cast<int64_t>(cfg.mod->routed_layers.size()) : 0;
+  const int64_t bptl = e.kv_bytes_per_token_layer();
+  for (const engine::StepResult& r : results) {
+    double bytes = static_cast<double>(mb.lm_head) + static_cast<double>(batch) * mb.embed_row;
+    bytes += static_cast<double>(L - num_routed) * mb.dense_layer;
+    for (int32_t rows : r.routed_rows) {
+      bytes += mb.router;
+      if (rows > 0) bytes += mb.dense_layer;
+      run.routed_rows += rows;
+      run.routed_candidates += r.num_tokens;
+    }
+    run.layer_skips += r.num_layer_skips;
+    run.routed_layer_steps += num_routed;
+    run.weight_bytes += bytes;
+  }
+
+  // KV attended by the timed rows (positions context + 1 .. context + steps), reconstructed from
+  // the routing decisions: a dense layer's row at position p reads p + 1 entries; a routed layer's
+  // row reads only when it was routed in, the entries stored so far (itself included).
+  std::vector<int64_t> layer_tokens(L, 0), layer_fed(L, 0);
+  for (engine::SequenceId id : ids) {
+    MODSERVE_ASSIGN_OR_RETURN(engine::GenerationResult g, e.Result(id));
+    const int64_t first = context + 1, last = context + steps;  // inclusive
+    int64_t fed = 0;
+    for (int64_t l = 0, k = 0; l < L; ++l) {
+      if (!cfg.IsRouted(static_cast<int>(l))) {
+        for (int64_t p = first; p <= last; ++p) run.kv_bytes += static_cast<double>((p + 1) * bptl);
+        continue;
+      }
+      const std::vector<uint8_t>& dec = g.routing[k++];
+      fed = static_cast<int64_t>(dec.size());
+      int64_t stored = 0;
+      for (int64_t p = 0; p < fed; ++p) {
+        stored += dec[p];
+        if (p >= first && p <= last && dec[p]) run.kv_bytes += static_cast<double>(stored * bptl);
+      }
+      layer_tokens[l] += stored;
+      layer_fed[l] += fed;
+    }
+    run.kv_entry_bytes += g.kv_bytes;
+    run.kv_entry_bytes_dense += g.kv_bytes_dense;
+    run.kv_page_bytes += g.kv_pages * e.kv_stats().bytes_per_page;
+    const int64_t tokens = g.prompt_tokens + static_cast<int64_t>(g.token_ids.size()) - 1;
+    const int64_t bs = e.options().block_size;
+    run.kv_page_bytes_dense += L * ((tokens + bs - 1) / bs) * e.kv_stats().bytes_per_page;
+  }
+  // Ideal ratio: (dense layers + sum over routed layers of their measured fraction) / n_layers.
+  double ideal = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    ideal += cfg.IsRouted(static_cast<int>(l))
+                 ? static_cast<double>(layer_tokens[l]) / std::max<int64_t>(1, layer_fed[l])
+                 : 1.0;
+  }
+  run.kv_ideal_ratio = ideal / static_cast<double>(L);
+  for (int64_t l = 0; l < L; ++l) {
+    if (cfg.IsRouted(static_cast<int>(l))) {
+      run.layer_fractions.push_back(static_cast<double>(layer_tokens[l]) /
+                                    std::max<int64_t>(1, layer_fed[l]));
+    }
+  }
+  for (engine::SequenceId id : ids) MODSERVE_RETURN_IF_ERROR(e.Release(id));
+  return run;
+}
+
+// One prompt of `tokens`, fed in chunks of max_batch_tokens; best of `reps` fresh sequences.
+absl::StatusOr<double> MeasurePrefill(engine::Engine& e, const Shape& s, int tokens, int reps) {
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    MODSERVE_ASSIGN_OR_RETURN(engine::SequenceId id,
+                              e.Add(MakeRequest(RandomPrompt(tokens, s.vocab_size, 77 + rep), 1)));
+    const auto t0 = Clock::now();
+    MODSERVE_RETURN_IF_ERROR(Prefill(e, {id}, tokens));
+    best = std::max(best, tokens / Seconds(t0, Clock::now()));
+    MODSERVE_RETURN_IF_ERROR(e.Release(id));
+  }
+  return best;
+}
+
+struct ModelResult {
+  bool mod = false;
+  double prefill_tps = 0;
+  std::map<std::pair<int, int>, DecodeRun> decode;  // (context, batch) -> run
+};
+
+absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, const std::string& dir,
+                                                             const std::vector<int>& batches,
+                                                             const std::vector<int>& contexts,
+                                                             int steps, DType kv_dtype) {
+  engine::EngineOptions opt;
+  opt.model_dir = dir;
+  opt.num_threads = absl::GetFlag(FLAGS_threads);
+  opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  opt.max_seqs = batches.back();
+  opt.kv_dtype = kv_dtype;
+  opt.block_size = 16;
+  const int max_ctx = std::max(contexts.back(), absl::GetFlag(FLAGS_prefill_tokens));
+  // Every sequence of the largest batch at the longest context, plus one step's reservation.
+  const int64_t page_bytes = 2 * s.n_kv_heads * opt.block_size * s.head_dim *
+                             static_cast<int64_t>(modserve::DTypeBytes(kv_dtype));
+  const int64_t pages_per_seq = s.n_layers * ((max_ctx + steps + 8) / opt.block_size + 2);
+  const int64_t step_pages = s.n_layers * (opt.max_batch_tokens / opt.block_size + opt.max_seqs);
+  opt.kv_cache_bytes = (opt.max_seqs * pages_per_seq + step_pages) * page_bytes;
+  return engine::Engine::Create(opt);
+}
+
+// Runs every (context, batch) on each variant in turn, the variants interleaved per point so a
+// slow drift of the machine's load hits dense and MoD alike.
+absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vector<bool>& variants,
+                                                  const std::vector<int>& batches,
+                                                  const std::vector<int>& contexts, int steps,
+                                                  DType kv_dtype, int threads) {
+  std::vector<std::unique_ptr<engine::Engine>> engines;
+  std::vector<ModelResult> results;
+  for (bool mod : variants) {
+    const std::string dir =
+        absl::StrCat(absl::GetFlag(FLAGS_workdir), "/", s.name, mod ? "-mod" : "-dense");
+    MODSERVE_RETURN_IF_ERROR(EnsureCheckpoint(s, mod, dir, threads));
+    EvictFromPageCache(dir + "/model.safetensors");
+    MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
+                              CreateEngine(s, dir, batches, contexts, steps, kv_dtype));
+    engines.push_back(std::move(e));
+    results.emplace_back();
+    results.back().mod = mod;
+  }
+  for (int ctx : contexts) {
+    for (int b : batches) {
+      for (size_t v = 0; v < variants.size(); ++v) {
+        const bool mod = variants[v];
+        MODSERVE_ASSIGN_OR_RETURN(DecodeRun run,
+                                  MeasureDecode(*engines[v], s, BytesOf(s, mod), b, ctx, steps));
+        std::printf("  [%s %-5s] ctx %5d batch %3d: %8.2f tok/s  %6.1f GB/s  routed %.3f\n",
+                    s.name.c_str(), mod ? "mod" : "dense", ctx, b, run.tokens_per_s(),
+                    run.gb_per_s(), run.routed_fraction());
+        std::fflush(stdout);
+        results[v].decode[{ctx, b}] = run;
+      }
+    }
+  }
+  for (size_t v = 0; v < variants.size(); ++v) {
+    MODSERVE_ASSIGN_OR_RETURN(results[v].prefill_tps,
+                              MeasurePrefill(*engines[v], s, absl::GetFlag(FLAGS_prefill_tokens),
+                                             absl::GetFlag(FLAGS_prefill_reps)));
+    std::printf("  [%s %-5s] prefill %d tokens: %.1f tok/s\n", s.name.c_str(),
+                variants[v] ? "mod" : "dense", absl::GetFlag(FLAGS_prefill_tokens),
+                results[v].prefill_tps);
+  }
+  return results;
+}
+
+// ---- reporting --------------------------------------------------------------------------------
+
+// One line of the summary table: one shape at one context.
+struct SummaryRow {
+  std::string shape;
+  int context = 0;
+  double dense_bw_fraction_b1 = 0;    // dense, smallest batch: achieved GB/s / read bandwidth
+  double mod_bw_fraction_b1 = 0;      // the same for MoD
+  double speedup_b1 = 0;              // MoD / dense tok/s at the smallest batch
+  double ideal_speedup_b1 = 0;        // dense / MoD bytes read per step
+  double kv_ratio = 0, kv_ideal = 0;  // MoD/dense KV entries per token at the largest batch
+};
+
+void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double bw,
+                const std::vector<int>& batches, const std::vector<int>& contexts,
+                std::vector<SummaryRow>* summary) {
+  const ModelBytes dense_b = BytesOf(s, false);
+  const std::vector<int> mod_layers = RoutedLayers(s);
+  std::printf(
+      "\n### %s: d_model %lld, %lld layers, %lld heads / %lld KV heads, d_ff %lld, "
+      "vocab %lld; %.2f GB of BF16 weights\n\n",
+      s.name.c_str(), static_cast<long long>(s.d_model), static_cast<long long>(s.n_layers),
+      static_cast<long long>(s.n_heads), static_cast<long long>(s.n_kv_heads),
+      static_cast<long long>(s.d_ff), static_cast<long long>(s.vocab_size),
+      dense_b.total_weights / 1e9);
+  std::printf(
+      "| model | ctx | batch | tok/s | ms/step | MB read/step | GB/s | %% of read bw "
+      "| routed frac | skipped frac |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int ctx : contexts) {
+    for (const ModelResult& m : models) {
+      for (int b : batches) {
+        const DecodeRun& r = m.decode.at({ctx, b});
+        const double per_step = (r.weight_bytes + r.kv_bytes) / r.steps;
+        std::printf("| %s | %d | %d | %.1f | %.1f | %.0f | %.1f | %.0f%% | %s | %s |\n",
+                    m.mod ? "MoD" : "dense", ctx, b, r.tokens_per_s(), 1e3 * r.seconds / r.steps,
+                    per_step / 1e6, r.gb_per_s(), 100 * r.gb_per_s() / bw,
+                    m.mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-",
+                    m.mod ? absl::StrFormat("%.3f", r.skip_fraction()).c_str() : "-");
+      }
+    }
+  }
+  const ModelResult* dense = nullptr;
+  const ModelResult* mod = nullptr;
+  for (const ModelResult& m : models) (m.mod ? mod : dense) = &m;
+  std::printf("\nPrefill (one %d-token prompt, chunk %d):", absl::GetFlag(FLAGS_prefill_tokens),
+              absl::GetFlag(FLAGS_max_batch_tokens));
+  for (const ModelResult& m : models) {
+    std::printf(" %s %.1f tok/s;", m.mod ? "MoD" : "dense", m.prefill_tps);
+  }
+  std::printf("\n");
+  for (int ctx : contexts) {
+    SummaryRow row;
+    row.shape = s.name;
+    row.context = ctx;
+    if (dense != nullptr) {
+      row.dense_bw_fraction_b1 = dense->decode.at({ctx, batches.front()}).gb_per_s() / bw;
+    }
+    if (mod != nullptr) {
+      row.mod_bw_fraction_b1 = mod->decode.at({ctx, batches.front()}).gb_per_s() / bw;
+    }
+    if (dense != nullptr && mod != nullptr) {
+      const DecodeRun& d = dense->decode.at({ctx, batches.front()});
+      const DecodeRun& m = mod->decode.at({ctx, batches.front()});
+      row.speedup_b1 = m.tokens_per_s() / d.tokens_per_s();
+      row.ideal_speedup_b1 = (d.weight_bytes + d.kv_bytes) / (m.weight_bytes + m.kv_bytes);
+      const DecodeRun& mb = mod->decode.at({ctx, batches.back()});
+      row.kv_ratio = static_cast<double>(mb.kv_entry_bytes) / mb.kv_entry_bytes_dense;
+      row.kv_ideal = mb.kv_ideal_ratio;
+    }
+    summary->push_back(row);
+  }
+  if (dense == nullptr || mod == nullptr) return;
+  std::printf(
+      "\n| ctx | batch | MoD/dense decode speed-up | bytes ideal (dense/MoD bytes per step) "
+      "| routed frac | skipped frac | KV/token MoD/dense: entries | pages "
+      "| ideal from routed fracs | entries vs ideal | pages vs ideal |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int ctx : contexts) {
+    for (int b : batches) {
+      const DecodeRun& d = dense->decode.at({ctx, b});
+      const DecodeRun& m = mod->decode.at({ctx, b});
+      const double speedup = m.tokens_per_s() / d.tokens_per_s();
+      const double ideal = (d.weight_bytes + d.kv_bytes) / (m.weight_bytes + m.kv_bytes);
+      const double kv_entries = static_cast<double>(m.kv_entry_bytes) / m.kv_entry_bytes_dense;
+      const double kv_pages = static_cast<double>(m.kv_page_bytes) / m.kv_page_bytes_dense;
+      std::printf(
+          "| %d | %d | %.2fx | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %+.1f%% | %+.1f%% |\n",
+          ctx, b, speedup, ideal, m.routed_fraction(), m.skip_fraction(), kv_entries, kv_pages,
+          m.kv_ideal_ratio, 100 * (kv_entries / m.kv_ideal_ratio - 1),
+          100 * (kv_pages / m.kv_ideal_ratio - 1));
+    }
+  }
+  std::printf(
+      "\nMoD routed fraction per routed layer (all fed tokens: prompt + decode), largest "
+      "batch:\n\n");
+  for (int ctx : contexts) {
+    const DecodeRun& m = mod->decode.at({ctx, batches.back()});
+    const std::vector<int>& layers = mod_layers;
+    std::printf("- ctx %d, batch %d:", ctx, batches.back());
+    for (size_t k = 0; k < m.layer_fractions.size() && k < layers.size(); ++k) {
+      std::printf(" L%d %.3f", layers[k], m.layer_fractions[k]);
+    }
+    std::printf("\n");
+  }
+}
+
+absl::StatusOr<std::vector<int>> ParseInts(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", part, "' is not a positive integer"));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  return out;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+absl::Status Main() {
+  MODSERVE_ASSIGN_OR_RETURN(std::vector<int> batches,
+                            ParseInts("batches", absl::GetFlag(FLAGS_batches)));
+  MODSERVE_ASSIGN_OR_RETURN(std::vector<int> contexts,
+                            ParseInts("contexts", absl::GetFlag(FLAGS_contexts)));
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  std::sort(batches.begin(), batches.end());
+  std::sort(contexts.begin(), contexts.end());
+  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
+  DType kv_dtype;
+  if (kv == "f32") {
+    kv_dtype = DType::kF32;
+  } else if (kv == "f16") {
+    kv_dtype = DType::kF16;
+  } else if (kv == "bf16") {
+    kv_dtype = DType::kBF16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_dtype '", kv, "' is not one of f32, f16, bf16"));
+  }
+  std::vector<Shape> shapes;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',', absl::SkipEmpty())) {
+    bool found = false;
+    for (const Shape& s : KnownShapes()) {
+      if (s.name == name) {
+        shapes.push_back(s);
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shapes: unknown shape '", name, "' (known: 110m, tinyllama)"));
+    }
+  }
+  std::vector<bool> variants;
+  for (absl::string_view v :
+       absl::StrSplit(absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty())) {
+    if (v != "dense" && v != "mod") {
+      return absl::InvalidArgumentError(absl::StrCat("--variants: '", v, "' is not dense or mod"));
+    }
+    variants.push_back(v == "mod");
+  }
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+
+  std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n", CpuModel().c_str(),
+              threads, kv.c_str(), steps);
+  const double bw = MeasureReadBandwidth(threads, /*huge_pages=*/true);
+  const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
+  std::printf(
+      "measured read bandwidth (2 GiB sum, %d threads, best of 7): %.2f GB/s with 2 MiB "
+      "pages (used below), %.2f GB/s with 4 KiB pages\n",
+      threads, bw, bw_4k);
+
+  std::vector<SummaryRow> summary;
+  for (const Shape& s : shapes) {
+    MODSERVE_ASSIGN_OR_RETURN(std::vector<ModelResult> models,
+                              RunShape(s, variants, batches, contexts, steps, kv_dtype, threads));
+    PrintShape(s, models, bw, batches, contexts, &summary);
+  }
+
+  const double bw_end = MeasureReadBandwidth(threads, /*huge_pages=*/true);
+  std::printf(
+      "\nread bandwidth at the end: %.2f GB/s (start %.2f GB/s; a large gap means the "
+      "machine was not quiet)\n",
+      bw_end, bw);
+  std::printf("\n## Summary (read bandwidth %.2f GB/s)\n\n", bw);
+  std::printf(
+      "| shape | ctx | batch-%d decode, %% of read bw: dense | MoD | MoD/dense batch-%d "
+      "speed-up | bytes ideal | KV/token MoD/dense, batch %d | ideal | diff |\n",
+      batches.front(), batches.front(), batches.back());
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const SummaryRow& r : summary) {
+    std::printf("| %s | %d | %.0f%% | %.0f%% | %.2fx | %.2fx | %.3f | %.3f | %+.1f%% |\n",
+                r.shape.c_str(), r.context, 100 * r.dense_bw_fraction_b1,
+                100 * r.mod_bw_fraction_b1, r.speedup_b1, r.ideal_speedup_b1, r.kv_ratio,
+                r.kv_ideal, r.kv_ideal > 0 ? 100 * (r.kv_ratio / r.kv_ideal - 1) : 0.0);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace modserve::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "modserve-bench: decode/prefill throughput of the CPU engine on synthetic checkpoints");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status st = modserve::bench::Main();
+  if (!st.ok()) {
+    std::fprintf(stderr, "modserve-bench: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,354 @@
+// CUDA-backend behaviour that the cross-backend conformance suite does not reach: the no-device
+// error, allocation failure, upload staging, device faults at Synchronize, the chunked Gemm paths
+// and attention at long contexts and every head-dim bucket. Without a GPU only the no-device cases
+// run; the rest GTEST_SKIP with a message.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/reference_ops.h"
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/registry.h"
+#include "engine/common/dtype.h"
+#include "engine/common/tensor_view.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace modserve::backend {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The CUDA Gemm and attention claim f32-exact inputs and f32 sums, so they get the conformance
+// suite's accumulation-order tolerance: only the summation order differs from the reference.
+constexpr double kAccumOrderRelTol = 1e-5;
+
+// ---- host tensors (f32/f16/bf16/i32) ---------------------------------------------------------
+struct Host {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> bytes;
+
+  Host() = default;
+  Host(DType t, std::vector<int64_t> d) : dtype(t), dims(std::move(d)) {
+    bytes.assign(static_cast<size_t>(numel()) * DTypeBytes(dtype), 0);
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t x : dims) n *= x;
+    return n;
+  }
+  TensorView View(void* data, Device device) const {
+    TensorView v;
+    v.dtype = dtype;
+    v.device = device;
+    v.data = data;
+    v.ndim = static_cast<int>(dims.size());
+    for (int i = 0; i < v.ndim; ++i) v.shape[i] = dims[i];
+    return v;
+  }
+  TensorView view() { return View(bytes.data(), Device::kCpu); }
+  float At(int64_t i) const {
+    switch (dtype) {
+      case DType::kF32: {
+        float f;
+        std::memcpy(&f, bytes.data() + 4 * i, 4);
+        return f;
+      }
+      case DType::kF16: {
+        f16_t h;
+        std::memcpy(&h, bytes.data() + 2 * i, 2);
+        return F16ToF32(h);
+      }
+      case DType::kBF16: {
+        bf16_t h;
+        std::memcpy(&h, bytes.data() + 2 * i, 2);
+        return Bf16ToF32(h);
+      }
+      case DType::kI32: {
+        int32_t v;
+        std::memcpy(&v, bytes.data() + 4 * i, 4);
+        return static_cast<float>(v);
+      }
+    }
+    return 0.0f;
+  }
+};
+
+Host Random(std::mt19937& rng, DType dtype, std::vector<int64_t> dims, float scale = 1.0f) {
+  Host t(dtype, std::move(dims));
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = dist(rng);
+    if (dtype == DType::kF32) {
+      std::memcpy(t.bytes.data() + 4 * i, &v, 4);
+    } else if (dtype == DType::kF16) {
+      const f16_t h = F32ToF16(v);
+      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+    } else {
+      const bf16_t h = F32ToBf16(v);
+      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  return t;
+}
+
+Host Ints(const std::vector<int32_t>& values) {
+  Host t(DType::kI32, {static_cast<int64_t>(values.size())});
+  std::memcpy(t.bytes.data(), values.data(), values.size() * 4);
+  return t;
+}
+
+void ExpectClose(const Host& got, const Host& want, double rel_tol, const std::string& what) {
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  double max_want = 1.0, max_err = 0.0;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    max_want = std::max(max_want, std::fabs(static_cast<double>(want.At(i))));
+    const double err = std::fabs(static_cast<double>(got.At(i)) - want.At(i));
+    if (!(err <= max_err)) {
+      max_err = err;
+      worst = i;
+    }
+  }
+  EXPECT_LE(max_err, rel_tol * max_want) << what << ": worst element " << worst << " got "
+                                         << got.At(worst) << " want " << want.At(worst);
+}
+
+// ---- without a device --------------------------------------------------------------------------
+TEST(CudaBackendNoDeviceTest, CreateWithoutDeviceIsUnavailableWithClearMessage) {
+  if (cuda::VisibleDeviceCount() > 0) {
+    GTEST_SKIP() << "a CUDA device is visible; this case checks machines without one";
+  }
+  auto backend = CreateBackend("cuda");
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnavailable) << backend.status();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("no CUDA device visible"));
+}
+
+TEST(CudaBackendNoDeviceTest, OrdinalPastTheLastDeviceIsUnavailable) {
+  auto backend = CreateBackend("cuda", {.device_ordinal = cuda::VisibleDeviceCount()});
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnavailable) << backend.status();
+}
+
+// ---- with a device -----------------------------------------------------------------------------
+class CudaBackendTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    if (cuda::VisibleDeviceCount() == 0) {
+      GTEST_SKIP() << "no CUDA device visible; the CUDA backend cases need a GPU";
+    }
+    Make({});
+  }
+  void Make(const cuda::CudaTuning& tuning) {
+    buffers_.clear();
+    auto created = cuda::CreateCudaBackend({}, tuning);
+    ASSERT_TRUE(created.ok()) << created.status();
+    backend_ = std::move(created).value();
+  }
+  TensorView Upload(const Host& host) {
+    auto buffer = backend_->Allocate(host.bytes.size());
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    buffers_.push_back(std::move(buffer).value());
+    TensorView dst = host.View(buffers_.back().data(), Device::kCuda);
+    Host copy = host;
+    EXPECT_TRUE(backend_->CopyToDevice(copy.view(), dst).ok());
+    return dst;
+  }
+  Host Download(const TensorView& src, const Host& like) {
+    Host out = like;
+    const absl::Status st = backend_->CopyToHost(src, out.view());
+    EXPECT_TRUE(st.ok()) << st;
+    return out;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::vector<DeviceBuffer> buffers_;
+};
+
+TEST_F(CudaBackendTest, AllocateBeyondMemoryIsResourceExhaustedAndRecoverable) {
+  const size_t huge = size_t{1} << 50;
+  auto buffer = backend_->Allocate(huge);
+  ASSERT_FALSE(buffer.ok());
+  EXPECT_EQ(buffer.status().code(), absl::StatusCode::kResourceExhausted) << buffer.status();
+  EXPECT_THAT(std::string(buffer.status().message()), HasSubstr(std::to_string(huge)));
+  auto small = backend_->Allocate(1024);
+  EXPECT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(backend_->Synchronize().ok());
+}
+
+TEST_F(CudaBackendTest, CopiesRejectSizeAndDeviceMismatch) {
+  Host a(DType::kF32, {16}), b(DType::kF32, {17});
+  TensorView d = Upload(a);
+  EXPECT_EQ(backend_->CopyToDevice(b.view(), d).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->CopyToHost(d, b.view()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->CopyToDevice(a.view(), a.view()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Many small uploads between syncs (more than the pinned staging buffer holds) and one large one,
+// each from a host buffer that is overwritten right after the call returns.
+TEST_F(CudaBackendTest, UploadsMayReuseHostMemoryImmediately) {
+  constexpr int kSmall = 300;
+  constexpr int64_t kSmallElems = 16 * 1024;  // 64 KiB each, ~19 MiB in all
+  Host scratch(DType::kF32, {kSmallElems});
+  std::vector<TensorView> dsts;
+  for (int i = 0; i < kSmall; ++i) {
+    auto* f = reinterpret_cast<float*>(scratch.bytes.data());
+    for (int64_t e = 0; e < kSmallElems; ++e) f[e] = static_cast<float>(i * 100000 + e);
+    auto buffer = backend_->Allocate(scratch.bytes.size());
+    ASSERT_TRUE(buffer.ok());
+    buffers_.push_back(std::move(buffer).value());
+    dsts.push_back(scratch.View(buffers_.back().data(), Device::kCuda));
+    ASSERT_TRUE(backend_->CopyToDevice(scratch.view(), dsts.back()).ok());
+  }
+  std::mt19937 rng(5);
+  Host big = Random(rng, DType::kF32, {3 * 1024 * 1024});
+  TensorView big_d = Upload(big);
+  for (int i = 0; i < kSmall; ++i) {
+    Host got = Download(dsts[i], scratch);
+    const auto* f = reinterpret_cast<const float*>(got.bytes.data());
+    ASSERT_EQ(f[0], static_cast<float>(i * 100000)) << "upload " << i;
+    ASSERT_EQ(f[kSmallElems - 1], static_cast<float>(i * 100000 + kSmallElems - 1));
+  }
+  EXPECT_EQ(Download(big_d, big).bytes, big.bytes);
+}
+
+// The child of the fault test: an Embed with an id past the vocab traps in the kernel; exits 0 when
+// Synchronize() reports it as Internal (and prints the status for the parent to match).
+[[noreturn]] void RunOutOfRangeEmbedAndExit() {
+  auto created = CreateBackend("cuda");
+  if (!created.ok()) std::exit(2);
+  Backend& b = **created;
+  Host ids = Ints({1000});  // vocab is 10
+  Host table(DType::kF32, {10, 4});
+  Host out(DType::kF32, {1, 4});
+  auto ib = b.Allocate(4);
+  auto tb = b.Allocate(table.bytes.size());
+  auto ob = b.Allocate(16);
+  if (!ib.ok() || !tb.ok() || !ob.ok()) std::exit(3);
+  const TensorView id = ids.View(ib->data(), Device::kCuda);
+  if (!b.CopyToDevice(ids.view(), id).ok()) std::exit(4);
+  b.Embed(id, table.View(tb->data(), Device::kCuda), out.View(ob->data(), Device::kCuda));
+  const absl::Status st = b.Synchronize();
+  std::fprintf(stderr, "%s\n", st.ToString().c_str());
+  std::exit(st.code() == absl::StatusCode::kInternal ? 0 : 1);
+}
+
+// A kernel that meets an out-of-range index traps; the error must come back from Synchronize() as
+// Internal naming the CUDA error. The trap kills the CUDA context, so this runs in a child process
+// ("threadsafe" death tests re-execute the binary rather than fork a process that holds CUDA).
+TEST_F(CudaBackendTest, DeviceFaultSurfacesAtSynchronizeAsInternal) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(RunOutOfRangeEmbedAndExit(), ::testing::ExitedWithCode(0), "cudaError");
+}
+
+void CheckGemm(CudaBackendTest* t, DType dt, int64_t n, int64_t m, int64_t k, bool with_bias,
+               uint32_t seed) {
+  std::mt19937 rng(seed);
+  Host x = Random(rng, DType::kF32, {n, k});
+  Host w = Random(rng, dt, {m, k});
+  Host bias = with_bias ? Random(rng, dt, {m}) : Host();
+  Host want(DType::kF32, {n, m});
+  TensorView none;
+  cpu::reference::Gemm(x.view(), w.view(), with_bias ? bias.view() : none, want.view());
+  TensorView out = t->Upload(want);
+  t->backend_->Gemm(t->Upload(x), t->Upload(w), with_bias ? t->Upload(bias) : none, out);
+  ExpectClose(t->Download(out, want), want, kAccumOrderRelTol,
+              "Gemm " + std::string(DTypeName(dt)) + " n=" + std::to_string(n) +
+                  " m=" + std::to_string(m) + " k=" + std::to_string(k));
+}
+
+// Small scratch forces the row-chunked bf16-plane path and the weight-chunked f16 path.
+TEST_F(CudaBackendTest, GemmChunkedPathsMatchReference) {
+  Make({.gemm_scratch_bytes = 256 << 10});
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (bool with_bias : {false, true}) CheckGemm(this, dt, 100, 300, 1000, with_bias, 11);
+  }
+}
+
+// Decode (GEMV, vectorised loads) and prefill (cuBLAS) row counts at a Llama-like width, with a
+// large activation scale so the low bf16 planes matter.
+TEST_F(CudaBackendTest, GemmAtModelWidthsMatchesReference) {
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t n : {1, 2, 5, 8, 9, 64, 300}) CheckGemm(this, dt, n, 264, 4096, n % 2 == 1, 7 + n);
+  }
+}
+
+struct AttnCase {
+  int n_heads, n_kv_heads, head_dim, block_size;
+  std::vector<int32_t> kv_lens;  // one decode row per sequence
+};
+
+void CheckAttention(CudaBackendTest* t, const AttnCase& c, DType dt, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t n = static_cast<int64_t>(c.kv_lens.size());
+  int64_t max_pages = 1, total_pages = 0;
+  for (int32_t len : c.kv_lens) {
+    max_pages = std::max<int64_t>(max_pages, (len + c.block_size - 1) / c.block_size);
+    total_pages += (len + c.block_size - 1) / c.block_size;
+  }
+  std::vector<int32_t> ids(total_pages);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  Host table(DType::kI32, {n, max_pages});
+  auto* pt = reinterpret_cast<int32_t*>(table.bytes.data());
+  std::fill(pt, pt + n * max_pages, -1);
+  size_t next = 0;
+  std::vector<int32_t> row_seq(n);
+  for (int64_t s = 0; s < n; ++s) {
+    row_seq[s] = static_cast<int32_t>(s);
+    for (int64_t p = 0; p < (c.kv_lens[s] + c.block_size - 1) / c.block_size; ++p) {
+      pt[s * max_pages + p] = ids[next++];
+    }
+  }
+  const AttentionParams p{.n_heads = c.n_heads,
+                          .n_kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = c.block_size,
+                          .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  Host q = Random(rng, DType::kF32, {n, c.n_heads, c.head_dim});
+  Host pool = Random(rng, dt, {total_pages, 2 * c.n_kv_heads, c.block_size, c.head_dim}, 2.0f);
+  Host seq_t = Ints(row_seq), len_t = Ints(c.kv_lens);
+  Host want(DType::kF32, {n, int64_t{c.n_heads} * c.head_dim});
+  cpu::reference::Attention(p, q.view(), pool.view(), table.view(), seq_t.view(), len_t.view(),
+                            want.view());
+  TensorView out = t->Upload(want);
+  t->backend_->Attention(p, t->Upload(q), t->Upload(pool), t->Upload(table), t->Upload(seq_t),
+                         t->Upload(len_t), out);
+  ExpectClose(t->Download(out, want), want, kAccumOrderRelTol,
+              "Attention " + std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) +
+                  " hd=" + std::to_string(c.head_dim) + " " + std::string(DTypeName(dt)));
+}
+
+TEST_F(CudaBackendTest, AttentionLongContextEveryHeadDimBucketMatchesReference) {
+  const std::vector<AttnCase> cases = {
+      {32, 8, 128, 16, {5000}},            // Llama-3-8B decode, many splits
+      {32, 4, 128, 16, {3000, 17, 900}},   // batch with very different lengths
+      {32, 1, 96, 32, {2100}},             // MQA: 32 heads in 4 chunks of 8, partial lanes
+      {8, 8, 256, 16, {1500, 1}},          // widest head bucket
+      {4, 2, 30, 7, {777}},                // narrow, odd block size
+  };
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (size_t i = 0; i < cases.size(); ++i) CheckAttention(this, cases[i], dt, 100 + i);
+  }
+}
+
+// Scratch for one split only: the plan must fall back to fewer splits, never overflow.
+TEST_F(CudaBackendTest, AttentionWithTinyScratchMatchesReference) {
+  Make({.attention_scratch_bytes = 4096});
+  CheckAttention(this, {32, 8, 128, 16, {4000, 2000}}, DType::kBF16, 9);
+}
+
+}  // namespace
+}  // namespace modserve::backend

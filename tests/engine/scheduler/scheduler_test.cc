@@ -1,0 +1,273 @@
+// Scheduler tests as iteration tables (STYLE.md section 7): a fake executor with exact page
+// accounting runs the plans; each row states, for a range of steps, the running ids, the tokens
+// scheduled per sequence and the sequences preempted in that step. Expected rows follow from
+// the rules in scheduler.h by hand, not from running the scheduler.
+#include "engine/scheduler/scheduler.h"
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/model/checkpoint_test_util.h"
+
+namespace modserve::engine {
+namespace {
+
+using ::modserve::engine::testing::IsOk;
+using ::modserve::engine::testing::StatusIs;
+using ::testing::ElementsAre;
+
+// Engine stand-in: every fed token is stored at every layer (so a MoD estimate that expects
+// fewer routed tokens underestimates, which is what forces preemption), a token is sampled when
+// a sequence's last pending token is fed, and a step that would exceed the pages fails whole.
+class FakeExecutor {
+ public:
+  FakeExecutor(int32_t n_layers, int32_t num_routed, int32_t block_size, int32_t num_pages)
+      : n_layers_(n_layers),
+        num_routed_(num_routed),
+        block_size_(block_size),
+        num_pages_(num_pages) {}
+
+  void Add(SequenceId id, int32_t prompt, int32_t max_new) { seqs_[id] = {prompt, 0, max_new, 0}; }
+  void Preempt(SequenceId id) { seqs_.at(id).computed = 0; }
+  void Release(SequenceId id) { seqs_.erase(id); }
+
+  absl::StatusOr<StepResult> Step(absl::Span<const StepEntry> entries) {
+    std::map<SequenceId, int32_t> computed;
+    for (const auto& [id, s] : seqs_) computed[id] = s.computed;
+    for (const StepEntry& e : entries) computed[e.seq_id] += e.num_tokens;
+    int32_t pages = 0;
+    for (const auto& [id, c] : computed) pages += (c + block_size_ - 1) / block_size_ * n_layers_;
+    if (pages > num_pages_) return absl::ResourceExhaustedError("out of pages");
+    StepResult r;
+    for (const StepEntry& e : entries) {
+      Seq& s = seqs_.at(e.seq_id);
+      EXPECT_LE(s.computed + e.num_tokens, s.tokens) << "sequence " << e.seq_id;
+      s.computed += e.num_tokens;
+      r.num_tokens += e.num_tokens;
+      SequenceStepResult sr{e.seq_id, e.num_tokens, std::nullopt};
+      if (s.computed == s.tokens) {
+        ++s.generated;
+        ++s.tokens;
+        TokenEvent ev;
+        if (s.generated == s.max_new) ev.finish_reason = FinishReason::kLength;
+        sr.event = ev;
+      }
+      r.sequences.push_back(sr);
+    }
+    r.routed_rows.assign(num_routed_, r.num_tokens);
+    return r;
+  }
+
+ private:
+  struct Seq {
+    int32_t tokens, computed, max_new, generated;
+  };
+  int32_t n_layers_, num_routed_, block_size_, num_pages_;
+  std::map<SequenceId, Seq> seqs_;
+};
+
+struct Row {
+  int first_step, last_step;
+  std::vector<SequenceId> running;
+  std::vector<std::pair<SequenceId, int32_t>> scheduled;
+  std::vector<SequenceId> preempted;
+};
+
+struct Observed {
+  std::vector<SequenceId> running;
+  std::vector<std::pair<SequenceId, int32_t>> scheduled;
+  std::vector<SequenceId> preempted;
+};
+
+// Runs the scheduler against the fake until nothing is left (or max_steps).
+std::vector<Observed> Drive(Scheduler& sched, FakeExecutor& fake, int max_steps = 100) {
+  std::vector<Observed> steps;
+  while (static_cast<int>(steps.size()) < max_steps) {
+    Observed o;
+    StepPlan plan = sched.Plan();
+    if (plan.empty()) break;
+    absl::StatusOr<StepResult> r = fake.Step(plan.entries);
+    while (absl::IsResourceExhausted(r.status())) {
+      std::optional<SequenceId> victim = sched.PreemptOne();
+      if (!victim.has_value()) {
+        ADD_FAILURE() << "no victim at step " << steps.size();
+        return steps;
+      }
+      fake.Preempt(*victim);
+      o.preempted.push_back(*victim);
+      plan = sched.Plan();
+      r = fake.Step(plan.entries);
+    }
+    EXPECT_TRUE(r.ok()) << r.status();
+    o.running = sched.RunningIds();
+    for (const StepEntry& e : plan.entries) o.scheduled.emplace_back(e.seq_id, e.num_tokens);
+    for (SequenceId id : sched.Commit(*r)) {
+      fake.Release(id);
+      EXPECT_TRUE(sched.Remove(id));
+    }
+    steps.push_back(std::move(o));
+  }
+  return steps;
+}
+
+void ExpectTable(const std::vector<Observed>& steps, const std::vector<Row>& table) {
+  int expected_steps = 0;
+  for (const Row& row : table) {
+    for (int t = row.first_step; t <= row.last_step; ++t) {
+      ASSERT_LT(t, static_cast<int>(steps.size())) << "the run ended before step " << t;
+      SCOPED_TRACE(absl::StrCat("step ", t));
+      EXPECT_EQ(steps[t].running, row.running);
+      EXPECT_EQ(steps[t].scheduled, row.scheduled);
+      EXPECT_EQ(steps[t].preempted, row.preempted);
+    }
+    expected_steps = row.last_step + 1;
+  }
+  EXPECT_EQ(static_cast<int>(steps.size()), expected_steps);
+}
+
+SchedulerOptions Options(int32_t max_num_seqs, int32_t max_batch_tokens, int32_t num_pages,
+                         int32_t max_queue = 8) {
+  SchedulerOptions o;
+  o.max_num_seqs = max_num_seqs;
+  o.max_batch_tokens = max_batch_tokens;
+  o.num_pages = num_pages;
+  o.max_queue = max_queue;
+  return o;
+}
+
+TEST(SchedulerTest, DecodesFirstThenPrefillChunksInTheBudget) {
+  // 4 dense layers, block 4, plenty of pages; budget 8 tokens.
+  FakeExecutor fake(4, 0, 4, 1000);
+  Scheduler sched(Options(4, 8, 1000), KvPageEstimator(4, {}, 1.0, 4));
+  fake.Add(1, 3, 4);
+  fake.Add(2, 20, 2);
+  ASSERT_THAT(sched.Enqueue({1, 3, 4, 0}), IsOk());
+  ASSERT_THAT(sched.Enqueue({2, 20, 2, 0}), IsOk());
+  ExpectTable(
+      Drive(sched, fake),
+      {
+          {0, 0, {1, 2}, {{1, 3}, {2, 5}}, {}},
+          {1, 2, {1, 2}, {{1, 1}, {2, 7}}, {}},  // the long prompt never holds back the decode
+          {3, 3, {1, 2}, {{1, 1}, {2, 1}}, {}},
+          {4, 4, {2}, {{2, 1}}, {}},
+      });
+}
+
+TEST(SchedulerTest, MaxNumSeqsBoundsTheRunningSet) {
+  FakeExecutor fake(2, 0, 4, 1000);
+  Scheduler sched(Options(2, 64, 1000), KvPageEstimator(2, {}, 1.0, 4));
+  for (SequenceId id = 1; id <= 3; ++id) {
+    fake.Add(id, 2, 2);
+    ASSERT_THAT(sched.Enqueue({id, 2, 2, 0}), IsOk());
+  }
+  ExpectTable(Drive(sched, fake), {
+                                      {0, 0, {1, 2}, {{1, 2}, {2, 2}}, {}},
+                                      {1, 1, {1, 2}, {{1, 1}, {2, 1}}, {}},
+                                      {2, 2, {3}, {{3, 2}}, {}},
+                                      {3, 3, {3}, {{3, 1}}, {}},
+                                  });
+}
+
+TEST(SchedulerTest, TheSameCacheAdmitsMoreModSequencesThanDense) {
+  // 4 layers, block 4, 24 pages; sequences of 8 + 8 tokens.
+  // Dense: 4 layers * ceil(16 / 4) = 16 pages each, so one at a time.
+  // MoD (layers 1 and 3 routed, prior 0.25 + margin 0.05): 2 * 4 + 2 * ceil(ceil(0.3 * 16) / 4)
+  // = 12 pages each, so two at once.
+  Scheduler dense(Options(4, 64, 24), KvPageEstimator(4, {}, 1.0, 4));
+  Scheduler mod(Options(4, 64, 24), KvPageEstimator(4, {1, 3}, 0.25, 4));
+  EXPECT_EQ(dense.estimator().ExpectedPages(16), 16);
+  EXPECT_EQ(mod.estimator().ExpectedPages(16), 12);
+  for (SequenceId id = 1; id <= 3; ++id) {
+    ASSERT_THAT(dense.Enqueue({id, 8, 8, 0}), IsOk());
+    ASSERT_THAT(mod.Enqueue({id, 8, 8, 0}), IsOk());
+  }
+  EXPECT_THAT(dense.Plan().admitted, ElementsAre(1));
+  EXPECT_THAT(mod.Plan().admitted, ElementsAre(1, 2));
+}
+
+TEST(SchedulerTest, EstimatorFollowsTheMeasuredFraction) {
+  KvPageEstimator est(2, {1}, 0.25, 4);
+  EXPECT_DOUBLE_EQ(est.RoutedFraction(0), 0.25);
+  // 256 measured rows, all routed in: (0.25 * 256 + 256) / 512.
+  est.Observe({256}, 256);
+  EXPECT_DOUBLE_EQ(est.RoutedFraction(0), 0.625);
+  EXPECT_EQ(est.WorstCasePages(9), 6);
+}
+
+TEST(SchedulerTest, PreemptsTheLastAdmittedWhenPagesRunOut) {
+  // 2 layers (layer 1 routed, prior 0.25), block 4, 6 pages. The estimate gives each
+  // 4 + 4-token sequence 2 + 1 = 3 pages, so both are admitted, but the fake stores every token
+  // at every layer: at 5 tokens each they need 8 pages, and the later one is preempted (its
+  // prompt and sampled token are recomputed once the first finishes).
+  FakeExecutor fake(2, 1, 4, 6);
+  Scheduler sched(Options(4, 64, 6), KvPageEstimator(2, {1}, 0.25, 4));
+  fake.Add(1, 4, 4);
+  fake.Add(2, 4, 4);
+  ASSERT_THAT(sched.Enqueue({1, 4, 4, 0}), IsOk());
+  ASSERT_THAT(sched.Enqueue({2, 4, 4, 0}), IsOk());
+  ExpectTable(Drive(sched, fake),
+              {
+                  {0, 0, {1, 2}, {{1, 4}, {2, 4}}, {}},
+                  {1, 1, {1}, {{1, 1}}, {2}},
+                  {2, 3, {1}, {{1, 1}}, {2}},  // re-admitted after each commit, preempted again
+                  {4, 4, {2}, {{2, 5}}, {}},   // recompute: prompt + the token sampled before
+                  {5, 6, {2}, {{2, 1}}, {}},
+              });
+  EXPECT_EQ(sched.num_preemptions(), 3);
+}
+
+TEST(SchedulerTest, FullQueueIsResourceExhaustedNamingTheLimit) {
+  Scheduler sched(Options(1, 8, 100, /*max_queue=*/2), KvPageEstimator(1, {}, 1.0, 4));
+  ASSERT_THAT(sched.Enqueue({1, 4, 4, 0}), IsOk());
+  ASSERT_THAT(sched.Enqueue({2, 4, 4, 0}), IsOk());
+  EXPECT_THAT(sched.Enqueue({3, 4, 4, 0}),
+              StatusIs(absl::StatusCode::kResourceExhausted, "max_queue 2"));
+}
+
+TEST(SchedulerTest, RequestLargerThanTheCacheIsRefused) {
+  Scheduler sched(Options(1, 8, 10), KvPageEstimator(2, {}, 1.0, 4));
+  // 2 layers * ceil(24 / 4) = 12 pages > 10.
+  EXPECT_THAT(sched.Enqueue({1, 16, 8, 0}),
+              StatusIs(absl::StatusCode::kResourceExhausted, "the cache has 10"));
+  EXPECT_THAT(sched.Enqueue({1, 0, 8, 0}), StatusIs(absl::StatusCode::kInvalidArgument, ""));
+}
+
+TEST(SchedulerTest, RemoveDropsWaitingAndRunningSequences) {
+  FakeExecutor fake(1, 0, 4, 100);
+  Scheduler sched(Options(1, 8, 100), KvPageEstimator(1, {}, 1.0, 4));
+  fake.Add(1, 2, 8);
+  fake.Add(2, 2, 8);
+  ASSERT_THAT(sched.Enqueue({1, 2, 8, 0}), IsOk());
+  ASSERT_THAT(sched.Enqueue({2, 2, 8, 0}), IsOk());
+  StepPlan plan = sched.Plan();
+  ASSERT_THAT(plan.admitted, ElementsAre(1));
+  EXPECT_TRUE(sched.Remove(2));
+  EXPECT_EQ(sched.num_waiting(), 0);
+  EXPECT_TRUE(sched.Remove(1));
+  EXPECT_EQ(sched.num_running(), 0);
+  EXPECT_FALSE(sched.Remove(1));
+  EXPECT_TRUE(sched.Plan().empty());
+}
+
+TEST(SchedulerTest, PhaseNamesTheStepKind) {
+  FakeExecutor fake(1, 0, 4, 100);
+  Scheduler sched(Options(2, 8, 100), KvPageEstimator(1, {}, 1.0, 4));
+  fake.Add(1, 2, 3);
+  ASSERT_THAT(sched.Enqueue({1, 2, 3, 0}), IsOk());
+  StepPlan p0 = sched.Plan();
+  EXPECT_EQ(p0.Phase(), "prefill");
+  sched.Commit(*fake.Step(p0.entries));
+  fake.Add(2, 4, 3);
+  ASSERT_THAT(sched.Enqueue({2, 4, 3, 0}), IsOk());
+  StepPlan p1 = sched.Plan();
+  EXPECT_EQ(p1.Phase(), "mixed");
+  sched.Commit(*fake.Step(p1.entries));
+  EXPECT_EQ(sched.Plan().Phase(), "decode");
+}
+
+}  // namespace
+}  // namespace modserve::engine

@@ -1,0 +1,55 @@
+// The fuzz targets: one function per parser, each taking arbitrary bytes and checking the parser's
+// documented contract on them. The same functions back the libFuzzer binaries (fuzz_main.cc) and
+// the corpus replay test (regressions_test.cc); they hold no state between calls except the
+// tokenizers, loaded once. Request validation (server/) is not fuzzed here yet.
+#ifndef MODSERVE_TESTS_FUZZ_FUZZ_TARGETS_H_
+#define MODSERVE_TESTS_FUZZ_FUZZ_TARGETS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace modserve::fuzz {
+
+// Every target returns 0 (libFuzzer's "keep going") and aborts through FUZZ_CHECK, with the
+// violated property printed, when the code under test breaks its contract. Memory errors are
+// the sanitizers' business.
+using FuzzFn = int (*)(const uint8_t* data, size_t size);
+
+// The bytes are a whole safetensors file, opened with Checkpoint::OpenFile from an in-memory
+// file (memfd). On success every tensor must lie inside the file, not overlap another, have
+// bytes == numel * element size, and be readable end to end through Get().
+int FuzzCheckpoint(const uint8_t* data, size_t size);
+
+// The bytes are a config.json, parsed with ParseConfig. On success the result must satisfy
+// every rule config.h states (ranges, divisibility, routed layers, predictor presence); on
+// failure the code must be InvalidArgument and the message start with "config.json: ".
+int FuzzConfig(const uint8_t* data, size_t size);
+
+// The bytes are a tokenizer.json for LoadBpeTokenizerFromJson. A loaded tokenizer must
+// encode and decode a fixed sample without failing, with every id inside its vocabulary.
+int FuzzBpeJson(const uint8_t* data, size_t size);
+
+// First byte: which tokenizer (even: the demo byte-level BPE, odd: the SentencePiece test model)
+// and flags; the rest is text to encode. Valid UTF-8 must encode (ids in range) and decode to
+// valid UTF-8; for the byte-level BPE, Decode(Encode(text)) == text. Invalid UTF-8 must give
+// InvalidArgument.
+int FuzzTokenizerEncode(const uint8_t* data, size_t size);
+
+// First byte: tokenizer and flags; the rest is little-endian int32 ids (some mapped into the
+// vocabulary, some left wild). Decode succeeds iff every id names a token, and its text is valid
+// UTF-8; a failure is InvalidArgument.
+int FuzzTokenizerDecode(const uint8_t* data, size_t size);
+
+// First byte: tokenizer and flags; then a stream of (chunk length, ids...) records fed to an
+// IncrementalDetokenizer. The concatenation of every Add() and the final Flush() must equal
+// Decode(all accepted ids); every piece must be valid UTF-8; a rejected chunk must be
+// InvalidArgument and leave the stream as it was.
+int FuzzDetokenizer(const uint8_t* data, size_t size);
+
+// Name -> function, for the replay test and for fuzz_main.cc. nullptr for an unknown name.
+FuzzFn FindTarget(std::string_view name);
+
+}  // namespace modserve::fuzz
+
+#endif  // MODSERVE_TESTS_FUZZ_FUZZ_TARGETS_H_

@@ -1,0 +1,165 @@
+// Fuzz targets for the model loader: safetensors files (Checkpoint::OpenFile) and config.json
+// (ParseConfig). They check each parser's result against the rules its header states, computed
+// here from the raw bytes, not only that it returns; they do not build weights or run a model.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/common/dtype.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/config.h"
+#include "tests/fuzz/fuzz_targets.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace modserve::fuzz {
+namespace {
+
+using engine::Checkpoint;
+using engine::TensorInfo;
+
+// One in-memory file reused for every input, so the checkpoint target does no disk I/O. Checkpoint
+// only takes a path, and /proc/self/fd/N of a memfd is one that open() and mmap() accept.
+class MemFile {
+ public:
+  MemFile() : fd_(::memfd_create("model.safetensors", MFD_CLOEXEC)) {
+    FUZZ_CHECK(fd_ >= 0, "memfd_create failed");
+    path_ = absl::StrCat("/proc/self/fd/", fd_);
+  }
+  const std::string& Write(const uint8_t* data, size_t size) {
+    FUZZ_CHECK(::ftruncate(fd_, 0) == 0, "ftruncate failed");
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::pwrite(fd_, data + done, size - done, static_cast<off_t>(done));
+      FUZZ_CHECK(n > 0, "pwrite to the memfd failed");
+      done += static_cast<size_t>(n);
+    }
+    return path_;
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+}  // namespace
+
+int FuzzCheckpoint(const uint8_t* data, size_t size) {
+  static MemFile* file = new MemFile();  // never freed: lives for the fuzzing process
+  const std::string& path = file->Write(data, size);
+  absl::StatusOr<Checkpoint> ckpt = Checkpoint::OpenFile(path);
+  if (!ckpt.ok()) {
+    FUZZ_CHECK(ckpt.status().code() == absl::StatusCode::kDataLoss,
+               absl::StrCat("malformed file must give DataLoss: ", ckpt.status().ToString()));
+    FUZZ_CHECK(absl::StrContains(ckpt.status().message(), path),
+               absl::StrCat("message must name the file: ", ckpt.status().ToString()));
+    return 0;
+  }
+  // Accepted: recompute the layout from the raw bytes and hold every tensor to it.
+  FUZZ_CHECK(size >= 8, "a file under 8 bytes was accepted");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, data, 8);
+  FUZZ_CHECK(header_len <= size - 8, "header length past the end was accepted");
+  const uint64_t data_start = 8 + header_len;
+
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  uint64_t total = 0;
+  for (const std::string& name : ckpt->Names()) {
+    FUZZ_CHECK(name != "__metadata__", "__metadata__ listed as a tensor");
+    const TensorInfo* info = ckpt->Find(name);
+    FUZZ_CHECK(info != nullptr, absl::StrCat("Names() lists '", name, "' but Find() misses it"));
+    FUZZ_CHECK(info->shape.size() <= static_cast<size_t>(TensorView::kMaxDims),
+               absl::StrCat(name, ": too many dims accepted"));
+    uint64_t numel = 1;
+    for (int64_t d : info->shape) {
+      FUZZ_CHECK(d >= 0, absl::StrCat(name, ": negative dim accepted"));
+      FUZZ_CHECK(!__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel),
+                 absl::StrCat(name, ": overflowing shape accepted"));
+    }
+    uint64_t bytes = 0;
+    FUZZ_CHECK(!__builtin_mul_overflow(numel, DTypeBytes(info->dtype), &bytes),
+               absl::StrCat(name, ": overflowing byte count accepted"));
+    FUZZ_CHECK(bytes == info->bytes, absl::StrCat(name, ": bytes ", info->bytes, " != numel * ",
+                                                  "element size ", bytes));
+    FUZZ_CHECK(info->file_offset >= data_start && info->file_offset <= size &&
+                   info->bytes <= size - info->file_offset,
+               absl::StrCat(name, ": [", info->file_offset, ", +", info->bytes,
+                            ") is outside the data section [", data_start, ", ", size, ")"));
+    absl::StatusOr<TensorView> view = ckpt->Get(name);
+    FUZZ_CHECK(view.ok(), absl::StrCat(name, ": Get failed: ", view.status().ToString()));
+    FUZZ_CHECK(view->data != nullptr, absl::StrCat(name, ": null data"));
+    FUZZ_CHECK(static_cast<uint64_t>(view->numel()) == numel, absl::StrCat(name, ": numel"));
+    FUZZ_CHECK(reinterpret_cast<uintptr_t>(view->data) % DTypeBytes(info->dtype) == 0,
+               absl::StrCat(name, ": misaligned view"));
+    // Reads every byte of the view: the sanitizers see a view that points outside its storage.
+    FUZZ_CHECK(std::memcmp(view->data, data + info->file_offset, info->bytes) == 0,
+               absl::StrCat(name, ": view bytes differ from the file"));
+    if (info->bytes > 0) spans.push_back({info->file_offset, info->file_offset + info->bytes, name});
+    total += info->bytes;
+  }
+  FUZZ_CHECK(total == ckpt->total_bytes(), "total_bytes() != sum of tensor bytes");
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    FUZZ_CHECK(spans[i].begin >= spans[i - 1].end,
+               absl::StrCat("overlapping tensors accepted: '", spans[i - 1].name, "' and '",
+                            spans[i].name, "'"));
+  }
+  return 0;
+}
+
+int FuzzConfig(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  absl::StatusOr<engine::ModelConfig> cfg = engine::ParseConfig(text);
+  if (!cfg.ok()) {
+    FUZZ_CHECK(cfg.status().code() == absl::StatusCode::kInvalidArgument,
+               absl::StrCat("rejection must be InvalidArgument: ", cfg.status().ToString()));
+    FUZZ_CHECK(absl::StartsWith(cfg.status().message(), "config.json: "),
+               absl::StrCat("message must start with 'config.json: ': ", cfg.status().ToString()));
+    return 0;
+  }
+  const engine::ModelConfig& c = *cfg;
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  for (int64_t v : {c.d_model, c.d_ff, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size,
+                    c.max_seq_len}) {
+    FUZZ_CHECK(v >= 1 && v <= kMax, absl::StrCat("size ", v, " outside [1, 2^31 - 1] accepted"));
+  }
+  FUZZ_CHECK(c.n_heads % c.n_kv_heads == 0, "n_kv_heads does not divide n_heads");
+  FUZZ_CHECK(c.head_dim >= 2 && c.head_dim <= kMax && c.head_dim % 2 == 0, "odd head_dim");
+  FUZZ_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0, "non-positive eps or theta");
+  if (c.bos_token_id) FUZZ_CHECK(*c.bos_token_id >= 0 && *c.bos_token_id < c.vocab_size, "bos");
+  for (int32_t e : c.eos_token_ids) FUZZ_CHECK(e >= 0 && e < c.vocab_size, "eos out of range");
+  if (c.mod) {
+    const engine::ModConfig& m = *c.mod;
+    FUZZ_CHECK(m.format_version == 1, "format_version");
+    for (size_t i = 0; i < m.routed_layers.size(); ++i) {
+      FUZZ_CHECK(m.routed_layers[i] >= 0 && m.routed_layers[i] < c.n_layers, "routed layer range");
+      FUZZ_CHECK(i == 0 || m.routed_layers[i - 1] < m.routed_layers[i], "routed not ascending");
+      FUZZ_CHECK(c.IsRouted(m.routed_layers[i]), "IsRouted disagrees with routed_layers");
+    }
+    FUZZ_CHECK(m.capacity > 0 && m.capacity <= 1, "capacity outside (0, 1]");
+    FUZZ_CHECK(m.threshold > 0 && m.threshold < 1, "threshold outside (0, 1)");
+    if (m.inference_routing == engine::InferenceRouting::kPredictorThreshold) {
+      FUZZ_CHECK(m.predictor.has_value(), "predictor_threshold without a predictor");
+    }
+    if (m.predictor && m.predictor->type == engine::PredictorType::kMlp) {
+      FUZZ_CHECK(m.predictor->hidden_size >= 1 && m.predictor->hidden_size <= kMax, "hidden_size");
+    }
+  } else {
+    FUZZ_CHECK(!c.IsRouted(0), "dense config reports a routed layer");
+  }
+  return 0;
+}
+
+}  // namespace modserve::fuzz

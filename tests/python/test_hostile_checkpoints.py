@@ -1,0 +1,99 @@
+"""Hostile checkpoints against the BUILT engine: for every case of tests/hostile/make_hostile.py,
+`modserve-generate --model DIR --prompt_ids 1,2,3` must exit with status 1 (no signal, no
+sanitizer report, no hang) and print a message naming the file and the problem, also under an
+address-space limit that a valid checkpoint runs within. It does not judge the messages' wording
+beyond the fragments each case lists.
+
+The binary is $MODSERVE_BUILD_DIR/bin/modserve-generate (default build/); without it the tests skip.
+"""
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))
+import make_hostile  # noqa: E402
+
+BUILD = os.environ.get("MODSERVE_BUILD_DIR", os.path.join(ROOT, "build"))
+BINARY = os.path.join(BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD), "bin",
+                      "modserve-generate")
+# Address-space cap for each run. The valid base checkpoint needs about 450 MiB of address space
+# (mostly the 256 MiB KV pool that EngineOptions reserves, untouched); a loader that sizes
+# anything from a hostile number blows through 1 GiB at once.
+MEMORY_LIMIT_BYTES = 1 << 30
+TIMEOUT_S = 60  # a hang (a FIFO opened for reading blocks forever) is a failure, not a wait
+
+pytestmark = pytest.mark.skipif(
+    not os.access(BINARY, os.X_OK),
+    reason=f"{BINARY} is not built (set MODSERVE_BUILD_DIR to a build folder)")
+
+
+def _sanitized():
+    """Sanitizer builds reserve terabytes of shadow memory, so they cannot run under RLIMIT_AS."""
+    with open(BINARY, "rb") as f:
+        blob = f.read()
+    return b"__asan_init" in blob or b"__tsan_init" in blob
+
+
+def run(model_dir, limit_memory):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+    return subprocess.run(
+        [BINARY, "--model", model_dir, "--prompt_ids", "1,2,3", "--max_new_tokens", "2",
+         "--threads", "1"],
+        capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S,
+        preexec_fn=limit if limit_memory else None)
+
+
+@pytest.fixture(scope="module")
+def cases_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.mark.parametrize("limit_memory", [False, True], ids=["unlimited", "memory_limited"])
+def test_valid_base_checkpoint_generates(limit_memory):
+    """The control: the unmodified bases load and generate, also under the memory limit, so the
+    hostile cases fail for their own reason and not because the limit is too tight."""
+    if limit_memory and _sanitized():
+        pytest.skip("sanitizer build: RLIMIT_AS would break the shadow memory")
+    for base in (make_hostile.BASE, make_hostile.SHARDED_BASE):
+        r = run(base, limit_memory)
+        assert r.returncode == 0, (base, r.returncode, r.stderr[-2000:])
+
+
+def _params():
+    for case in make_hostile.CASES:
+        for limit_memory in (False, True):
+            if not (case.mem_limited if limit_memory else case.unlimited):
+                continue
+            marks = []
+            if case.known_bug:
+                marks.append(pytest.mark.xfail(strict=True, reason=case.known_bug))
+            yield pytest.param(case, limit_memory, marks=marks,
+                               id=f"{case.name}-{'memory_limited' if limit_memory else 'unlimited'}")
+
+
+@pytest.mark.parametrize("case,limit_memory", list(_params()))
+def test_hostile_checkpoint_fails_cleanly(case, limit_memory, cases_dir):
+    if limit_memory and _sanitized():
+        pytest.skip("sanitizer build: RLIMIT_AS would break the shadow memory")
+    d = make_hostile.write_case(case, os.path.join(cases_dir, "memory" if limit_memory else "plain"))
+    try:
+        r = run(d, limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{case.name}: modserve-generate hung for {TIMEOUT_S} s")
+    stderr = r.stderr
+    assert r.returncode >= 0, f"{case.name}: killed by signal {-r.returncode}\n{stderr[-3000:]}"
+    for crash in ("Sanitizer", "runtime error:", "terminate called", "std::bad_alloc"):
+        assert crash not in stderr, f"{case.name}: {crash}\n{stderr[-3000:]}"
+    if case.may_succeed and r.returncode == 0:
+        return
+    assert r.returncode == 1, f"{case.name}: exit {r.returncode}\n{stderr[-3000:]}"
+    assert stderr.startswith("modserve-generate: "), stderr[-3000:]
+    for fragment in case.expect:
+        fragment = fragment.replace("{dir}", d)
+        assert fragment in stderr, f"{case.name}: {fragment!r} not in stderr:\n{stderr[-3000:]}"

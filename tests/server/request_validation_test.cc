@@ -1,0 +1,107 @@
+// Unit tests of the proto -> engine request conversion: defaults (unset sampling is greedy),
+// every field carried over, and the error code and field name of each refusal.
+#include "server/request_validation.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/model/checkpoint_test_util.h"
+
+namespace modserve::server {
+namespace {
+
+using ::modserve::engine::testing::IsOk;
+using ::modserve::engine::testing::StatusIs;
+using ::testing::ElementsAre;
+
+engine::ModelConfig Config() {
+  engine::ModelConfig c;
+  c.vocab_size = 160;
+  c.max_seq_len = 64;
+  return c;
+}
+
+v1::GenerateRequest Request() {
+  v1::GenerateRequest r;
+  r.mutable_prompt_token_ids()->add_ids(1);
+  r.mutable_prompt_token_ids()->add_ids(42);
+  return r;
+}
+
+TEST(RequestValidationTest, UnsetSamplingIsGreedyWithDefaults) {
+  auto r = ToLoopRequest(Request(), Config(), nullptr, absl::InfiniteFuture());
+  ASSERT_THAT(r, IsOk());
+  EXPECT_THAT(r->request.prompt, ElementsAre(1, 42));
+  EXPECT_EQ(r->request.sampling.temperature, 0.0f);
+  EXPECT_EQ(r->request.sampling.max_new_tokens, kDefaultMaxNewTokens);
+  EXPECT_FALSE(r->request.sampling.seed.has_value());
+  EXPECT_FALSE(r->request.threshold.has_value());
+  EXPECT_EQ(r->deadline, absl::InfiniteFuture());
+}
+
+TEST(RequestValidationTest, EveryFieldIsCarriedOver) {
+  v1::GenerateRequest req = Request();
+  req.set_request_id("abc");
+  auto* s = req.mutable_sampling();
+  s->set_temperature(0.7f);
+  s->set_top_k(5);
+  s->set_top_p(0.9f);
+  s->set_min_p(0.05f);
+  s->set_repetition_penalty(1.1f);
+  s->set_presence_penalty(0.5f);
+  s->set_frequency_penalty(-0.5f);
+  s->set_seed(99);
+  req.mutable_stopping()->set_max_new_tokens(7);
+  req.mutable_stopping()->add_stop("\n\n");
+  req.mutable_stopping()->add_stop_token_ids(3);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.set_top_logprobs(4);
+  req.mutable_routing()->set_threshold(0.25);
+  const absl::Time deadline = absl::FromUnixSeconds(2000000000);
+  auto r = ToLoopRequest(req, Config(), nullptr, deadline);
+  ASSERT_THAT(r, IsOk());
+  const engine::SamplingParams& p = r->request.sampling;
+  EXPECT_EQ(r->request_id, "abc");
+  EXPECT_EQ(p.temperature, 0.7f);
+  EXPECT_EQ(p.top_k, 5);
+  EXPECT_EQ(p.top_p, 0.9f);
+  EXPECT_EQ(p.min_p, 0.05f);
+  EXPECT_EQ(p.repetition_penalty, 1.1f);
+  EXPECT_EQ(p.presence_penalty, 0.5f);
+  EXPECT_EQ(p.frequency_penalty, -0.5f);
+  EXPECT_EQ(p.seed, 99u);
+  EXPECT_EQ(p.max_new_tokens, 7);
+  EXPECT_THAT(p.stop_strings, ElementsAre("\n\n"));
+  EXPECT_THAT(p.stop_token_ids, ElementsAre(3));
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_EQ(p.top_logprobs, 4);
+  EXPECT_EQ(r->request.threshold, 0.25);
+  EXPECT_EQ(r->deadline, deadline);
+}
+
+TEST(RequestValidationTest, RefusalsNameTheField) {
+  v1::GenerateRequest req = Request();
+  req.mutable_sampling()->set_top_p(1.5f);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "sampling.top_p: 1.5 is not in (0, 1]"));
+  req = Request();
+  req.set_prompt("text");
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "prompt: the model has no tokenizer"));
+  req = Request();
+  req.mutable_prompt_token_ids()->add_ids(160);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "prompt_token_ids[2]: 160 is outside the vocabulary [0, 160)"));
+}
+
+TEST(RequestValidationTest, PromptPlusMaxNewTokensBeyondContextIsOutOfRange) {
+  v1::GenerateRequest req = Request();
+  req.mutable_stopping()->set_max_new_tokens(62);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()), IsOk());
+  req.mutable_stopping()->set_max_new_tokens(63);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kOutOfRange, "= 65 exceeds the model's max_seq_len 64"));
+}
+
+}  // namespace
+}  // namespace modserve::server

@@ -1,0 +1,165 @@
+// End-to-end: the built `modserve` binary as a process on a free loopback port. SIGTERM while a
+// stream is in flight must let the stream finish and then exit 0.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "modserve/v1/modserve.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace modserve::server {
+namespace {
+
+const char kCheckpoint[] =
+    MODSERVE_SOURCE_DIR "/tests/testdata/checkpoints/router_sigmoid_blockout_ln_bias";
+const char kBinary[] = MODSERVE_BINARY_DIR "/bin/modserve";
+const char kGenerate[] = MODSERVE_BINARY_DIR "/bin/modserve-generate";
+
+// A child process with its stdout on a pipe.
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+};
+
+Child Spawn(const std::vector<std::string>& args) {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  Child c;
+  EXPECT_EQ(posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  c.out = fdopen(fds[0], "r");
+  return c;
+}
+
+// Reads stdout lines until "modserve listening on HOST:PORT"; returns PORT or 0.
+int ReadPort(FILE* out) {
+  char line[512];
+  while (fgets(line, sizeof(line), out) != nullptr) {
+    const std::string s(line);
+    const std::string prefix = "modserve listening on 127.0.0.1:";
+    if (absl::StartsWith(s, prefix)) {
+      int port = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(s.substr(prefix.size())), &port)) {
+        return port;
+      }
+    }
+  }
+  return 0;
+}
+
+int WaitExit(pid_t pid) {
+  int wstatus = 0;
+  if (waitpid(pid, &wstatus, 0) != pid || !WIFEXITED(wstatus)) return -1;
+  return WEXITSTATUS(wstatus);
+}
+
+TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
+  Child gen = Spawn({kGenerate, "--model", kCheckpoint, "--prompt_ids", "1,42,7,99",
+                     "--max_new_tokens", "24", "--threads", "1", "--json"});
+  ASSERT_GT(gen.pid, 0);
+  std::string json;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), gen.out) != nullptr) json += buf;
+  fclose(gen.out);
+  ASSERT_EQ(WaitExit(gen.pid), 0);
+  const nlohmann::json want = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(want.is_discarded()) << json;
+  const std::vector<int32_t> want_ids = want["token_ids"].get<std::vector<int32_t>>();
+
+  Child c = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1"});
+  ASSERT_GT(c.pid, 0);
+  const int port = ReadPort(c.out);
+  ASSERT_GT(port, 0);
+  auto stub = v1::ModServe::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;  // modserve-generate's defaults: greedy, EOS honoured
+  for (int32_t id : {1, 42, 7, 99}) req.mutable_prompt_token_ids()->add_ids(id);
+  req.mutable_stopping()->set_max_new_tokens(24);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateResponse resp;
+    ASSERT_TRUE(stub->Generate(&ctx, req, &resp).ok());
+    EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()), want_ids);
+    EXPECT_EQ(resp.usage().prompt_tokens(), 4);
+    ASSERT_EQ(resp.logprobs_size(), static_cast<int>(want["logprobs"].size()));
+    for (int i = 0; i < resp.logprobs_size(); ++i) {
+      EXPECT_FLOAT_EQ(resp.logprobs(i).logprob(), want["logprobs"][i].get<float>()) << i;
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub->GenerateStream(&ctx, req);
+    std::vector<int32_t> ids;
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg))
+      ids.insert(ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(ids, want_ids);
+  }
+  ASSERT_EQ(kill(c.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(c.pid), 0);
+  fclose(c.out);
+}
+
+TEST(ServerProcessTest, SigtermDrainsInFlightStreamAndExitsZero) {
+  Child c = Spawn(
+      {kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1", "--drain_timeout", "30s"});
+  ASSERT_GT(c.pid, 0);
+  const int port = ReadPort(c.out);
+  ASSERT_GT(port, 0);
+  auto stub = v1::ModServe::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  req.mutable_prompt_token_ids()->add_ids(1);
+  req.mutable_prompt_token_ids()->add_ids(42);
+  req.mutable_stopping()->set_max_new_tokens(300);
+  req.mutable_stopping()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->GenerateStream(&ctx, req);
+  v1::GenerateStreamResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  int num_tokens = msg.token_ids_size();
+  v1::FinishReason finish_reason = msg.finish_reason();
+  ASSERT_EQ(kill(c.pid, SIGTERM), 0);
+  while (reader->Read(&msg)) {
+    num_tokens += msg.token_ids_size();
+    finish_reason = msg.finish_reason();
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(num_tokens, 300);
+  EXPECT_EQ(finish_reason, v1::FINISH_REASON_LENGTH);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(c.pid, &wstatus, 0), c.pid);
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "status " << wstatus;
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+  fclose(c.out);
+}
+
+}  // namespace
+}  // namespace modserve::server
