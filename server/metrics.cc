@@ -2,8 +2,10 @@
 // the bounded labels (finish_reason, code, phase).
 #include "server/metrics.h"
 
+#include <chrono>
 #include <exception>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/sampler/stop_checker.h"
@@ -125,17 +127,25 @@ Metrics::Metrics(int32_t n_layers)
 Metrics::~Metrics() = default;
 
 absl::Status Metrics::Serve(const std::string& host, int port) {
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
-    exposer_->RegisterCollectable(registry_);
-    const std::vector<int> ports = exposer_->GetListeningPorts();
-    port_ = ports.empty() ? 0 : ports.front();
-  } catch (const std::exception& e) {
-    exposer_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", e.what()));
+  // civetweb occasionally fails to start its listener under load (seen with port 0 while other
+  // servers start on the same machine); a few tries at start-up cost nothing.
+  constexpr int kAttempts = 5;
+  std::string error;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+      exposer_->RegisterCollectable(registry_);
+      const std::vector<int> ports = exposer_->GetListeningPorts();
+      port_ = ports.empty() ? 0 : ports.front();
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      exposer_.reset();
+      error = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", host, ":", port,
+                                             " after ", kAttempts, " attempts: ", error));
 }
 
 void Metrics::Refresh(const engine::StepLoop& loop) {
