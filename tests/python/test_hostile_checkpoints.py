@@ -1,6 +1,7 @@
 """Hostile checkpoints against the BUILT engine: for every case of tests/hostile/make_hostile.py,
 `modserve-generate --model DIR --prompt_ids 1,2,3` must exit with status 1 (no signal, no
-sanitizer report, no hang) and print a message naming the file and the problem, also under an
+sanitizer report, no hang; a case marked may_succeed, legal but extreme, may also exit 0) and
+print a message naming the file and the problem, also under an
 address-space limit that a valid checkpoint runs within. It does not judge the messages' wording
 beyond the fragments each case lists.
 
