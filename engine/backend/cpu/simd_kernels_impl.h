@@ -103,6 +103,13 @@ template <class S, class W>
 void GemmSmallN(const float* x, int64_t n, int64_t k, const W* w, const float* bias, float* out,
                 int64_t ldo, int64_t row_begin, int64_t row_end) {
   int64_t r = row_begin;
+  if constexpr (S::kLanes >= 16) {
+    // Batch-1 decode with 32 vector registers: 8 weight rows in flight keep more DRAM streams
+    // open at once than 4 (8 accumulators + 8 weight vectors + x fit without spilling).
+    if (n == 1) {
+      for (; r + 8 <= row_end; r += 8) SmallNRows<S, W, 8>(x, n, k, w + r * k, bias, out, ldo, r);
+    }
+  }
   for (; r + 4 <= row_end; r += 4) SmallNRows<S, W, 4>(x, n, k, w + r * k, bias, out, ldo, r);
   for (; r < row_end; ++r) SmallNRows<S, W, 1>(x, n, k, w + r * k, bias, out, ldo, r);
 }
