@@ -22,107 +22,21 @@
 #include "engine/common/tensor_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/backend/host_tensor.h"
 
 namespace modserve::backend {
 namespace {
+
+using test_util::ExpectClose;
+using test_util::HostTensor;
+using test_util::Ints;
+using test_util::Random;
 
 using ::testing::HasSubstr;
 
 // The CUDA Gemm and attention claim f32-exact inputs and f32 sums, so they get the conformance
 // suite's accumulation-order tolerance: only the summation order differs from the reference.
 constexpr double kAccumOrderRelTol = 1e-5;
-
-// ---- host tensors (f32/f16/bf16/i32) ---------------------------------------------------------
-struct Host {
-  DType dtype = DType::kF32;
-  std::vector<int64_t> dims;
-  std::vector<uint8_t> bytes;
-
-  Host() = default;
-  Host(DType t, std::vector<int64_t> d) : dtype(t), dims(std::move(d)) {
-    bytes.assign(static_cast<size_t>(numel()) * DTypeBytes(dtype), 0);
-  }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t x : dims) n *= x;
-    return n;
-  }
-  TensorView View(void* data, Device device) const {
-    TensorView v;
-    v.dtype = dtype;
-    v.device = device;
-    v.data = data;
-    v.ndim = static_cast<int>(dims.size());
-    for (int i = 0; i < v.ndim; ++i) v.shape[i] = dims[i];
-    return v;
-  }
-  TensorView view() { return View(bytes.data(), Device::kCpu); }
-  float At(int64_t i) const {
-    switch (dtype) {
-      case DType::kF32: {
-        float f;
-        std::memcpy(&f, bytes.data() + 4 * i, 4);
-        return f;
-      }
-      case DType::kF16: {
-        f16_t h;
-        std::memcpy(&h, bytes.data() + 2 * i, 2);
-        return F16ToF32(h);
-      }
-      case DType::kBF16: {
-        bf16_t h;
-        std::memcpy(&h, bytes.data() + 2 * i, 2);
-        return Bf16ToF32(h);
-      }
-      case DType::kI32: {
-        int32_t v;
-        std::memcpy(&v, bytes.data() + 4 * i, 4);
-        return static_cast<float>(v);
-      }
-    }
-    return 0.0f;
-  }
-};
-
-Host Random(std::mt19937& rng, DType dtype, std::vector<int64_t> dims, float scale = 1.0f) {
-  Host t(dtype, std::move(dims));
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const float v = dist(rng);
-    if (dtype == DType::kF32) {
-      std::memcpy(t.bytes.data() + 4 * i, &v, 4);
-    } else if (dtype == DType::kF16) {
-      const f16_t h = F32ToF16(v);
-      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
-    } else {
-      const bf16_t h = F32ToBf16(v);
-      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
-    }
-  }
-  return t;
-}
-
-Host Ints(const std::vector<int32_t>& values) {
-  Host t(DType::kI32, {static_cast<int64_t>(values.size())});
-  std::memcpy(t.bytes.data(), values.data(), values.size() * 4);
-  return t;
-}
-
-void ExpectClose(const Host& got, const Host& want, double rel_tol, const std::string& what) {
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  double max_want = 1.0, max_err = 0.0;
-  int64_t worst = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    max_want = std::max(max_want, std::fabs(static_cast<double>(want.At(i))));
-    const double err = std::fabs(static_cast<double>(got.At(i)) - want.At(i));
-    if (!(err <= max_err)) {
-      max_err = err;
-      worst = i;
-    }
-  }
-  EXPECT_LE(max_err, rel_tol * max_want) << what << ": worst element " << worst << " got "
-                                         << got.At(worst) << " want " << want.At(worst);
-}
 
 // ---- without a device --------------------------------------------------------------------------
 TEST(CudaBackendNoDeviceTest, CreateWithoutDeviceIsUnavailableWithClearMessage) {
@@ -156,17 +70,17 @@ class CudaBackendTest : public ::testing::Test {
     ASSERT_TRUE(created.ok()) << created.status();
     backend_ = std::move(created).value();
   }
-  TensorView Upload(const Host& host) {
-    auto buffer = backend_->Allocate(host.bytes.size());
+  TensorView Upload(const HostTensor& host) {
+    auto buffer = backend_->Allocate(host.storage.size());
     EXPECT_TRUE(buffer.ok()) << buffer.status();
     buffers_.push_back(std::move(buffer).value());
-    TensorView dst = host.View(buffers_.back().data(), Device::kCuda);
-    Host copy = host;
+    TensorView dst = host.MakeView(buffers_.back().data(), Device::kCuda);
+    HostTensor copy = host;
     EXPECT_TRUE(backend_->CopyToDevice(copy.view(), dst).ok());
     return dst;
   }
-  Host Download(const TensorView& src, const Host& like) {
-    Host out = like;
+  HostTensor Download(const TensorView& src, const HostTensor& like) {
+    HostTensor out = like;
     const absl::Status st = backend_->CopyToHost(src, out.view());
     EXPECT_TRUE(st.ok()) << st;
     return out;
@@ -188,7 +102,7 @@ TEST_F(CudaBackendTest, AllocateBeyondMemoryIsResourceExhaustedAndRecoverable) {
 }
 
 TEST_F(CudaBackendTest, CopiesRejectSizeAndDeviceMismatch) {
-  Host a(DType::kF32, {16}), b(DType::kF32, {17});
+  HostTensor a(DType::kF32, {16}), b(DType::kF32, {17});
   TensorView d = Upload(a);
   EXPECT_EQ(backend_->CopyToDevice(b.view(), d).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(backend_->CopyToHost(d, b.view()).code(), absl::StatusCode::kInvalidArgument);
@@ -201,27 +115,27 @@ TEST_F(CudaBackendTest, CopiesRejectSizeAndDeviceMismatch) {
 TEST_F(CudaBackendTest, UploadsMayReuseHostMemoryImmediately) {
   constexpr int kSmall = 300;
   constexpr int64_t kSmallElems = 16 * 1024;  // 64 KiB each, ~19 MiB in all
-  Host scratch(DType::kF32, {kSmallElems});
+  HostTensor scratch(DType::kF32, {kSmallElems});
   std::vector<TensorView> dsts;
   for (int i = 0; i < kSmall; ++i) {
-    auto* f = reinterpret_cast<float*>(scratch.bytes.data());
+    auto* f = reinterpret_cast<float*>(scratch.storage.data());
     for (int64_t e = 0; e < kSmallElems; ++e) f[e] = static_cast<float>(i * 100000 + e);
-    auto buffer = backend_->Allocate(scratch.bytes.size());
+    auto buffer = backend_->Allocate(scratch.storage.size());
     ASSERT_TRUE(buffer.ok());
     buffers_.push_back(std::move(buffer).value());
-    dsts.push_back(scratch.View(buffers_.back().data(), Device::kCuda));
+    dsts.push_back(scratch.MakeView(buffers_.back().data(), Device::kCuda));
     ASSERT_TRUE(backend_->CopyToDevice(scratch.view(), dsts.back()).ok());
   }
   std::mt19937 rng(5);
-  Host big = Random(rng, DType::kF32, {3 * 1024 * 1024});
+  HostTensor big = Random(rng, DType::kF32, {3 * 1024 * 1024});
   TensorView big_d = Upload(big);
   for (int i = 0; i < kSmall; ++i) {
-    Host got = Download(dsts[i], scratch);
-    const auto* f = reinterpret_cast<const float*>(got.bytes.data());
+    HostTensor got = Download(dsts[i], scratch);
+    const auto* f = reinterpret_cast<const float*>(got.storage.data());
     ASSERT_EQ(f[0], static_cast<float>(i * 100000)) << "upload " << i;
     ASSERT_EQ(f[kSmallElems - 1], static_cast<float>(i * 100000 + kSmallElems - 1));
   }
-  EXPECT_EQ(Download(big_d, big).bytes, big.bytes);
+  EXPECT_EQ(Download(big_d, big).storage, big.storage);
 }
 
 // The child of the fault test: an Embed with an id past the vocab traps in the kernel; exits 0 when
@@ -230,16 +144,16 @@ TEST_F(CudaBackendTest, UploadsMayReuseHostMemoryImmediately) {
   auto created = CreateBackend("cuda");
   if (!created.ok()) std::exit(2);
   Backend& b = **created;
-  Host ids = Ints({1000});  // vocab is 10
-  Host table(DType::kF32, {10, 4});
-  Host out(DType::kF32, {1, 4});
+  HostTensor ids = Ints({1000});  // vocab is 10
+  HostTensor table(DType::kF32, {10, 4});
+  HostTensor out(DType::kF32, {1, 4});
   auto ib = b.Allocate(4);
-  auto tb = b.Allocate(table.bytes.size());
+  auto tb = b.Allocate(table.storage.size());
   auto ob = b.Allocate(16);
   if (!ib.ok() || !tb.ok() || !ob.ok()) std::exit(3);
-  const TensorView id = ids.View(ib->data(), Device::kCuda);
+  const TensorView id = ids.MakeView(ib->data(), Device::kCuda);
   if (!b.CopyToDevice(ids.view(), id).ok()) std::exit(4);
-  b.Embed(id, table.View(tb->data(), Device::kCuda), out.View(ob->data(), Device::kCuda));
+  b.Embed(id, table.MakeView(tb->data(), Device::kCuda), out.MakeView(ob->data(), Device::kCuda));
   const absl::Status st = b.Synchronize();
   std::fprintf(stderr, "%s\n", st.ToString().c_str());
   std::exit(st.code() == absl::StatusCode::kInternal ? 0 : 1);
@@ -256,10 +170,10 @@ TEST_F(CudaBackendTest, DeviceFaultSurfacesAtSynchronizeAsInternal) {
 void CheckGemm(CudaBackendTest* t, DType dt, int64_t n, int64_t m, int64_t k, bool with_bias,
                uint32_t seed) {
   std::mt19937 rng(seed);
-  Host x = Random(rng, DType::kF32, {n, k});
-  Host w = Random(rng, dt, {m, k});
-  Host bias = with_bias ? Random(rng, dt, {m}) : Host();
-  Host want(DType::kF32, {n, m});
+  HostTensor x = Random(rng, DType::kF32, {n, k});
+  HostTensor w = Random(rng, dt, {m, k});
+  HostTensor bias = with_bias ? Random(rng, dt, {m}) : HostTensor();
+  HostTensor want(DType::kF32, {n, m});
   TensorView none;
   cpu::reference::Gemm(x.view(), w.view(), with_bias ? bias.view() : none, want.view());
   TensorView out = t->Upload(want);
@@ -301,8 +215,8 @@ void CheckAttention(CudaBackendTest* t, const AttnCase& c, DType dt, uint32_t se
   std::vector<int32_t> ids(total_pages);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
-  Host table(DType::kI32, {n, max_pages});
-  auto* pt = reinterpret_cast<int32_t*>(table.bytes.data());
+  HostTensor table(DType::kI32, {n, max_pages});
+  auto* pt = reinterpret_cast<int32_t*>(table.storage.data());
   std::fill(pt, pt + n * max_pages, -1);
   size_t next = 0;
   std::vector<int32_t> row_seq(n);
@@ -317,10 +231,10 @@ void CheckAttention(CudaBackendTest* t, const AttnCase& c, DType dt, uint32_t se
                           .head_dim = c.head_dim,
                           .block_size = c.block_size,
                           .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-  Host q = Random(rng, DType::kF32, {n, c.n_heads, c.head_dim});
-  Host pool = Random(rng, dt, {total_pages, 2 * c.n_kv_heads, c.block_size, c.head_dim}, 2.0f);
-  Host seq_t = Ints(row_seq), len_t = Ints(c.kv_lens);
-  Host want(DType::kF32, {n, int64_t{c.n_heads} * c.head_dim});
+  HostTensor q = Random(rng, DType::kF32, {n, c.n_heads, c.head_dim});
+  HostTensor pool = Random(rng, dt, {total_pages, 2 * c.n_kv_heads, c.block_size, c.head_dim}, 2.0f);
+  HostTensor seq_t = Ints(row_seq), len_t = Ints(c.kv_lens);
+  HostTensor want(DType::kF32, {n, int64_t{c.n_heads} * c.head_dim});
   cpu::reference::Attention(p, q.view(), pool.view(), table.view(), seq_t.view(), len_t.view(),
                             want.view());
   TensorView out = t->Upload(want);
