@@ -251,17 +251,18 @@ absl::StatusOr<std::vector<GenerationResult>> Engine::Generate(absl::Span<const 
   const int32_t L = static_cast<int32_t>(config().n_layers);
   std::vector<SequenceId> ids;
   std::vector<int32_t> worst;  // pages a sequence could need if every token entered every layer
+  const int64_t total_pages = kv_->GetStats().num_pages;
   for (const Request& r : requests) {
     MODSERVE_ASSIGN_OR_RETURN(SequenceId id, Add(r));
     ids.push_back(id);
     const int32_t len = static_cast<int32_t>(r.prompt.size()) + r.sampling.max_new_tokens;
     MODSERVE_ASSIGN_OR_RETURN(int32_t pages,
                               kv_->PagesNeededForNew(std::vector<int32_t>(L, len)));
-    if (pages > kv_->GetStats().num_pages) {
+    if (pages > total_pages) {
       for (SequenceId s : ids) (void)Release(s).ok();
       return absl::ResourceExhaustedError(absl::StrCat(
           "a request of ", len, " tokens may need ", pages, " KV pages; the cache has ",
-          kv_->GetStats().num_pages, " (raise kv_cache_bytes)"));
+          total_pages, " (raise kv_cache_bytes)"));
     }
     worst.push_back(pages);
   }
@@ -269,7 +270,6 @@ absl::StatusOr<std::vector<GenerationResult>> Engine::Generate(absl::Span<const 
   std::vector<size_t> running;
   size_t next = 0;
   int64_t promised = 0;
-  const int64_t total_pages = kv_->GetStats().num_pages;
   while (next < ids.size() || !running.empty()) {
     // Admit in order while the worst case of everything admitted still fits.
     while (next < ids.size() && static_cast<int32_t>(running.size()) < options_.max_seqs &&
