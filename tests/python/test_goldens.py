@@ -20,10 +20,8 @@ def test_random_goldens_reproduce_exactly(tmp_path):
 
 
 def test_demo_goldens_reproduce_exactly(tmp_path):
-    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import make_goldens; "
-            "torch.set_num_threads(1); make_goldens.make_demo(sys.argv[2], sys.argv[3])")
-    subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "tools"), str(tmp_path),
-                    os.path.join(ROOT, "models", "demo")], check=True, capture_output=True)
-    assert filecmp.cmp(tmp_path / "demo.json",
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_goldens.py"), "--only",
+                    "demo", "--out", str(tmp_path)], check=True, capture_output=True)
+    assert filecmp.cmp(tmp_path / "goldens" / "demo.json",
                        os.path.join(ROOT, "tests", "testdata", "goldens", "demo.json"),
                        shallow=False)
