@@ -1,7 +1,9 @@
 // Worker threads and the publish/claim/complete handshake of ThreadPool::Run.
 #include "engine/backend/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -15,9 +17,15 @@ namespace {
 
 thread_local bool tls_in_parallel_region = false;
 
-// Consecutive ops of one forward pass follow each other within microseconds; a short spin lets a
-// worker pick up the next op without a futex wake-up. ~2^12 pauses is a few microseconds.
-constexpr int kSpinIterations = 1 << 12;
+// Consecutive ops of one forward pass follow each other within microseconds, so a worker spins
+// this long for the next one before it sleeps. The bound is in time, not in pause instructions:
+// a pause costs ~10 cycles on some cores and ~140 on others. Longer gaps (sampling, scheduling
+// between steps) put the workers to sleep, which leaves the cores to the gRPC threads.
+constexpr auto kWorkerSpin = std::chrono::microseconds(30);
+// The caller waits only for chunks already claimed and running; it spins a little longer.
+constexpr auto kCallerSpin = std::chrono::microseconds(50);
+// Upper bound on threads so that 4 chunks per thread fit the 16 chunk bits of job_state_.
+constexpr int kMaxThreads = 1024;
 
 inline void CpuRelax() {
 #if defined(__x86_64__)
@@ -27,11 +35,26 @@ inline void CpuRelax() {
 #endif
 }
 
+// Spins until pred() holds or `limit` passes; returns pred()'s last value.
+template <typename Pred>
+bool SpinFor(std::chrono::microseconds limit, Pred pred) {
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    for (int i = 0; i < 32; ++i) {
+      if (pred()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= give_up) return pred();
+  }
+}
+
+inline uint32_t JobId(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
+
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
-  if (num_threads <= 0) num_threads = 1;
+  num_threads = std::clamp(num_threads, 1, kMaxThreads);
   workers_.reserve(num_threads - 1);
   for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -47,60 +70,71 @@ ThreadPool::~ThreadPool() {
 
 bool ThreadPool::InsideParallelRegion() { return tls_in_parallel_region; }
 
-void ThreadPool::RunChunks() {
+void ThreadPool::RunChunks(uint32_t job_id) {
+  uint64_t state = job_state_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
-    if (c >= job_chunks_) return;
-    job_fn_(job_ctx_, c);
+    const uint64_t next = state & kChunkMask;
+    const uint64_t count = (state >> kChunkBits) & kChunkMask;
+    if (JobId(state) != job_id || next >= count) return;
+    // A successful claim proves the job is still current: it cannot end before this chunk is
+    // done, so fn and ctx stay valid while it runs.
+    if (!job_state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                          std::memory_order_acquire)) {
+      continue;  // `state` was reloaded
+    }
+    job_fn_(job_ctx_, static_cast<int64_t>(next));
+    // Sequentially consistent with caller_sleeping_ (see Run): the caller either sees the count
+    // before it sleeps or is seen sleeping here.
+    const int64_t done = chunks_done_.fetch_add(1) + 1;
+    if (done == static_cast<int64_t>(count) && caller_sleeping_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
+    state = job_state_.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::Run(int64_t num_chunks, ChunkFn fn, void* ctx) {
   std::lock_guard<std::mutex> run_lock(run_mu_);
-  {
+  job_fn_ = fn;
+  job_ctx_ = ctx;
+  chunks_done_.store(0, std::memory_order_relaxed);
+  const uint32_t id = ++job_id_;
+  // Sequentially consistent with the sleeping_workers_ increment in WorkerLoop: either the
+  // worker sees the new job before it sleeps, or this thread sees it sleeping and wakes it.
+  job_state_.store((uint64_t{id} << 32) | (static_cast<uint64_t>(num_chunks) << kChunkBits));
+  if (sleeping_workers_.load() > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    job_fn_ = fn;
-    job_ctx_ = ctx;
-    job_chunks_ = num_chunks;
-    next_chunk_.store(0, std::memory_order_relaxed);
-    workers_pending_ = static_cast<int>(workers_.size());
-    // Release: a worker that sees the new generation also sees the job fields.
-    generation_.fetch_add(1, std::memory_order_release);
+    work_cv_.notify_all();
   }
-  work_cv_.notify_all();
 
   tls_in_parallel_region = true;
-  RunChunks();
+  RunChunks(id);
   tls_in_parallel_region = false;
 
-  // Every worker must check out before the job fields (and fn's stack frame) can be reused.
+  // What is left are chunks that workers claimed and are running.
+  auto all_done = [&] { return chunks_done_.load() == num_chunks; };
+  if (SpinFor(kCallerSpin, all_done)) return;
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return workers_pending_ == 0; });
+  caller_sleeping_.store(true);
+  done_cv_.wait(lock, all_done);
+  caller_sleeping_.store(false);
 }
 
 void ThreadPool::WorkerLoop() {
   tls_in_parallel_region = true;
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
-    // Spin briefly on the generation before blocking.
-    for (int i = 0; i < kSpinIterations; ++i) {
-      if (generation_.load(std::memory_order_acquire) != seen) break;
-      CpuRelax();
-    }
-    {
+    auto new_job = [&] { return JobId(job_state_.load()) != seen; };
+    if (!SpinFor(kWorkerSpin, new_job)) {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock,
-                    [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+      sleeping_workers_.fetch_add(1);
+      work_cv_.wait(lock, [&] { return stop_ || new_job(); });
+      sleeping_workers_.fetch_sub(1);
       if (stop_) return;
-      seen = generation_.load(std::memory_order_acquire);
     }
-    RunChunks();
-    bool last = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      last = --workers_pending_ == 0;
-    }
-    if (last) done_cv_.notify_one();
+    seen = JobId(job_state_.load(std::memory_order_acquire));
+    RunChunks(seen);
   }
 }
 

@@ -15,7 +15,10 @@ namespace modserve::backend::cpu {
 
 // Threads: ParallelFor may be called from any thread; concurrent calls are serialised. A call made
 // from inside a running ParallelFor body runs inline on the calling thread (no nested fan-out).
-// Idle workers block on a condition variable after a short spin (no busy-waiting while idle).
+// Idle workers block on a condition variable after a short, time-bounded spin (no busy-waiting
+// while idle). A region ends when its chunks are done, not when every worker has checked in:
+// on a shared machine a worker that is not scheduled simply takes no chunk, and the caller and
+// the other workers run them, instead of the region waiting for that worker's next time slice.
 class ThreadPool {
  public:
   // num_threads counts the caller: 0 means std::thread::hardware_concurrency(); 1 means no
@@ -38,7 +41,7 @@ class ThreadPool {
     // much per-chunk overhead.
     int64_t chunk = (range + 4 * num_threads() - 1) / (4 * num_threads());
     if (chunk < grain) chunk = grain;
-    const int64_t num_chunks = (range + chunk - 1) / chunk;
+    const int64_t num_chunks = (range + chunk - 1) / chunk;  // <= 4 * num_threads()
     if (num_chunks == 1 || workers_.empty() || InsideParallelRegion()) {
       fn(begin, end);
       return;
@@ -62,27 +65,35 @@ class ThreadPool {
  private:
   using ChunkFn = void (*)(void* ctx, int64_t chunk_idx);
 
+  // job_state_ packs the job id (high 32 bits), its chunk count (16 bits) and the next chunk to
+  // claim (low 16 bits), so a claim is one compare-and-swap that also proves the job is current.
+  static constexpr int kChunkBits = 16;
+  static constexpr uint64_t kChunkMask = (uint64_t{1} << kChunkBits) - 1;
+
   static bool InsideParallelRegion();
   void Run(int64_t num_chunks, ChunkFn fn, void* ctx);
   void WorkerLoop();
-  // Claims and runs chunks of the current job until none are left.
-  void RunChunks();
+  // Claims and runs chunks of job `job_id` until none are left or another job replaced it.
+  void RunChunks(uint32_t job_id);
 
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // serialises Run() callers
+  uint32_t job_id_ = 0;  // guarded by run_mu_: the id of the latest job
 
-  std::mutex mu_;
+  std::mutex mu_;  // only for sleeping and waking; never held while chunks run
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  bool stop_ = false;                    // guarded by mu_
-  std::atomic<uint64_t> generation_{0};  // bumped (under mu_) when a job is published
-  int workers_pending_ = 0;              // guarded by mu_: workers yet to finish this job
+  bool stop_ = false;  // guarded by mu_
+  std::atomic<int> sleeping_workers_{0};
+  std::atomic<bool> caller_sleeping_{false};
 
-  // The current job; written by Run() before the generation bump, read by workers after it.
+  // The current job: fn and ctx are written by Run() before job_state_ publishes the new id; a
+  // worker reads them only after a successful claim of one of that job's chunks, and Run() does
+  // not return (or publish another job) before chunks_done_ reaches the job's chunk count.
+  std::atomic<uint64_t> job_state_{0};
   ChunkFn job_fn_ = nullptr;
   void* job_ctx_ = nullptr;
-  int64_t job_chunks_ = 0;
-  std::atomic<int64_t> next_chunk_{0};
+  std::atomic<int64_t> chunks_done_{0};
 };
 
 }  // namespace modserve::backend::cpu

@@ -2,6 +2,7 @@
 #include "engine/backend/cpu/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -82,6 +83,36 @@ TEST(ThreadPoolTest, ManyConsecutiveRegionsComplete) {
     total += 64;
   }
   EXPECT_EQ(count.load(), total);
+}
+
+// Regions separated by idle gaps long enough for the workers to stop spinning and sleep: each
+// region must still cover its range exactly once, whether the workers wake in time or not.
+TEST(ThreadPoolTest, RegionsAfterIdleGapsComplete) {
+  ThreadPool pool(3);
+  for (int r = 0; r < 60; ++r) {
+    if (r % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200 * (r % 7)));
+    std::vector<std::atomic<int>> hits(257);
+    pool.ParallelFor(0, 257, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+    for (int i = 0; i < 257; ++i) ASSERT_EQ(hits[i].load(), 1) << "region " << r << " index " << i;
+  }
+}
+
+// Regions submitted from several threads at once are serialised, each complete.
+TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> sum{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&] {
+      for (int r = 0; r < 200; ++r) {
+        pool.ParallelFor(0, 100, 1, [&](int64_t b, int64_t e) { sum.fetch_add(e - b); });
+      }
+    });
+  }
+  for (std::thread& c : callers) c.join();
+  EXPECT_EQ(sum.load(), 3 * 200 * 100);
 }
 
 }  // namespace
