@@ -1,12 +1,17 @@
-// GenerateService. A sink (engine side) and a reactor (gRPC side) meet in a small mutex-guarded
-// queue: the engine thread appends and may start a write, OnWriteDone starts the next one, and
-// whoever sees "done and nothing in flight" calls Finish, exactly once.
+// GenerateService. A sink (engine side) and a reactor (gRPC side) meet in one mutex-guarded
+// pending message: the engine thread appends tokens and posts a pump to the reply thread, the
+// pump or OnWriteDone starts the next write, and whoever sees "done and nothing in flight" calls
+// Finish, exactly once.
 #include "server/generate_service.h"
 
+#include <pthread.h>
+
 #include <chrono>
-#include <deque>
+#include <functional>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -88,12 +93,60 @@ absl::Time ToAbslDeadline(std::chrono::system_clock::time_point deadline) {
 
 }  // namespace
 
+// Runs the gRPC side of engine events (starting stream writes, filling and finishing unary
+// responses) on its own thread. The engine thread only appends to a sink and posts a task, so
+// serialising and sending replies never lengthen a step; with spare cores they overlap it.
+class ReplyExecutor {
+ public:
+  ReplyExecutor() : thread_([this] { Run(); }) {
+    pthread_setname_np(thread_.native_handle(), "modserve-reply");
+  }
+  // Runs every task already posted, then joins. Nothing may post after destruction starts.
+  ~ReplyExecutor() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  void Post(std::function<void()> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
+  }
+
+ private:
+  void Run() {
+    std::vector<std::function<void()>> batch;
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](ReplyExecutor* e) { return e->stop_ || !e->tasks_.empty(); }, this));
+        if (tasks_.empty()) return;  // stopping, and nothing left
+        batch.swap(tasks_);
+      }
+      for (std::function<void()>& task : batch) task();
+      batch.clear();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 // Counts a reactor from construction to destruction (after OnDone), so that shutdown can wait
-// for every call to be completely over.
+// for every call to be completely over. Only admitted calls build one, so its end also gives
+// the call's CallGate slot back.
 class CallCounter {
  public:
   explicit CallCounter(GenerateService* service) : service_(service) { ++service_->num_calls_; }
-  ~CallCounter() { --service_->num_calls_; }
+  ~CallCounter() {
+    --service_->num_calls_;
+    if (service_->gate_ != nullptr) service_->gate_->ReleaseGeneration();
+  }
 
  private:
   GenerateService* service_;
@@ -113,12 +166,16 @@ class UnaryGenerate final : public grpc::ServerUnaryReactor {
   std::shared_ptr<engine::RequestHandle> handle_;  // set before the handler returns
 };
 
-// Fills the unary response from the final result; tokens need no streaming here.
-class UnarySink final : public engine::GenerationSink {
+// Fills the unary response from the final result; tokens need no streaming here. The filling
+// and the Finish run on the reply thread.
+class UnarySink final : public engine::GenerationSink,
+                        public std::enable_shared_from_this<UnarySink> {
  public:
-  UnarySink(UnaryGenerate* reactor, v1::GenerateResponse* response, const v1::GenerateRequest& r)
+  UnarySink(UnaryGenerate* reactor, v1::GenerateResponse* response, const v1::GenerateRequest& r,
+            ReplyExecutor* replies)
       : reactor_(reactor),
         response_(response),
+        replies_(replies),
         request_id_(r.request_id()),
         top_logprobs_(r.top_logprobs()),
         return_decisions_(r.routing().return_decisions()) {}
@@ -126,6 +183,12 @@ class UnarySink final : public engine::GenerationSink {
   void OnToken(const engine::TokenEvent&) override {}
 
   void OnDone(absl::StatusOr<engine::FinishedRequest> done) override {
+    auto result = std::make_shared<absl::StatusOr<engine::FinishedRequest>>(std::move(done));
+    replies_->Post([self = shared_from_this(), result] { self->Reply(*result); });
+  }
+
+ private:
+  void Reply(const absl::StatusOr<engine::FinishedRequest>& done) {
     if (!done.ok()) {
       reactor_->Finish(ToGrpcStatus(done.status(), request_id_));
       return;
@@ -144,9 +207,9 @@ class UnarySink final : public engine::GenerationSink {
     reactor_->Finish(grpc::Status::OK);
   }
 
- private:
   UnaryGenerate* reactor_;  // valid until Finish
   v1::GenerateResponse* response_;
+  ReplyExecutor* replies_;
   std::string request_id_;
   int32_t top_logprobs_;
   bool return_decisions_;
@@ -168,46 +231,44 @@ class StreamGenerate final : public grpc::ServerWriteReactor<v1::GenerateStreamR
   std::shared_ptr<engine::RequestHandle> handle_;  // set before the handler returns
 };
 
-class StreamSink final : public engine::GenerationSink {
+class StreamSink final : public engine::GenerationSink,
+                         public std::enable_shared_from_this<StreamSink> {
  public:
-  StreamSink(StreamGenerate* reactor, const v1::GenerateRequest& r)
+  StreamSink(StreamGenerate* reactor, const v1::GenerateRequest& r, ReplyExecutor* replies)
       : reactor_(reactor),
+        replies_(replies),
         request_id_(r.request_id()),
         top_logprobs_(r.top_logprobs()),
         return_decisions_(r.routing().return_decisions()) {}
 
+  // Engine thread: append, and hand the write to the reply thread unless one is in flight (its
+  // OnWriteDone sends what accumulated) or a pump is already posted.
   void OnToken(const engine::TokenEvent& event) override {
+    bool post;
     {
       absl::MutexLock lock(&mu_);
       if (write_failed_) return;
-      if (queue_.size() >= kMaxQueuedStreamMessages) {
-        AppendToken(event, top_logprobs_, &queue_.back());
-      } else {
-        queue_.emplace_back();
-        queue_.back().set_request_id(request_id_);
-        AppendToken(event, top_logprobs_, &queue_.back());
-      }
+      AppendToken(event, top_logprobs_, Pending());
+      post = PostPumpLocked();
     }
-    Pump();
+    if (post) PostPump();
   }
 
   void OnDone(absl::StatusOr<engine::FinishedRequest> done) override {
+    bool post;
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
       if (done.ok()) {
-        if (queue_.empty()) {
-          queue_.emplace_back();
-          queue_.back().set_request_id(request_id_);
-        }
-        FillFinal(*done, return_decisions_, &queue_.back());
+        FillFinal(*done, return_decisions_, Pending());
         final_status_ = grpc::Status::OK;
       } else {
-        queue_.clear();  // an error ends the stream now; partial output has been sent
+        has_pending_ = false;  // an error ends the stream now; partial output has been sent
         final_status_ = ToGrpcStatus(done.status(), request_id_);
       }
+      post = PostPumpLocked();
     }
-    Pump();
+    if (post) PostPump();
   }
 
   void WriteDone(bool ok) {
@@ -216,7 +277,7 @@ class StreamSink final : public engine::GenerationSink {
       writing_ = false;
       if (!ok) {
         write_failed_ = true;
-        queue_.clear();
+        has_pending_ = false;
       }
     }
     Pump();
@@ -230,10 +291,11 @@ class StreamSink final : public engine::GenerationSink {
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
+      pump_posted_ = false;
       if (finished_ || writing_) return;
-      if (!queue_.empty()) {
-        in_flight_ = std::move(queue_.front());
-        queue_.pop_front();
+      if (has_pending_) {
+        in_flight_.Swap(&pending_);
+        has_pending_ = false;
         writing_ = true;
         action = Action::kWrite;
       } else if (done_) {
@@ -246,15 +308,35 @@ class StreamSink final : public engine::GenerationSink {
     if (action == Action::kFinish) reactor_->Finish(status);
   }
 
+  bool PostPumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_ || pump_posted_) return false;
+    pump_posted_ = true;
+    return true;
+  }
+  void PostPump() { replies_->Post([self = shared_from_this()] { self->Pump(); }); }
+
   StreamGenerate* reactor_;  // valid until Finish
+  ReplyExecutor* const replies_;
   const std::string request_id_;
   const int32_t top_logprobs_;
   const bool return_decisions_;
 
+  // The message that waits behind the one in flight; tokens merge into it until it is sent.
+  v1::GenerateStreamResponse* Pending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!has_pending_) {
+      pending_.Clear();
+      pending_.set_request_id(request_id_);
+      has_pending_ = true;
+    }
+    return &pending_;
+  }
+
   absl::Mutex mu_;
-  std::deque<v1::GenerateStreamResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateStreamResponse pending_ ABSL_GUARDED_BY(mu_);
+  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
   v1::GenerateStreamResponse in_flight_;  // owned by gRPC between StartWrite and OnWriteDone
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool pump_posted_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -287,14 +369,22 @@ void FillFinal(const engine::FinishedRequest& done, bool return_decisions,
 }
 
 GenerateService::GenerateService(const engine::Engine* engine, engine::StepLoop* loop,
-                                 Metrics* metrics)
-    : engine_(engine), loop_(loop), metrics_(metrics) {}
+                                 Metrics* metrics, CallGate* gate)
+    : engine_(engine),
+      loop_(loop),
+      metrics_(metrics),
+      gate_(gate),
+      replies_(std::make_unique<ReplyExecutor>()) {}
+
+GenerateService::~GenerateService() = default;
 
 absl::StatusOr<std::shared_ptr<engine::RequestHandle>> GenerateService::Submit(
     grpc::CallbackServerContext* context, const v1::GenerateRequest& request,
     std::shared_ptr<engine::GenerationSink> sink) {
-  absl::StatusOr<engine::LoopRequest> r = ToLoopRequest(
-      request, engine_->config(), engine_->tokenizer(), ToAbslDeadline(context->deadline()));
+  absl::StatusOr<engine::LoopRequest> r =
+      ToLoopRequest(request, engine_->config(), engine_->tokenizer(),
+                    ToAbslDeadline(context->deadline()),
+                    gate_ != nullptr ? gate_->request_limits() : RequestLimits{});
   absl::StatusOr<std::shared_ptr<engine::RequestHandle>> handle =
       r.ok() ? loop_->Submit(*std::move(r), std::move(sink)) : r.status();
   if (!handle.ok() && metrics_ != nullptr) metrics_->CountFailure(handle.status().code());
@@ -304,8 +394,10 @@ absl::StatusOr<std::shared_ptr<engine::RequestHandle>> GenerateService::Submit(
 grpc::ServerUnaryReactor* GenerateService::Generate(grpc::CallbackServerContext* context,
                                                     const v1::GenerateRequest* request,
                                                     v1::GenerateResponse* response) {
+  if (grpc::Status s = AdmitGeneration(gate_, *context); !s.ok()) return RefuseUnary(context, s);
   auto* reactor = new UnaryGenerate(this);
-  auto handle = Submit(context, *request, std::make_shared<UnarySink>(reactor, response, *request));
+  auto handle = Submit(context, *request,
+                       std::make_shared<UnarySink>(reactor, response, *request, replies_.get()));
   if (!handle.ok()) {
     reactor->Finish(ToGrpcStatus(handle.status(), request->request_id()));
     return reactor;
@@ -316,8 +408,9 @@ grpc::ServerUnaryReactor* GenerateService::Generate(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateService::GenerateStream(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  if (grpc::Status s = AdmitGeneration(gate_, *context); !s.ok()) return RefuseStream(s);
   auto* reactor = new StreamGenerate(this);
-  reactor->sink_ = std::make_shared<StreamSink>(reactor, *request);
+  reactor->sink_ = std::make_shared<StreamSink>(reactor, *request, replies_.get());
   auto handle = Submit(context, *request, reactor->sink_);
   if (!handle.ok()) {
     reactor->Finish(ToGrpcStatus(handle.status(), request->request_id()));
@@ -330,6 +423,7 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateService::GenerateS
 grpc::ServerUnaryReactor* GenerateService::Tokenize(grpc::CallbackServerContext* context,
                                                     const v1::TokenizeRequest* request,
                                                     v1::TokenizeResponse* response) {
+  if (grpc::Status s = Authenticate(gate_, *context); !s.ok()) return RefuseUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const engine::Tokenizer* tok = engine_->tokenizer();
   if (tok == nullptr) {
@@ -353,6 +447,7 @@ grpc::ServerUnaryReactor* GenerateService::Tokenize(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* GenerateService::Detokenize(grpc::CallbackServerContext* context,
                                                       const v1::DetokenizeRequest* request,
                                                       v1::DetokenizeResponse* response) {
+  if (grpc::Status s = Authenticate(gate_, *context); !s.ok()) return RefuseUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const engine::Tokenizer* tok = engine_->tokenizer();
   if (tok == nullptr) {
@@ -373,6 +468,7 @@ grpc::ServerUnaryReactor* GenerateService::Detokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerateService::GetModelInfo(grpc::CallbackServerContext* context,
                                                         const v1::GetModelInfoRequest*,
                                                         v1::GetModelInfoResponse* response) {
+  if (grpc::Status s = Authenticate(gate_, *context); !s.ok()) return RefuseUnary(context, s);
   const engine::ModelConfig& c = engine_->config();
   const engine::EngineOptions& o = engine_->options();
   response->set_model_dir(o.model_dir);

@@ -1,23 +1,23 @@
 // The ModServe gRPC service (callback API): validates requests, submits them to the step loop
 // and turns engine events into responses. Streams use one ServerWriteReactor each, with one
-// write in flight and a bounded message queue. No reaction blocks or waits for the engine.
+// write in flight and one message waiting behind it, into which new tokens merge: a slow reader
+// (or a busy machine) gets fewer, larger messages, never a queue. No reaction blocks or waits
+// for the engine.
 #ifndef MODSERVE_SERVER_GENERATE_SERVICE_H_
 #define MODSERVE_SERVER_GENERATE_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 #include <string>
 
 #include "engine/engine.h"
 #include "engine/executor/step_loop.h"
 #include "grpcpp/grpcpp.h"
 #include "modserve/v1/modserve.grpc.pb.h"
+#include "server/call_gate.h"
 #include "server/metrics.h"
 
 namespace modserve::server {
-
-// Messages a stream queues behind the one in flight; past this, new tokens are merged into the
-// last queued message, so a slow reader costs memory per token, not per message.
-inline constexpr size_t kMaxQueuedStreamMessages = 16;
 
 // Engine events -> proto (the only conversion in that direction).
 void AppendToken(const engine::TokenEvent& event, int32_t top_logprobs,
@@ -27,12 +27,17 @@ void FillFinal(const engine::FinishedRequest& done, bool return_decisions,
 void FillFinal(const engine::FinishedRequest& done, bool return_decisions,
                v1::GenerateStreamResponse* out);
 
+class ReplyExecutor;
+
 // Thread contract: gRPC calls the methods on its threads. `engine` is read only through its
 // immutable accessors (config, tokenizer, options); `loop` takes the requests. Both, and
-// `metrics` (may be null), must outlive the service and every call in flight.
+// `metrics` (may be null), must outlive the service and every call in flight. So must `gate` (may
+// be null: no token, no call limit, no request limits), which every method consults first.
 class GenerateService final : public v1::ModServe::CallbackService {
  public:
-  GenerateService(const engine::Engine* engine, engine::StepLoop* loop, Metrics* metrics);
+  GenerateService(const engine::Engine* engine, engine::StepLoop* loop, Metrics* metrics,
+                  CallGate* gate = nullptr);
+  ~GenerateService() override;  // after the calls' Finish: runs the replies still queued
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const v1::GenerateRequest* request,
@@ -62,7 +67,10 @@ class GenerateService final : public v1::ModServe::CallbackService {
   const engine::Engine* engine_;
   engine::StepLoop* loop_;
   Metrics* metrics_;
+  CallGate* gate_;
   std::atomic<int32_t> num_calls_{0};
+  // Last, so it is destroyed first, while the counters its tasks touch still exist.
+  std::unique_ptr<ReplyExecutor> replies_;
 };
 
 }  // namespace modserve::server

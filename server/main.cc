@@ -1,7 +1,10 @@
 // modserve: the gRPC server binary. Parses flags into ServerOptions/EngineOptions, starts the
-// server, prints the bound ports, and drains on SIGTERM (or SIGINT) before exiting 0.
+// server, prints the bound ports, and drains on SIGTERM (or SIGINT) before exiting 0. A bad
+// credential file or limit exits 1 at start-up, naming the flag and the file.
 //
 //   modserve --model models/demo --port 50051 --metrics_port 9400
+//   modserve --model models/demo --host 0.0.0.0 --tls_cert_file server.crt
+//       --tls_key_file server.key --auth_token_file token --health_port 50052
 #include <signal.h>
 
 #include <cstdio>
@@ -17,7 +20,28 @@
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json, safetensors, tokenizer)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on (0.0.0.0 for every interface)");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port; 0 picks a free one (printed on stdout)");
+ABSL_FLAG(std::string, metrics_host, "", "address of /metrics; empty = --host");
 ABSL_FLAG(int32_t, metrics_port, -1, "Prometheus /metrics port; 0 picks one; -1 = off");
+ABSL_FLAG(std::string, health_host, "", "address of the health-only gRPC port; empty = --host");
+ABSL_FLAG(int32_t, health_port, -1,
+          "plaintext gRPC port serving only grpc.health.v1, with no token or TLS (for probes); "
+          "0 picks one; -1 = off (the main port serves health either way)");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM server certificate chain; turns TLS on");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates; when set, clients must present a certificate signed by one");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file of accepted bearer tokens, one per line; when set, every ModServe call needs "
+          "'authorization: Bearer <token>' metadata (health does not)");
+ABSL_FLAG(int32_t, max_prompt_tokens, 0,
+          "longest prompt in tokens (OUT_OF_RANGE past it); 0 = the model's max_seq_len");
+ABSL_FLAG(int32_t, max_new_tokens, 0,
+          "largest stopping.max_new_tokens a request may ask for (OUT_OF_RANGE past it; an unset "
+          "one is 16, or this if smaller); 0 = the model's max_seq_len");
+ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
+          "Generate + GenerateStream calls in flight; more get RESOURCE_EXHAUSTED; 0 = no limit");
+ABSL_FLAG(int32_t, max_message_bytes, 4 << 20,
+          "largest request message gRPC accepts; larger ones get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = every core");
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
 ABSL_FLAG(int32_t, max_num_seqs, 16, "sequences in the running batch");
@@ -29,7 +53,9 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(uint64_t, seed, 0, "seeds the per-request seeds of requests that set none");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("modserve --model DIR [--port N] [--metrics_port N]");
+  absl::SetProgramUsageMessage(
+      "modserve --model DIR [--port N] [--metrics_port N] [--health_port N] "
+      "[--tls_cert_file F --tls_key_file F [--tls_client_ca_file F]] [--auth_token_file F]");
   absl::ParseCommandLine(argc, argv);
 
   // Block the stop signals in every thread (threads inherit the mask) and take them with
@@ -56,7 +82,23 @@ int main(int argc, char** argv) {
   modserve::server::ServerOptions so;
   so.host = absl::GetFlag(FLAGS_host);
   so.port = absl::GetFlag(FLAGS_port);
+  so.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   so.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  so.health_host = absl::GetFlag(FLAGS_health_host);
+  so.health_port = absl::GetFlag(FLAGS_health_port);
+  so.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  so.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  so.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  so.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  so.request_limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  so.request_limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  so.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (!so.auth_token_file.empty() && so.tls.cert_file.empty()) {
+    std::cerr << "modserve: warning: --auth_token_file without --tls_cert_file: tokens cross the "
+                 "network in cleartext"
+              << std::endl;
+  }
   so.loop.scheduler.max_num_seqs = eo.max_seqs;
   so.loop.scheduler.max_batch_tokens = eo.max_batch_tokens;
   so.loop.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
@@ -69,8 +111,20 @@ int main(int argc, char** argv) {
   }
   std::cout << "modserve listening on " << so.host << ":" << (*server)->port() << std::endl;
   if ((*server)->metrics_port() > 0) {
-    std::cout << "modserve metrics on " << so.host << ":" << (*server)->metrics_port() << "/metrics"
-              << std::endl;
+    std::cout << "modserve metrics on " << (so.metrics_host.empty() ? so.host : so.metrics_host)
+              << ":" << (*server)->metrics_port() << "/metrics" << std::endl;
+  }
+  // The limits, so an operator can match gRPC's own "larger than max (N vs. LIMIT)" to its flag.
+  std::cout << "modserve limits: --max_prompt_tokens=" << so.request_limits.max_prompt_tokens
+            << " --max_new_tokens=" << so.request_limits.max_new_tokens
+            << " --max_concurrent_streams=" << so.max_concurrent_streams
+            << " --max_message_bytes=" << so.max_message_bytes << " (0 = no limit of its own)"
+            << (so.tls.cert_file.empty() ? "; plaintext" : "; TLS")
+            << (so.tls.client_ca_file.empty() ? "" : " with client certificates")
+            << (so.auth_token_file.empty() ? "" : "; bearer token required") << std::endl;
+  if ((*server)->health_port() > 0) {
+    std::cout << "modserve health on " << (so.health_host.empty() ? so.host : so.health_host)
+              << ":" << (*server)->health_port() << std::endl;
   }
 
   int signal_number = 0;

@@ -1,6 +1,7 @@
 // Field-by-field checks; engine::Validate runs last as a backstop for anything added later.
 #include "server/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -36,12 +37,29 @@ absl::Status CheckRange(std::string_view field, float value, float lo, bool lo_o
   return absl::OkStatus();
 }
 
+absl::Status CheckPromptLength(int64_t num_tokens, const RequestLimits& limits) {
+  if (limits.max_prompt_tokens > 0 && num_tokens > limits.max_prompt_tokens) {
+    return absl::OutOfRangeError(absl::StrCat("prompt: ", num_tokens,
+                                              " tokens exceeds --max_prompt_tokens=",
+                                              limits.max_prompt_tokens));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& request,
                                                   const engine::ModelConfig& config,
                                                   const engine::Tokenizer* tokenizer,
                                                   absl::Time deadline) {
+  return ToLoopRequest(request, config, tokenizer, deadline, RequestLimits{});
+}
+
+absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& request,
+                                                  const engine::ModelConfig& config,
+                                                  const engine::Tokenizer* tokenizer,
+                                                  absl::Time deadline,
+                                                  const RequestLimits& limits) {
   engine::LoopRequest out;
   out.deadline = deadline;
   if (request.request_id().size() > kMaxRequestIdBytes) {
@@ -66,6 +84,7 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
         return ids.status();
       }
       if (ids->empty()) return Invalid("prompt", "tokenizes to no tokens");
+      MODSERVE_RETURN_IF_ERROR(CheckPromptLength(static_cast<int64_t>(ids->size()), limits));
       for (int32_t id : *ids) {
         // A tokenizer larger than the model's embedding table is a checkpoint mismatch, but
         // the request is what names the offending text.
@@ -81,6 +100,7 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
     case v1::GenerateRequest::kPromptTokenIds: {
       const auto& ids = request.prompt_token_ids().ids();
       if (ids.empty()) return Invalid("prompt_token_ids", "is empty");
+      MODSERVE_RETURN_IF_ERROR(CheckPromptLength(ids.size(), limits));
       MODSERVE_RETURN_IF_ERROR(CheckTokenIds("prompt_token_ids", ids, config.vocab_size));
       r.prompt.assign(ids.begin(), ids.end());
       break;
@@ -132,11 +152,19 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
     if (s.has_seed()) sp.seed = s.seed();
   }
 
-  sp.max_new_tokens = kDefaultMaxNewTokens;
+  sp.max_new_tokens = limits.max_new_tokens > 0
+                          ? std::min(kDefaultMaxNewTokens, limits.max_new_tokens)
+                          : kDefaultMaxNewTokens;
   const v1::StoppingCriteria& st = request.stopping();
   if (st.has_max_new_tokens()) {
     if (st.max_new_tokens() < 1) {
       return Invalid("stopping.max_new_tokens", absl::StrCat(st.max_new_tokens(), " is < 1"));
+    }
+    // Refused rather than clamped: a client asking for more than it can get should know.
+    if (limits.max_new_tokens > 0 && st.max_new_tokens() > limits.max_new_tokens) {
+      return absl::OutOfRangeError(absl::StrCat("stopping.max_new_tokens: ", st.max_new_tokens(),
+                                                " exceeds --max_new_tokens=",
+                                                limits.max_new_tokens));
     }
     sp.max_new_tokens = st.max_new_tokens();
   }

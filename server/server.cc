@@ -1,5 +1,6 @@
-// Server: construction order is engine -> metrics -> loop -> gRPC -> health; teardown reverses
-// it so nothing calls into a destroyed part.
+// Server: construction order is credentials -> engine -> metrics -> loop -> gRPC -> health;
+// teardown reverses it so nothing calls into a destroyed part. Credential files are read before
+// the model so a typo fails in milliseconds, not after a model load.
 #include "server/server.h"
 
 #include <algorithm>
@@ -12,29 +13,77 @@
 #include "grpcpp/health_check_service_interface.h"
 
 namespace modserve::server {
+namespace {
+
+// The health monitor sets one status; with a health-only server there are two services to set.
+class HealthFanOut final : public grpc::HealthCheckServiceInterface {
+ public:
+  HealthFanOut(grpc::HealthCheckServiceInterface* a, grpc::HealthCheckServiceInterface* b)
+      : a_(a), b_(b) {}
+  void SetServingStatus(const std::string& service_name, bool serving) override {
+    a_->SetServingStatus(service_name, serving);
+    b_->SetServingStatus(service_name, serving);
+  }
+  void SetServingStatus(bool serving) override {
+    a_->SetServingStatus(serving);
+    b_->SetServingStatus(serving);
+  }
+  void Shutdown() override {
+    a_->Shutdown();
+    b_->Shutdown();
+  }
+
+ private:
+  grpc::HealthCheckServiceInterface* a_;
+  grpc::HealthCheckServiceInterface* b_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       engine::EngineOptions engine_options) {
   std::unique_ptr<Server> s(new Server());
   s->options_ = options;
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes: ", options.max_message_bytes, " is not > 0"));
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int32_t>{"--max_prompt_tokens",
+                                        options.request_limits.max_prompt_tokens},
+        {"--max_new_tokens", options.request_limits.max_new_tokens},
+        {"--max_concurrent_streams", options.max_concurrent_streams}}) {
+    if (value < 0) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", value, " is < 0"));
+  }
+  MODSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                            MakeServerCredentials(options.tls));
+  std::unique_ptr<TokenAuthenticator> auth;
+  if (!options.auth_token_file.empty()) {
+    MODSERVE_ASSIGN_OR_RETURN(auth, TokenAuthenticator::FromFile(options.auth_token_file));
+  }
   engine_options.max_seqs = std::max(engine_options.max_seqs, options.loop.scheduler.max_num_seqs);
   engine_options.max_batch_tokens =
       std::max(engine_options.max_batch_tokens, options.loop.scheduler.max_batch_tokens);
   MODSERVE_ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(engine_options));
   s->metrics_ = std::make_unique<Metrics>(static_cast<int32_t>(s->engine_->config().n_layers));
   if (options.metrics_port >= 0) {
-    MODSERVE_RETURN_IF_ERROR(s->metrics_->Serve(options.host, options.metrics_port));
+    MODSERVE_RETURN_IF_ERROR(s->metrics_->Serve(
+        options.metrics_host.empty() ? options.host : options.metrics_host, options.metrics_port));
   }
   MODSERVE_ASSIGN_OR_RETURN(
       s->loop_, engine::StepLoop::Create(s->engine_.get(), options.loop, s->metrics_.get()));
-  s->service_ =
-      std::make_unique<GenerateService>(s->engine_.get(), s->loop_.get(), s->metrics_.get());
+  s->gate_ = std::make_unique<CallGate>(std::move(auth), options.max_concurrent_streams,
+                                        options.request_limits, s->metrics_.get());
+  s->service_ = std::make_unique<GenerateService>(s->engine_.get(), s->loop_.get(),
+                                                  s->metrics_.get(), s->gate_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), credentials, &s->port_);
+  // gRPC refuses a larger message itself: RESOURCE_EXHAUSTED "Received message larger than max
+  // (N vs. LIMIT)", before any handler runs.
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr || s->port_ == 0) {
@@ -43,6 +92,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   grpc::HealthCheckServiceInterface* health = s->grpc_server_->GetHealthCheckService();
   if (health == nullptr) return absl::InternalError("gRPC built no health check service");
+  if (options.health_port >= 0) {
+    const std::string host = options.health_host.empty() ? options.host : options.health_host;
+    grpc::ServerBuilder health_builder;  // the default health service is its only service
+    health_builder.AddListeningPort(absl::StrCat(host, ":", options.health_port),
+                                    grpc::InsecureServerCredentials(), &s->health_port_);
+    s->health_server_ = health_builder.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", host, ":", options.health_port, " (health)"));
+    }
+    grpc::HealthCheckServiceInterface* second = s->health_server_->GetHealthCheckService();
+    if (second == nullptr) return absl::InternalError("gRPC built no health check service");
+    s->health_fan_out_ = std::make_unique<HealthFanOut>(health, second);
+    health = s->health_fan_out_.get();
+  }
   Metrics* metrics = s->metrics_.get();
   const engine::StepLoop* loop = s->loop_.get();
   s->health_ =
@@ -77,6 +141,9 @@ void Server::Shutdown() {
       absl::SleepFor(absl::Milliseconds(1));
     }
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  }
+  if (health_server_) {
+    health_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
   }
   // The objects stay until the destructor (members go in reverse order: gRPC before the loop,
   // the loop before the engine), so accessors keep working after a drain.

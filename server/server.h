@@ -1,5 +1,6 @@
 // Assembles a running modserve: engine, step loop, gRPC server (ModServe, health, reflection),
-// metrics endpoint and health monitor; and the SIGTERM drain. Flags live in main.cc, not here.
+// the optional health-only gRPC server, metrics endpoint, health monitor, TLS, token and limits;
+// and the SIGTERM drain. Flags live in main.cc, not here.
 #ifndef MODSERVE_SERVER_SERVER_H_
 #define MODSERVE_SERVER_SERVER_H_
 
@@ -11,16 +12,33 @@
 #include "engine/engine.h"
 #include "engine/executor/step_loop.h"
 #include "grpcpp/grpcpp.h"
+#include "server/call_gate.h"
 #include "server/generate_service.h"
 #include "server/health.h"
 #include "server/metrics.h"
+#include "server/request_validation.h"
+#include "server/security.h"
 
 namespace modserve::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;           // 0 picks a free port
-  int metrics_port = -1;  // -1 = no /metrics endpoint; 0 picks a free port
+  int port = 0;              // 0 picks a free port
+  std::string metrics_host;  // empty = host
+  int metrics_port = -1;     // -1 = no /metrics endpoint; 0 picks a free port
+  // A second, plaintext gRPC server with grpc.health.v1 only (and reflection), no token and no
+  // TLS, so probes (Kubernetes grpc probes speak neither) need no secrets. The main port serves
+  // health as well.
+  std::string health_host;  // empty = host
+  int health_port = -1;     // -1 = none; 0 picks a free port
+
+  TlsOptions tls;                // cert_file empty = plaintext
+  std::string auth_token_file;   // empty = no token needed
+  RequestLimits request_limits;  // prompt tokens, stopping.max_new_tokens
+  // Generate + GenerateStream calls in flight; past it RESOURCE_EXHAUSTED. 0 = no limit.
+  int32_t max_concurrent_streams = 0;
+  // gRPC's limit on a received message; larger ones get RESOURCE_EXHAUSTED from gRPC.
+  int32_t max_message_bytes = 4 << 20;
   engine::StepLoopOptions loop;
   absl::Duration drain_timeout = absl::Seconds(30);
   // Health turns NOT_SERVING when the engine thread has not gone round its loop for this long.
@@ -31,14 +49,17 @@ struct ServerOptions {
 // Thread contract: Start, Drain and Shutdown from one controlling thread (main or a test).
 class Server {
  public:
-  // Loads the model (engine errors pass through), then serves. Unavailable when a port cannot
-  // be bound. The engine's max_seqs / max_batch_tokens are raised to the loop's when smaller.
+  // Reads the TLS and token files first (InvalidArgument naming the flag and file), then loads
+  // the model (engine errors pass through), then serves. Unavailable when a port cannot be
+  // bound. The engine's max_seqs / max_batch_tokens are raised to the loop's when smaller.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
                                                        engine::EngineOptions engine_options);
   ~Server();  // Shutdown()
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  int health_port() const { return health_port_; }  // 0 when there is no health-only server
+  const CallGate& call_gate() const { return *gate_; }
   engine::StepLoop& loop() { return *loop_; }
   Metrics& metrics() { return *metrics_; }
 
@@ -55,10 +76,14 @@ class Server {
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<engine::StepLoop> loop_;
+  std::unique_ptr<CallGate> gate_;
   std::unique_ptr<GenerateService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<grpc::Server> health_server_;
+  std::unique_ptr<grpc::HealthCheckServiceInterface> health_fan_out_;
   std::unique_ptr<HealthMonitor> health_;
   int port_ = 0;
+  int health_port_ = 0;
   bool shut_down_ = false;
 };
 

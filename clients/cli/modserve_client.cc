@@ -4,8 +4,11 @@
 //   modserve-client --server 127.0.0.1:50051 stream --prompt "Once upon a time"
 //   modserve-client generate --prompt_ids 1,17,42 --max_new_tokens 8 --json
 //   modserve-client health
+//   modserve-client --tls_ca_file ca.crt --auth_token_file token info
 #include <chrono>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,7 +16,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -21,7 +27,14 @@
 #include "grpcpp/grpcpp.h"
 #include "modserve/v1/modserve.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of the modserve server");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "gRPC target: host:port, IPv4 host:port,host:port,... (several replicas), or a URI "
+          "(ipv4:, ipv6:, dns:///name:port)");
+ABSL_FLAG(std::string, lb_policy, "pick_first",
+          "pick_first or round_robin over the target's addresses");
+ABSL_FLAG(int32_t, retries, 0,
+          "gRPC retry policy: resend a call that got UNAVAILABLE up to N times (at most 4); a "
+          "stream only until its first message");
 ABSL_FLAG(std::string, prompt, "", "prompt text (generate, stream, tokenize)");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt token ids, comma separated (instead of --prompt)");
 ABSL_FLAG(int32_t, max_new_tokens, 64, "tokens to generate at most");
@@ -34,6 +47,13 @@ ABSL_FLAG(std::vector<std::string>, stop, {}, "stop strings, comma separated");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating after EOS");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120), "deadline of each call");
 ABSL_FLAG(bool, stats, false, "print usage, timings and routing after the text");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA that signed the server's certificate; setting any --tls_* flag turns TLS on "
+          "(without this one, the system's roots)");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate (servers that require one)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file whose first line is the bearer token sent as 'authorization: Bearer <token>'");
 
 namespace {
 
@@ -46,6 +66,75 @@ int Fail(const std::string& what) {
 
 int FailRpc(const grpc::Status& s) {
   return Fail("RPC failed: code " + std::to_string(s.error_code()) + ": " + s.error_message());
+}
+
+// A comma-separated list without a scheme is what gRPC's ipv4: resolver takes; the default dns:
+// resolver would read it as one host name.
+std::string NormalizeTarget(const std::string& target) {
+  if (!absl::StrContains(target, ',')) return target;
+  for (const char* scheme : {"ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:"}) {
+    if (absl::StartsWith(target, scheme)) return target;
+  }
+  return "ipv4:" + target;
+}
+
+// gRPC's own retry: it resends a call until the call is committed (a response message arrived),
+// so unary calls are retried whole and a stream only before its first token.
+std::string RetryServiceConfig(int32_t retries) {
+  return absl::StrCat(R"({"methodConfig":[{"name":[{"service":"modserve.v1.ModServe"},)",
+                      R"({"service":"grpc.health.v1.Health"}],"retryPolicy":{"maxAttempts":)",
+                      retries + 1,
+                      R"(,"initialBackoff":"0.1s","maxBackoff":"1s","backoffMultiplier":2,)",
+                      R"("retryableStatusCodes":["UNAVAILABLE"]}}]})");
+}
+
+// The whole file, or false with `error` naming the flag.
+bool ReadFile(const std::string& flag, const std::string& path, std::string* out,
+              std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (!in || buf.str().empty()) {
+    *error = flag + ": cannot read '" + path + "' (missing, unreadable or empty)";
+    return false;
+  }
+  *out = buf.str();
+  return true;
+}
+
+bool ChannelCredentials(std::shared_ptr<grpc::ChannelCredentials>* out, std::string* error) {
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
+  if (ca.empty() && cert.empty() && key.empty()) {
+    *out = grpc::InsecureChannelCredentials();
+    return true;
+  }
+  if (cert.empty() != key.empty()) {
+    *error = "give both --tls_cert_file and --tls_key_file, or neither";
+    return false;
+  }
+  grpc::SslCredentialsOptions o;
+  if (!ca.empty() && !ReadFile("--tls_ca_file", ca, &o.pem_root_certs, error)) return false;
+  if (!cert.empty() && !ReadFile("--tls_cert_file", cert, &o.pem_cert_chain, error)) return false;
+  if (!key.empty() && !ReadFile("--tls_key_file", key, &o.pem_private_key, error)) return false;
+  *out = grpc::SslCredentials(o);
+  return true;
+}
+
+// "Bearer <first line of --auth_token_file>", or "" without the flag.
+bool Authorization(std::string* out, std::string* error) {
+  const std::string path = absl::GetFlag(FLAGS_auth_token_file);
+  if (path.empty()) return true;
+  std::string data;
+  if (!ReadFile("--auth_token_file", path, &data, error)) return false;
+  const std::string token(absl::StripAsciiWhitespace(data.substr(0, data.find('\n'))));
+  if (token.empty()) {
+    *error = "--auth_token_file: '" + path + "' has no token on its first line";
+    return false;
+  }
+  *out = "Bearer " + token;
+  return true;
 }
 
 void SetDeadline(grpc::ClientContext* ctx) {
@@ -115,11 +204,28 @@ int main(int argc, char** argv) {
         "give one command: generate, stream, tokenize, detokenize, "
         "info or health");
   const std::string command = args[1];
-  auto channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  const std::string lb_policy = absl::GetFlag(FLAGS_lb_policy);
+  if (lb_policy != "pick_first" && lb_policy != "round_robin") {
+    return Fail("--lb_policy '" + lb_policy + "' is not pick_first or round_robin");
+  }
+  const int32_t retries = absl::GetFlag(FLAGS_retries);
+  if (retries < 0 || retries > 4) {
+    return Fail("--retries " + std::to_string(retries) + " is outside [0, 4] (gRPC's limit)");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string authorization, error;
+  if (!ChannelCredentials(&credentials, &error) || !Authorization(&authorization, &error)) {
+    return Fail(error);
+  }
+  grpc::ChannelArguments channel_args;
+  channel_args.SetLoadBalancingPolicyName(lb_policy);
+  if (retries > 0) channel_args.SetServiceConfigJSON(RetryServiceConfig(retries));
+  auto channel = grpc::CreateCustomChannel(NormalizeTarget(absl::GetFlag(FLAGS_server)),
+                                           credentials, channel_args);
   auto stub = v1::ModServe::NewStub(channel);
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
 
   if (command == "generate" || command == "stream") {
     v1::GenerateRequest req;

@@ -297,9 +297,16 @@ void StepLoop::RunStep(absl::Time now) {
     if (observer_ != nullptr) observer_->OnPreemption();
   }
   if (!result.ok()) {
-    MODSERVE_LOG(ERROR) << "engine step failed; failing every request: " << result.status();
+    std::string ids;
+    for (const auto& [id, state] : active_) {
+      absl::StrAppend(&ids, ids.empty() ? "" : ", ", "'", state->request.request_id, "'");
+    }
+    MODSERVE_LOG(ERROR) << "engine step failed: " << result.status() << "; failing "
+                        << active_.size() << " request(s) in flight: " << ids
+                        << "; the engine accepts no more requests";
     healthy_.store(false);
-    FailAll(absl::InternalError("the engine failed"));
+    FailAll(absl::InternalError(absl::StrCat("the engine failed (", result.status().message(),
+                                             "); the server needs a restart")));
     return;
   }
   const absl::Time end = absl::Now();

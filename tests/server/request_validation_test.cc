@@ -1,7 +1,10 @@
 // Unit tests of the proto -> engine request conversion: defaults (unset sampling is greedy),
-// every field carried over, and the error code and field name of each refusal.
+// every field carried over, the error code and field name of each refusal, and the operator's
+// limits (prompt tokens, stopping.max_new_tokens) with the flag named in each refusal.
 #include "server/request_validation.h"
 
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/model/checkpoint_test_util.h"
@@ -101,6 +104,70 @@ TEST(RequestValidationTest, PromptPlusMaxNewTokensBeyondContextIsOutOfRange) {
   req.mutable_stopping()->set_max_new_tokens(63);
   EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
               StatusIs(absl::StatusCode::kOutOfRange, "= 65 exceeds the model's max_seq_len 64"));
+}
+
+TEST(RequestValidationTest, PromptTokenIdsOverTheLimitAreOutOfRangeNamingTheFlag) {
+  v1::GenerateRequest req = Request();
+  req.mutable_prompt_token_ids()->add_ids(7);  // 3 tokens
+  RequestLimits limits;
+  limits.max_prompt_tokens = 3;
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits), IsOk());
+  limits.max_prompt_tokens = 2;
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       "prompt: 3 tokens exceeds --max_prompt_tokens=2"));
+}
+
+TEST(RequestValidationTest, TextPromptIsCountedAfterTokenization) {
+  auto tokenizer = engine::LoadTokenizer(MODSERVE_SOURCE_DIR "/tests/testdata/tokenizer/demo");
+  ASSERT_THAT(tokenizer, IsOk());
+  const std::string text = "The quick brown fox jumps over the lazy dog";
+  auto ids = (*tokenizer)->Encode(text, /*add_special_tokens=*/true);
+  ASSERT_THAT(ids, IsOk());
+  const int32_t n = static_cast<int32_t>(ids->size());
+  ASSERT_GT(n, 1);
+  engine::ModelConfig config = Config();
+  config.vocab_size = 1 << 20;
+  config.max_seq_len = n + 64;
+  v1::GenerateRequest req;
+  req.set_prompt(text);
+  RequestLimits limits;
+  limits.max_prompt_tokens = n;
+  auto ok = ToLoopRequest(req, config, tokenizer->get(), absl::InfiniteFuture(), limits);
+  ASSERT_THAT(ok, IsOk());
+  EXPECT_EQ(ok->request.prompt, *ids);
+  limits.max_prompt_tokens = n - 1;
+  EXPECT_THAT(ToLoopRequest(req, config, tokenizer->get(), absl::InfiniteFuture(), limits),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       absl::StrCat("prompt: ", n, " tokens exceeds --max_prompt_tokens=", n - 1)));
+}
+
+TEST(RequestValidationTest, MaxNewTokensOverTheLimitIsOutOfRangeAndUnsetIsLowered) {
+  v1::GenerateRequest req = Request();
+  RequestLimits limits;
+  limits.max_new_tokens = 10;
+  req.mutable_stopping()->set_max_new_tokens(10);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits), IsOk());
+  req.mutable_stopping()->set_max_new_tokens(11);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       "stopping.max_new_tokens: 11 exceeds --max_new_tokens=10"));
+  // Unset: the default, or the limit when that is smaller.
+  req.mutable_stopping()->clear_max_new_tokens();
+  auto lowered = ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits);
+  ASSERT_THAT(lowered, IsOk());
+  EXPECT_EQ(lowered->request.sampling.max_new_tokens, 10);
+  limits.max_new_tokens = kDefaultMaxNewTokens + 1;
+  auto unchanged = ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits);
+  ASSERT_THAT(unchanged, IsOk());
+  EXPECT_EQ(unchanged->request.sampling.max_new_tokens, kDefaultMaxNewTokens);
+}
+
+TEST(RequestValidationTest, NoLimitsLeaveOnlyTheContextLength) {
+  v1::GenerateRequest req = Request();
+  req.mutable_stopping()->set_max_new_tokens(62);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), RequestLimits{}),
+              IsOk());
 }
 
 }  // namespace

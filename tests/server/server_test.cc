@@ -1,17 +1,23 @@
 // Integration tests of the gRPC edge on a real loopback channel to an in-process server over a
 // tiny MoD checkpoint: equality with offline generation, batch invariance under concurrency,
-// cancellation and deadlines freeing KV pages, queue limits, and request validation.
+// cancellation and deadlines freeing KV pages, queue limits, request validation, and an engine
+// failure ending requests with INTERNAL.
 #include "server/server.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
 #include "gmock/gmock.h"
@@ -19,6 +25,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "modserve/v1/modserve.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "tests/engine/model/checkpoint_test_util.h"
 
 namespace modserve::server {
@@ -447,6 +454,94 @@ TEST(ServerTest, DrainRefusesNewRequestsAndEndsStragglersAfterTheTimeout) {
   EXPECT_THAT(ended.error_message(), HasSubstr("drain timeout"));
   drainer.join();
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
+}
+
+// A checkpoint that loads (its routers are finite) but whose final norm is NaN: every logit is
+// NaN, so the first step that samples fails inside the engine.
+std::string NanNormCheckpoint(const std::filesystem::path& dir) {
+  std::filesystem::create_symlink(std::filesystem::path(kCheckpoint) / "config.json",
+                                  dir / "config.json");
+  std::ifstream in(std::filesystem::path(kCheckpoint) / "model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), sizeof(header_len));
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
+  const nlohmann::json& norm = header.at("model.norm.weight");
+  MODSERVE_CHECK(norm.at("dtype") == "F32");
+  const size_t begin = 8 + header_len + norm.at("data_offsets")[0].get<size_t>();
+  const size_t end = 8 + header_len + norm.at("data_offsets")[1].get<size_t>();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t at = begin; at < end; at += sizeof(float)) std::memcpy(&bytes[at], &nan, 4);
+  engine::testing::WriteBytes((dir / "model.safetensors").string(), bytes);
+  return dir.string();
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthStatus(grpc::Channel* channel) {
+  auto health = grpc::health::v1::Health::NewStub(
+      std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  const grpc::Status s = health->Check(&ctx, {}, &resp);
+  MODSERVE_CHECK(s.ok()) << s.error_message();
+  return resp.status();
+}
+
+TEST(ServerTest, EngineFailureEndsRequestsWithInternalAndTurnsHealthNotServing) {
+  engine::testing::ScratchDir scratch;
+  Harness h(NanNormCheckpoint(scratch.path()));
+  ASSERT_EQ(HealthStatus(h.channel.get()), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // Both requests wait at the gate, so they are in flight together when the step fails.
+  h.gate.CloseAndWait();
+  v1::GenerateRequest unary_req = TokenRequest({1, 2, 3}, 8);
+  unary_req.set_request_id("failing-unary");
+  v1::GenerateRequest stream_req = TokenRequest({4, 5, 6}, 8);
+  stream_req.set_request_id("failing-stream");
+  grpc::ClientContext unary_ctx;
+  SetDeadline(&unary_ctx, absl::Seconds(60));
+  v1::GenerateResponse unary_resp;
+  absl::Notification unary_done;
+  grpc::Status unary_status;
+  h.stub->async()->Generate(&unary_ctx, &unary_req, &unary_resp, [&](grpc::Status s) {
+    unary_status = std::move(s);
+    unary_done.Notify();
+  });
+  grpc::ClientContext stream_ctx;
+  SetDeadline(&stream_ctx, absl::Seconds(60));
+  auto reader = h.stub->GenerateStream(&stream_ctx, stream_req);
+  while (h.server->loop().num_in_flight() < 2) absl::SleepFor(absl::Milliseconds(1));
+
+  ::testing::internal::CaptureStderr();
+  h.gate.Open();
+  v1::GenerateStreamResponse msg;
+  EXPECT_FALSE(reader->Read(&msg)) << "no token can be sampled from NaN logits";
+  const grpc::Status stream_status = reader->Finish();
+  unary_done.WaitForNotification();
+  ASSERT_TRUE(h.server->loop().WaitIdle(absl::Seconds(30)));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+
+  for (const grpc::Status* s : std::vector<const grpc::Status*>{&unary_status, &stream_status}) {
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::INTERNAL);
+    EXPECT_THAT(s->error_message(), HasSubstr("server log"));  // details stay server-side
+  }
+  // The log names the failure and every request it ended.
+  EXPECT_THAT(log, HasSubstr("engine step failed"));
+  EXPECT_THAT(log, HasSubstr("failing-unary"));
+  EXPECT_THAT(log, HasSubstr("failing-stream"));
+  EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
+  EXPECT_FALSE(h.server->loop().healthy());
+
+  // Health follows within the monitor's period; later requests are refused, not queued.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (HealthStatus(h.channel.get()) != grpc::health::v1::HealthCheckResponse::NOT_SERVING &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(HealthStatus(h.channel.get()), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  v1::GenerateResponse resp;
+  const grpc::Status after = Unary(*h.stub, TokenRequest({1, 2}, 4), &resp);
+  EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(after.error_message(), HasSubstr("restart"));
 }
 
 TEST(ServerTest, HealthServesOnceLoadedAndModelInfoDescribesTheCheckpoint) {

@@ -1,7 +1,8 @@
 """Typed wrapper over the generated ModServe stubs: generate, stream, tokenize, info, health.
 
-It converts responses into dataclasses and requests from keyword arguments; it never retries
-and never hides a gRPC error (grpc.RpcError propagates with the server's code and message).
+It converts responses into dataclasses and requests from keyword arguments; it never hides a gRPC
+error (grpc.RpcError propagates with the server's code and message), and retries only when asked
+to (``retries``: UNAVAILABLE, the whole request again).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
+import time
 from typing import Iterator, List, Optional, Sequence, Union
 
 import grpc
@@ -100,15 +103,94 @@ def _decode_health_status(data: bytes) -> int:
 
 HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
+_SCHEMES = ("ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:")
+
+
+def _target(target: str) -> str:
+    """A comma-separated list of IPv4 host:port without a scheme -> gRPC's ipv4: resolver (the
+    default dns: resolver would read it as one name)."""
+    return "ipv4:" + target if "," in target and not target.startswith(_SCHEMES) else target
+
+
+class _Retrying:
+    """Wraps a stub method: on UNAVAILABLE (a replica died, drains or is unreachable) it sends the
+    whole request again, up to the client's `retries` times, pausing `retry_backoff` s (doubled
+    each time, at most 2 s). A stream is resent only before its first message: chunks already
+    handed to the caller cannot be taken back, so a later failure propagates."""
+
+    def __init__(self, method, client: "Client", stream: bool):
+        self._method, self._client, self._stream = method, client, stream
+
+    def __call__(self, request, **kwargs):
+        if self._stream:
+            return self._stream_call(request, **kwargs)
+        for attempt in range(self._client.retries + 1):
+            try:
+                return self._method(request, **kwargs)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self._client.retries:
+                    raise
+                self._client._count_retry(attempt)
+        raise AssertionError("unreachable")
+
+    def _stream_call(self, request, **kwargs):
+        for attempt in range(self._client.retries + 1):
+            received = False
+            try:
+                for msg in self._method(request, **kwargs):
+                    received = True
+                    yield msg
+                return
+            except grpc.RpcError as e:
+                if (received or e.code() != grpc.StatusCode.UNAVAILABLE
+                        or attempt == self._client.retries):
+                    raise
+                self._client._count_retry(attempt)
+
 
 class Client:
-    """One channel to a modserve server. Every call takes a timeout (the server frees a request's
-    KV cache when its deadline passes)."""
+    """One channel to a modserve server or to several replicas. Every call takes a timeout (the
+    server frees a request's KV cache when its deadline passes).
 
-    def __init__(self, target: str = "127.0.0.1:50051", timeout: float = 120.0):
-        self._channel = grpc.insecure_channel(target)
+    target: "host:port", "ip:port,ip:port,..." (several replicas) or a gRPC URI such as
+    "dns:///modserve.ns.svc.cluster.local:50051" (a headless Service: every ready pod).
+    lb_policy: "pick_first" (gRPC's default: every call to one address) or "round_robin" (per
+    call, over every ready address). retries: resend a call that ended UNAVAILABLE up to this many
+    times, the whole request again (greedy or seeded requests give the same tokens); streams only
+    before their first chunk, after `retry_backoff` s (doubling, at most 2 s). `retry_count`
+    counts the resends of this client.
+    TLS: pass `root_certificates` (PEM bytes of the CA; None = the system roots with tls=True),
+    and for client certificates `private_key` and `certificate_chain` (PEM bytes); `token` is
+    sent as "authorization: Bearer <token>" on every call. `Client.from_files` reads them."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", timeout: float = 120.0,
+                 lb_policy: Optional[str] = None, retries: int = 0, retry_backoff: float = 0.05,
+                 tls: bool = False, root_certificates: Optional[bytes] = None,
+                 private_key: Optional[bytes] = None, certificate_chain: Optional[bytes] = None,
+                 token: Optional[str] = None):
+        if lb_policy not in (None, "pick_first", "round_robin"):
+            raise ValueError(f"lb_policy {lb_policy!r} is not pick_first or round_robin")
+        if retries < 0:
+            raise ValueError(f"retries {retries} is negative")
+        options = [("grpc.lb_policy_name", lb_policy)] if lb_policy else []
+        if tls or root_certificates or certificate_chain:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates,
+                                                 private_key=private_key,
+                                                 certificate_chain=certificate_chain)
+            self._channel = grpc.secure_channel(_target(target), creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(_target(target), options=options)
+        # Plain metadata rather than call credentials: it also works on plaintext channels
+        # (behind a TLS-terminating proxy).
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._stub = modserve_pb2_grpc.ModServeStub(self._channel)
         self._timeout = timeout
+        self.retries, self.retry_backoff, self.retry_count = retries, retry_backoff, 0
+        self._retry_lock = threading.Lock()
+        if retries:
+            for name in ("Generate", "Tokenize", "Detokenize", "GetModelInfo", "GenerateStream"):
+                setattr(self._stub, name, _Retrying(getattr(self._stub, name), self,
+                                                    stream=name == "GenerateStream"))
         self._health = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=_encode_health_request,
@@ -117,6 +199,11 @@ class Client:
 
     def close(self) -> None:
         self._channel.close()
+
+    def _count_retry(self, attempt: int) -> None:
+        with self._retry_lock:
+            self.retry_count += 1
+        time.sleep(min(self.retry_backoff * 2 ** attempt, 2.0))
 
     def __enter__(self) -> "Client":
         return self
@@ -153,31 +240,53 @@ class Client:
             req.routing.threshold = threshold
         return req
 
+    @classmethod
+    def from_files(cls, target: str, ca_file: Optional[str] = None, cert_file: Optional[str] = None,
+                   key_file: Optional[str] = None, token_file: Optional[str] = None,
+                   **kwargs) -> "Client":
+        """A client whose TLS material and token come from files (the token is the first
+        non-empty line, as the C++ client reads it)."""
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        token = None
+        if token_file:
+            with open(token_file, encoding="utf-8") as f:
+                token = next((line.strip() for line in f if line.strip()), None)
+            if token is None:
+                raise ValueError(f"token file {token_file!r} has no token")
+        return cls(target, tls=bool(ca_file or cert_file),
+                   root_certificates=read(ca_file) if ca_file else None,
+                   private_key=read(key_file) if key_file else None,
+                   certificate_chain=read(cert_file) if cert_file else None,
+                   token=token, **kwargs)
+
     def generate(self, prompt: Union[str, Sequence[int]], **kwargs) -> Generation:
         return _generation(self._stub.Generate(self.request(prompt, **kwargs),
-                                               timeout=self._timeout))
+                                               timeout=self._timeout, metadata=self._metadata))
 
     def stream(self, prompt: Union[str, Sequence[int]], **kwargs) -> Iterator[StreamChunk]:
         """Yields chunks as they arrive; text chunks never split a UTF-8 character."""
         for msg in self._stub.GenerateStream(self.request(prompt, **kwargs),
-                                             timeout=self._timeout):
+                                             timeout=self._timeout, metadata=self._metadata):
             yield StreamChunk(list(msg.token_ids), msg.text,
                               FINISH_REASONS.get(msg.finish_reason))
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> List[int]:
         resp = self._stub.Tokenize(
             modserve_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens),
-            timeout=self._timeout)
+            timeout=self._timeout, metadata=self._metadata)
         return list(resp.token_ids)
 
     def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._stub.Detokenize(
             modserve_pb2.DetokenizeRequest(token_ids=list(token_ids),
                                            skip_special_tokens=skip_special_tokens),
-            timeout=self._timeout).text
+            timeout=self._timeout, metadata=self._metadata).text
 
     def info(self) -> modserve_pb2.GetModelInfoResponse:
-        return self._stub.GetModelInfo(modserve_pb2.GetModelInfoRequest(), timeout=self._timeout)
+        return self._stub.GetModelInfo(modserve_pb2.GetModelInfoRequest(), timeout=self._timeout,
+                                       metadata=self._metadata)
 
     def health(self, service: str = "") -> str:
         """'SERVING', 'NOT_SERVING', ... of the server ("") or one service."""
