@@ -1,10 +1,16 @@
-// modserve-loadgen: N concurrent streams against a modserve server, prompts from a file; prints
-// time to first token and inter-token latency percentiles, tokens/s and errors by code.
-// It measures from the client side (network included) and does no warm-up of its own.
+// modserve-loadgen: N concurrent streams against one modserve server or several replicas, prompts
+// from a file; prints time to first token and inter-token latency percentiles, tokens/s, errors
+// by code, retries and requests per replica. It measures from the client side (network included)
+// and does no warm-up of its own.
 //
 //   modserve-loadgen --server 127.0.0.1:50051 --prompts prompts.txt --concurrency 8
 //       --num_requests 64 --max_new_tokens 128
+//   modserve-loadgen --server 127.0.0.1:5001,127.0.0.1:5002 --lb_policy round_robin --retries 3
 // Prompt file: one prompt per line; a line "ids:1,2,3" sends token ids instead of text.
+// --server is any gRPC target: host:port, a comma-separated list of IPv4 host:port (taken as the
+// `ipv4:` scheme), or a URI such as dns:///modserve.ns.svc.cluster.local:50051 (a headless
+// Service: every ready pod). --retries resends a whole request that ended UNAVAILABLE (a replica
+// died or drains), also after tokens arrived; gRPC's own retry policy stops at the first message.
 // With --offline_model DIR it first runs the same requests through the engine in-process
 // (Engine::Generate, batches of --concurrency) and prints the served/offline tokens/s ratio.
 #include <algorithm>
@@ -30,29 +36,56 @@
 #include "engine/engine.h"
 #include "grpcpp/grpcpp.h"
 #include "modserve/v1/modserve.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of the modserve server");
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "gRPC target: host:port, IPv4 host:port,host:port,... (several replicas), or a URI "
+          "(ipv4:, ipv6:, dns:///name:port)");
+ABSL_FLAG(std::string, lb_policy, "pick_first",
+          "how the channel spreads requests over the target's addresses: pick_first (all to one) "
+          "or round_robin (per request, over every ready address)");
+ABSL_FLAG(int32_t, retries, 0,
+          "resend a request that ended UNAVAILABLE (replica gone or draining) up to N times, "
+          "the whole request again, even after tokens arrived");
+ABSL_FLAG(absl::Duration, retry_backoff, absl::Milliseconds(50),
+          "pause before the first resend; doubles per resend of the same request, at most 2s");
 ABSL_FLAG(std::string, prompts, "", "file with one prompt per line ('ids:1,2,3' for token ids)");
 ABSL_FLAG(int32_t, concurrency, 8, "streams in flight at once");
 ABSL_FLAG(int32_t, num_requests, 64, "requests in total");
+ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(),
+          "if set, keep sending requests until this much time has passed (instead of "
+          "--num_requests)");
 ABSL_FLAG(int32_t, max_new_tokens, 128, "tokens per request");
 ABSL_FLAG(bool, ignore_eos, true, "generate exactly max_new_tokens");
 ABSL_FLAG(double, temperature, 0.0, "0 = greedy");
+ABSL_FLAG(int64_t, seed, -1,
+          "sampling seed of every request; -1 = none (the server draws one, so a resent sampled "
+          "request may give other tokens)");
 ABSL_FLAG(std::string, offline_model, "",
           "also run the requests offline on this checkpoint and compare tokens/s");
 ABSL_FLAG(int32_t, offline_threads, 0, "CPU threads of the offline engine; 0 = every core");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(600), "deadline of each request");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(600), "deadline of each attempt of a request");
+ABSL_FLAG(std::string, json_out, "", "also write the results as a JSON object to this file");
 
 namespace {
 
 namespace v1 = modserve::v1;
 
+// Attempts that ended on one replica (ClientContext::peer(), e.g. "ipv4:127.0.0.1:5001").
+struct PeerCounts {
+  int ok = 0;
+  int failed = 0;
+};
+
 struct Results {
   std::mutex mu;
-  std::vector<double> ttft;  // seconds
-  std::vector<double> itl;   // seconds, one per token after the first
-  int64_t tokens = 0;
-  std::map<std::string, int> errors;  // by gRPC code name
+  std::vector<double> ttft;           // seconds, one per successful request
+  std::vector<double> itl;            // seconds, one per token after the first
+  int64_t tokens = 0;                 // every token received, failed attempts included
+  int64_t discarded_tokens = 0;       // tokens of attempts that failed and were resent
+  int retries = 0;                    // resends
+  std::map<std::string, int> errors;  // requests that failed for good, by gRPC code name
+  std::map<std::string, PeerCounts> peers;
 };
 
 std::string CodeName(grpc::StatusCode code) {
@@ -84,44 +117,80 @@ double Percentile(std::vector<double> v, double p) {
   return v[idx];
 }
 
+// A comma-separated list without a scheme ("10.0.0.1:5001,10.0.0.2:5001") is what gRPC's ipv4:
+// resolver takes; the default dns: resolver would read it as one host name.
+std::string NormalizeTarget(const std::string& target) {
+  if (!absl::StrContains(target, ',')) return target;
+  for (const char* scheme : {"ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:"}) {
+    if (absl::StartsWith(target, scheme)) return target;
+  }
+  return "ipv4:" + target;
+}
+
+// UNAVAILABLE is what a replica that died (connection reset), drains (SIGTERM) or cannot be
+// reached gives. Everything else (RESOURCE_EXHAUSTED from a full queue included) is the answer.
+bool Retryable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+// One request: resent whole (greedy or seeded requests give the same tokens again) while it ends
+// UNAVAILABLE and --retries allows. Its TTFT counts from the first attempt: what its caller waited.
 void RunOne(v1::ModServe::Stub& stub, const v1::GenerateRequest& req, Results* results) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoNanoseconds(absl::GetFlag(FLAGS_timeout)));
   const absl::Time start = absl::Now();
-  absl::Time last = start;
-  bool first = true;
-  std::vector<double> itl;
-  double ttft = 0.0;
-  int64_t tokens = 0;
-  auto reader = stub.GenerateStream(&ctx, req);
-  v1::GenerateStreamResponse msg;
-  while (reader->Read(&msg)) {
-    const int n = msg.token_ids_size();
-    if (n == 0) continue;
-    const absl::Time now = absl::Now();
-    if (first) {
-      ttft = absl::ToDoubleSeconds(now - start);
-      first = false;
-      // Tokens that arrived together with the first share its arrival: zero gaps.
-      for (int i = 1; i < n; ++i) itl.push_back(0.0);
-    } else {
-      // Several tokens in one message (the server coalesces for slow readers): split the gap.
-      const double gap = absl::ToDoubleSeconds(now - last) / n;
-      for (int i = 0; i < n; ++i) itl.push_back(gap);
+  const int32_t max_retries = absl::GetFlag(FLAGS_retries);
+  absl::Duration backoff = absl::GetFlag(FLAGS_retry_backoff);
+  for (int32_t attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoNanoseconds(absl::GetFlag(FLAGS_timeout)));
+    absl::Time last = start;
+    bool first = true;
+    std::vector<double> itl;
+    double ttft = 0.0;
+    int64_t tokens = 0;
+    auto reader = stub.GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) {
+      const int n = msg.token_ids_size();
+      if (n == 0) continue;
+      const absl::Time now = absl::Now();
+      if (first) {
+        ttft = absl::ToDoubleSeconds(now - start);
+        first = false;
+        // Tokens that arrived together with the first share its arrival: zero gaps.
+        for (int i = 1; i < n; ++i) itl.push_back(0.0);
+      } else {
+        // Several tokens in one message (the server coalesces for slow readers): split the gap.
+        const double gap = absl::ToDoubleSeconds(now - last) / n;
+        for (int i = 0; i < n; ++i) itl.push_back(gap);
+      }
+      last = now;
+      tokens += n;
     }
-    last = now;
-    tokens += n;
+    const grpc::Status status = reader->Finish();
+    std::string peer = ctx.peer();
+    if (peer.empty()) peer = "(no connection)";
+    const bool retry = !status.ok() && Retryable(status) && attempt < max_retries;
+    {
+      std::lock_guard<std::mutex> lock(results->mu);
+      results->tokens += tokens;
+      if (status.ok()) {
+        ++results->peers[peer].ok;
+        results->ttft.push_back(ttft);
+        results->itl.insert(results->itl.end(), itl.begin(), itl.end());
+        return;
+      }
+      ++results->peers[peer].failed;
+      if (!retry) {
+        ++results->errors[CodeName(status.error_code())];
+        return;
+      }
+      ++results->retries;
+      results->discarded_tokens += tokens;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(2));
   }
-  const grpc::Status status = reader->Finish();
-  std::lock_guard<std::mutex> lock(results->mu);
-  results->tokens += tokens;
-  if (!status.ok()) {
-    ++results->errors[CodeName(status.error_code())];
-    return;
-  }
-  results->ttft.push_back(ttft);
-  results->itl.insert(results->itl.end(), itl.begin(), itl.end());
 }
 
 // Tokens/s of Engine::Generate over the requests in batches of `concurrency` (what the server
@@ -174,11 +243,54 @@ double OfflineTokensPerSecond(const std::vector<v1::GenerateRequest>& requests, 
   return tokens / absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+nlohmann::json LatencyJson(const std::vector<double>& v) {
+  return {{"p50", Percentile(v, 50)},
+          {"p90", Percentile(v, 90)},
+          {"p99", Percentile(v, 99)},
+          {"max", v.empty() ? 0.0 : *std::max_element(v.begin(), v.end())}};
+}
+
+bool WriteJson(const std::string& path, const Results& results, int32_t issued, double wall,
+               double offline) {
+  nlohmann::json peers = nlohmann::json::object();
+  for (const auto& [peer, counts] : results.peers) {
+    peers[peer] = {{"ok", counts.ok}, {"failed", counts.failed}};
+  }
+  nlohmann::json j = {{"requests_ok", static_cast<int>(results.ttft.size())},
+                      {"requests_total", issued},
+                      {"concurrency", absl::GetFlag(FLAGS_concurrency)},
+                      {"wall_seconds", wall},
+                      {"tokens", results.tokens},
+                      {"tokens_per_second", results.tokens / wall},
+                      {"ttft_seconds", LatencyJson(results.ttft)},
+                      {"itl_seconds", LatencyJson(results.itl)},
+                      {"errors", results.errors},
+                      {"retries", results.retries},
+                      {"discarded_tokens", results.discarded_tokens},
+                      {"peers", peers}};
+  if (offline > 0.0) j["offline_tokens_per_second"] = offline;
+  std::ofstream out(path);
+  // Replace, not throw, on invalid UTF-8 (peer strings come from the network stack).
+  out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return static_cast<bool>(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("modserve-loadgen --prompts FILE [--concurrency N] ...");
   absl::ParseCommandLine(argc, argv);
+  const std::string lb_policy = absl::GetFlag(FLAGS_lb_policy);
+  if (lb_policy != "pick_first" && lb_policy != "round_robin") {
+    std::cerr << "modserve-loadgen: --lb_policy '" << lb_policy
+              << "' is not pick_first or round_robin" << std::endl;
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_retries) < 0) {
+    std::cerr << "modserve-loadgen: --retries " << absl::GetFlag(FLAGS_retries) << " is negative"
+              << std::endl;
+    return 1;
+  }
   std::ifstream in(absl::GetFlag(FLAGS_prompts));
   if (!in) {
     std::cerr << "modserve-loadgen: cannot read --prompts '" << absl::GetFlag(FLAGS_prompts) << "'"
@@ -204,6 +316,9 @@ int main(int argc, char** argv) {
     req.mutable_stopping()->set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
     req.mutable_stopping()->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
     req.mutable_sampling()->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+    if (absl::GetFlag(FLAGS_seed) >= 0) {
+      req.mutable_sampling()->set_seed(static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+    }
     requests.push_back(req);
   }
   if (requests.empty()) {
@@ -216,15 +331,22 @@ int main(int argc, char** argv) {
     offline = OfflineTokensPerSecond(requests, total, absl::GetFlag(FLAGS_concurrency));
     if (offline < 0.0) return 1;
   }
-  auto stub = v1::ModServe::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials()));
+  grpc::ChannelArguments args;
+  args.SetLoadBalancingPolicyName(lb_policy);
+  auto stub = v1::ModServe::NewStub(grpc::CreateCustomChannel(
+      NormalizeTarget(absl::GetFlag(FLAGS_server)), grpc::InsecureChannelCredentials(), args));
   std::atomic<int32_t> next{0};
   Results results;
   const absl::Time start = absl::Now();
+  const absl::Duration duration = absl::GetFlag(FLAGS_duration);
+  // With --duration the workers stop taking requests once it has passed; else after `total`.
+  auto more = [&](int32_t i) {
+    return duration > absl::ZeroDuration() ? absl::Now() - start < duration : i < total;
+  };
   std::vector<std::thread> workers;
   for (int32_t w = 0; w < absl::GetFlag(FLAGS_concurrency); ++w) {
     workers.emplace_back([&] {
-      for (int32_t i = next++; i < total; i = next++) {
+      for (int32_t i = next++; more(i); i = next++) {
         v1::GenerateRequest req = requests[static_cast<size_t>(i) % requests.size()];
         req.set_request_id("loadgen-" + std::to_string(i));
         RunOne(*stub, req, &results);
@@ -233,9 +355,12 @@ int main(int argc, char** argv) {
   }
   for (std::thread& t : workers) t.join();
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  // Each worker took one index past the last request it ran.
+  const int32_t issued = next.load() - absl::GetFlag(FLAGS_concurrency);
 
   std::printf("requests: %d ok, %d total, concurrency %d, %.2f s\n",
-              static_cast<int>(results.ttft.size()), total, absl::GetFlag(FLAGS_concurrency), wall);
+              static_cast<int>(results.ttft.size()), issued, absl::GetFlag(FLAGS_concurrency),
+              wall);
   std::printf("tokens/s: %.1f (%lld tokens)\n", results.tokens / wall,
               static_cast<long long>(results.tokens));
   if (offline > 0.0) {
@@ -250,5 +375,15 @@ int main(int argc, char** argv) {
   if (results.errors.empty()) std::printf(" none");
   for (const auto& [code, n] : results.errors) std::printf(" %s=%d", code.c_str(), n);
   std::printf("\n");
+  std::printf("retries: %d (%lld tokens of failed attempts discarded)\n", results.retries,
+              static_cast<long long>(results.discarded_tokens));
+  for (const auto& [peer, counts] : results.peers) {
+    std::printf("replica %s: %d ok, %d failed attempts\n", peer.c_str(), counts.ok, counts.failed);
+  }
+  const std::string json_out = absl::GetFlag(FLAGS_json_out);
+  if (!json_out.empty() && !WriteJson(json_out, results, issued, wall, offline)) {
+    std::cerr << "modserve-loadgen: cannot write --json_out '" << json_out << "'" << std::endl;
+    return 1;
+  }
   return results.errors.empty() ? 0 : 1;
 }
