@@ -146,13 +146,18 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
       return absl::DataLossError(absl::StrCat("checkpoint is missing tensor '", s.name,
                                               "' (expected shape ", ShapeString(s.shape), ")"));
     }
+    // Errors about one tensor's content name its file (one of several shards, perhaps).
     if (info->shape != s.shape) {
-      return absl::DataLossError(absl::StrCat("tensor '", s.name, "' has shape ",
+      return absl::DataLossError(absl::StrCat(info->file, ": tensor '", s.name, "' has shape ",
                                               ShapeString(info->shape), ", expected ",
                                               ShapeString(s.shape)));
     }
     MODSERVE_ASSIGN_OR_RETURN(*s.view, checkpoint.Get(s.name));
-    if (s.check_finite) MODSERVE_RETURN_IF_ERROR(CheckFinite(*s.view, s.name));
+    if (s.check_finite) {
+      if (absl::Status st = CheckFinite(*s.view, s.name); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat(info->file, ": ", st.message()));
+      }
+    }
     expected.insert(s.name);
   }
   std::vector<std::string> unexpected;

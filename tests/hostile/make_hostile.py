@@ -118,6 +118,14 @@ def nan_router(d):
     write_st(p, header, data)
 
 
+def nan_router_in_shard(d):
+    p = os.path.join(d, "model-00004-of-00004.safetensors")
+    header, data = read_st(p)
+    b, e = header["model.layers.3.router.weight"]["data_offsets"]
+    data = data[:b] + struct.pack("<f", math.nan) * ((e - b) // 4) + data[e:]
+    write_st(p, header, data)
+
+
 def inf_router(d):
     p = os.path.join(d, ST)
     header, data = read_st(p)
@@ -194,11 +202,17 @@ CASES = [
          [SAFETENSORS, "model.norm.weight", "more elements than fit in 64 bits"]),
     Case("wrong_shape", edit_header(set_key(["model.layers.0.mlp.up_proj.weight", "shape"],
                                             [48, 96])),
-         ["{dir}", "model.layers.0.mlp.up_proj.weight", "has shape [48, 96], expected [96, 48]"]),
+         ["{dir}", "model.safetensors: ", "model.layers.0.mlp.up_proj.weight",
+          "has shape [48, 96], expected [96, 48]"]),
     Case("missing_tensor", edit_header(lambda h: h.pop("model.layers.2.mlp.up_proj.weight")),
          ["{dir}", "missing tensor 'model.layers.2.mlp.up_proj.weight'"]),
-    Case("nan_router", nan_router, ["{dir}", ROUTER, "non-finite value (nan)"]),
-    Case("inf_router", inf_router, ["{dir}", ROUTER, "non-finite value (inf)"]),
+    Case("nan_router", nan_router, ["{dir}", "model.safetensors: ", ROUTER,
+                                    "non-finite value (nan)"]),
+    Case("nan_router_in_shard", nan_router_in_shard,
+         ["{dir}", "model-00004-of-00004.safetensors: ", "model.layers.3.router.weight",
+          "non-finite value (nan)"], base=SHARDED_BASE),
+    Case("inf_router", inf_router, ["{dir}", "model.safetensors: ", ROUTER,
+                                    "non-finite value (inf)"]),
     Case("safetensors_is_a_directory", replace_with_dir(ST), [SAFETENSORS, "not a regular file"]),
     Case("safetensors_is_a_fifo", replace_with_fifo(ST), [SAFETENSORS, "not a regular file"]),
     Case("no_weights", remove(ST), ["{dir}", "neither model.safetensors nor"]),

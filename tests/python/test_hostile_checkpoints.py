@@ -2,10 +2,12 @@
 `modserve-generate --model DIR --prompt_ids 1,2,3` must exit with status 1 (no signal, no
 sanitizer report, no hang; a case marked may_succeed, legal but extreme, may also exit 0) and
 print a message naming the file and the problem, also under an
-address-space limit that a valid checkpoint runs within. It does not judge the messages' wording
-beyond the fragments each case lists.
+address-space limit that a valid checkpoint runs within. The server, `modserve --model DIR
+--port 0`, must refuse the same checkpoints the same way before it listens. It does not judge the
+messages' wording beyond the fragments each case lists.
 
-The binary is $MODSERVE_BUILD_DIR/bin/modserve-generate (default build/); without it the tests skip.
+The binaries are $MODSERVE_BUILD_DIR/bin/modserve-generate and bin/modserve (default build/);
+without them the tests skip.
 """
 import os
 import resource
@@ -19,8 +21,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))
 import make_hostile  # noqa: E402
 
 BUILD = os.environ.get("MODSERVE_BUILD_DIR", os.path.join(ROOT, "build"))
-BINARY = os.path.join(BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD), "bin",
-                      "modserve-generate")
+BIN = os.path.join(BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD), "bin")
+BINARY = os.path.join(BIN, "modserve-generate")
+SERVER = os.path.join(BIN, "modserve")
 # Address-space cap for each run. The valid base checkpoint needs about 450 MiB of address space
 # (mostly the 256 MiB KV pool that EngineOptions reserves, untouched); a loader that sizes
 # anything from a hostile number blows through 1 GiB at once.
@@ -39,15 +42,36 @@ def _sanitized():
     return b"__asan_init" in blob or b"__tsan_init" in blob
 
 
-def run(model_dir, limit_memory):
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+def _limit():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
+
+def run(model_dir, limit_memory):
     return subprocess.run(
         [BINARY, "--model", model_dir, "--prompt_ids", "1,2,3", "--max_new_tokens", "2",
          "--threads", "1"],
         capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S,
-        preexec_fn=limit if limit_memory else None)
+        preexec_fn=_limit if limit_memory else None)
+
+
+def serve(model_dir):
+    """Starts the server on the checkpoint. Returns (exit status, stderr); a server that came up
+    (it prints its port) is stopped with SIGTERM and reported as None."""
+    proc = subprocess.Popen(
+        [SERVER, "--model", model_dir, "--port", "0", "--metrics_port", "-1", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    try:
+        line = proc.stdout.readline()  # the "listening on" line, or EOF when it exits
+        if line.startswith("modserve listening on"):
+            proc.terminate()
+            proc.communicate(timeout=TIMEOUT_S)
+            return None, ""
+        _, stderr = proc.communicate(timeout=TIMEOUT_S)
+        return proc.returncode, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +119,36 @@ def test_hostile_checkpoint_fails_cleanly(case, limit_memory, cases_dir):
         return
     assert r.returncode == 1, f"{case.name}: exit {r.returncode}\n{stderr[-3000:]}"
     assert stderr.startswith("modserve-generate: "), stderr[-3000:]
+    for fragment in case.expect:
+        fragment = fragment.replace("{dir}", d)
+        assert fragment in stderr, f"{case.name}: {fragment!r} not in stderr:\n{stderr[-3000:]}"
+
+
+server_required = pytest.mark.skipif(not os.access(SERVER, os.X_OK),
+                                     reason=f"{SERVER} is not built")
+
+
+@server_required
+def test_server_serves_the_valid_base_checkpoints():
+    for base in (make_hostile.BASE, make_hostile.SHARDED_BASE):
+        code, stderr = serve(base)
+        assert code is None, (base, code, stderr[-2000:])
+
+
+@server_required
+@pytest.mark.parametrize("case", [c for c in make_hostile.CASES if c.unlimited and
+                                  not c.may_succeed and not c.known_bug], ids=lambda c: c.name)
+def test_server_refuses_hostile_checkpoint_before_listening(case, cases_dir):
+    d = make_hostile.write_case(case, os.path.join(cases_dir, "server"))
+    try:
+        code, stderr = serve(d)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{case.name}: modserve hung for {TIMEOUT_S} s")
+    assert code is not None, f"{case.name}: modserve started serving a hostile checkpoint"
+    assert code == 1, f"{case.name}: exit {code}\n{stderr[-3000:]}"
+    for crash in ("Sanitizer", "runtime error:", "terminate called", "std::bad_alloc"):
+        assert crash not in stderr, f"{case.name}: {crash}\n{stderr[-3000:]}"
+    assert stderr.startswith("modserve: "), stderr[-3000:]
     for fragment in case.expect:
         fragment = fragment.replace("{dir}", d)
         assert fragment in stderr, f"{case.name}: {fragment!r} not in stderr:\n{stderr[-3000:]}"
