@@ -228,12 +228,14 @@ void StepLoop::AddIncoming(std::vector<std::shared_ptr<State>>& incoming) {
 void StepLoop::ReapCancelledAndExpired(absl::Time now) {
   std::vector<std::pair<SequenceId, absl::Status>> done;
   for (const auto& [id, state] : active_) {
-    if (state->cancelled.load()) {
-      done.emplace_back(id, absl::CancelledError("the client cancelled the request"));
-    } else if (now >= state->request.deadline) {
+    // The deadline first: when it passes, gRPC also cancels the call, and the request should be
+    // counted as expired, not as cancelled by its client.
+    if (now >= state->request.deadline) {
       done.emplace_back(id, absl::DeadlineExceededError(
                                 absl::StrCat("the request's deadline passed after ",
                                              absl::FormatDuration(now - state->timings.accepted))));
+    } else if (state->cancelled.load()) {
+      done.emplace_back(id, absl::CancelledError("the client cancelled the request"));
     }
   }
   for (auto& [id, status] : done) Finish(id, status);

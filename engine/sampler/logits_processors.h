@@ -54,7 +54,7 @@ void KeepTopK(std::vector<Candidate>& candidates, int32_t k);
 size_t TopPCount(absl::Span<const Candidate> sorted, float top_p, double tail_weight = 0.0);
 
 // Removes (order-preserving) candidates whose probability is below min_p times the largest
-// probability, i.e. keeps logit >= max_logit + log(min_p). min_p in [0, 1); the best stays.
+// probability, i.e. keeps logit >= max_logit + log(min_p). min_p in [0, 1]: 1 keeps only the most probable token(s); the best always stays.
 void KeepMinP(std::vector<Candidate>& candidates, float min_p);
 
 // log(sum(exp(logit))) over the candidates, in double. Precondition: not empty, max finite.

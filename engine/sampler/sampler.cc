@@ -73,8 +73,8 @@ absl::Status Validate(const SamplingParams& params) {
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
     return FieldError("top_p", params.top_p, "(0, 1]");
   }
-  if (!(params.min_p >= 0.0f && params.min_p < 1.0f)) {
-    return FieldError("min_p", params.min_p, "[0, 1)");
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+    return FieldError("min_p", params.min_p, "[0, 1]");
   }
   if (!std::isfinite(params.repetition_penalty) || params.repetition_penalty <= 0.0f) {
     return FieldError("repetition_penalty", params.repetition_penalty, "(0, inf) finite");

@@ -16,6 +16,7 @@ FuzzFn FindTarget(std::string_view name) {
       {"tokenizer_encode", FuzzTokenizerEncode},
       {"tokenizer_decode", FuzzTokenizerDecode},
       {"detokenizer", FuzzDetokenizer},
+      {"request", FuzzRequest},
   };
   for (const Entry& e : kTargets) {
     if (e.name == name) return e.fn;

@@ -1,7 +1,7 @@
 // The fuzz targets: one function per parser, each taking arbitrary bytes and checking the parser's
 // documented contract on them. The same functions back the libFuzzer binaries (fuzz_main.cc) and
 // the corpus replay test (regressions_test.cc); they hold no state between calls except the
-// tokenizers, loaded once. Request validation (server/) is not fuzzed here yet.
+// tokenizers and the demo model's config, loaded once.
 #ifndef MODSERVE_TESTS_FUZZ_FUZZ_TARGETS_H_
 #define MODSERVE_TESTS_FUZZ_FUZZ_TARGETS_H_
 
@@ -46,6 +46,17 @@ int FuzzTokenizerDecode(const uint8_t* data, size_t size);
 // Decode(all accepted ids); every piece must be valid UTF-8; a rejected chunk must be
 // InvalidArgument and leave the stream as it was.
 int FuzzDetokenizer(const uint8_t* data, size_t size);
+
+// First byte: flags (1: the rest is [u16 LE n][n bytes of GenerateRequest][prompt text], the text
+// replacing the input; 2: no tokenizer; 4: the demo config with max_seq_len 64; 8: no deadline);
+// otherwise the rest is a serialized modserve.v1.GenerateRequest, given to server::ToLoopRequest
+// with the demo model's config and tokenizer. An oracle written from the proto's field comments
+// lists the invalid fields: a rejection must be InvalidArgument naming one of them (or OutOfRange
+// naming max_new_tokens and max_seq_len when only the length is wrong; Internal only when the
+// tokenizer itself failed); an accepted request must have none, fit the context, carry every
+// field over unchanged (or its default), have prompt and stop ids in the vocabulary and pass
+// engine::Validate.
+int FuzzRequest(const uint8_t* data, size_t size);
 
 // Name -> function, for the replay test and for fuzz_main.cc. nullptr for an unknown name.
 FuzzFn FindTarget(std::string_view name);

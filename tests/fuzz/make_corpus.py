@@ -1,19 +1,23 @@
 """Writes the seed corpora under tests/fuzz/corpus/<target>/ from the repository's test data.
 
 Seeds are small (under 16 KiB each) so that libFuzzer's default input sizes reach them; they are
-committed, and this script only needs rerunning when a target's input format changes. It does
+committed, and this script only needs rerunning when a target's input format changes. The
+`request` seeds are built with the generated Python stubs (clients/python/modserve/v1). It does
 not write regression inputs (tests/fuzz/regressions/ holds crash reproducers, added by hand).
 
     .venv/bin/python tests/fuzz/make_corpus.py
 """
 import json
+import math
 import os
 import shutil
 import struct
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TOK = os.path.join(ROOT, "tests", "testdata", "tokenizer")
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
 
 def write(target, name, data):
@@ -159,15 +163,98 @@ def tokenizer_corpus():
             write("detokenizer", f"ids{i:02d}_f{tok | skip}", bytes(rec))
 
 
+# Flag byte of the `request` target (tests/fuzz/fuzz_targets.h).
+SPLIT_TEXT, NO_TOKENIZER, SHORT_CONTEXT, NO_DEADLINE = 1, 2, 4, 8
+
+
+def request_corpus():
+    """Serialized GenerateRequests: valid ones (every field, defaults, the context edge of the
+    64-token config) and one per documented refusal, each behind its flag byte."""
+    from modserve.v1 import modserve_pb2 as pb
+
+    def req(ids=(1, 17, 42), **fields):
+        r = pb.GenerateRequest()
+        if ids is not None:
+            r.prompt_token_ids.ids.extend(ids)
+        for path, value in fields.items():
+            *parents, leaf = path.split("__")
+            msg = r
+            for p in parents:
+                msg = getattr(msg, p)
+            if isinstance(value, (list, tuple)):
+                getattr(msg, leaf).extend(value)
+            else:
+                setattr(msg, leaf, value)
+        return r
+
+    def put(name, r, flags=0):
+        write("request", name, bytes([flags]) + r.SerializeToString())
+
+    def put_text(name, text, r=None, flags=0):
+        body = (r or req(ids=None)).SerializeToString()
+        write("request", name, bytes([flags | SPLIT_TEXT]) + struct.pack("<H", len(body)) + body +
+              (text if isinstance(text, bytes) else text.encode()))
+
+    put("valid_ids", req())
+    put("valid_ids_no_deadline", req(), NO_DEADLINE)
+    put("valid_every_field", req(
+        request_id="req-1", sampling__temperature=0.7, sampling__top_k=5, sampling__top_p=0.9,
+        sampling__min_p=0.05, sampling__repetition_penalty=1.1, sampling__presence_penalty=2.0,
+        sampling__frequency_penalty=-2.0, sampling__seed=2 ** 64 - 1,
+        stopping__max_new_tokens=7, stopping__stop=["\n\n", "END"],
+        stopping__stop_token_ids=[0, 2047], stopping__ignore_eos=True, top_logprobs=20,
+        routing__threshold=0.25, routing__return_decisions=True))
+    put("valid_edges", req(
+        request_id="x" * 128, sampling__temperature=0.0, sampling__top_p=1.0, sampling__min_p=0.0,
+        sampling__top_k=0, stopping__max_new_tokens=1, stopping__stop=["s" * 256] * 16,
+        routing__threshold=1e-9))
+    put("valid_text", req(ids=None, prompt="Once upon a time", stopping__max_new_tokens=32))
+    put("valid_context_edge", req(ids=[5] * 48, stopping__max_new_tokens=16), SHORT_CONTEXT)
+    put("long_context_past_edge", req(ids=[5] * 49), SHORT_CONTEXT)
+    put("long_max_new_tokens", req(stopping__max_new_tokens=2 ** 31 - 1))
+    put("long_text", req(ids=None, prompt="The quick brown fox. " * 20), SHORT_CONTEXT)
+    put_text("text_split", "Q: What is a computer?\nA:", req(ids=None, stopping__max_new_tokens=8))
+    put_text("text_split_special", "<|bos|>Hello<|eos|> \u00e9\u2603")
+    put_text("text_split_bad_utf8", b"ab\xc3(\xed\xa0\x80")
+    put_text("text_split_empty", b"")
+    put_text("text_split_no_tokenizer", "hello", flags=NO_TOKENIZER)
+    put("bad_no_input", req(ids=None))
+    put("bad_empty_ids", req(ids=[]))
+    put("bad_id_negative", req(ids=[1, -1]))
+    put("bad_id_vocab", req(ids=[1, 2048]))
+    put("bad_request_id", req(request_id="x" * 129))
+    put("bad_temperature", req(sampling__temperature=-0.5))
+    put("bad_temperature_nan", req(sampling__temperature=math.nan))
+    put("bad_top_k", req(sampling__top_k=-1))
+    put("bad_top_p_zero", req(sampling__top_p=0.0))
+    put("bad_top_p_inf", req(sampling__top_p=math.inf))
+    put("bad_min_p", req(sampling__min_p=1.5))
+    put("bad_repetition_penalty", req(sampling__repetition_penalty=0.0))
+    put("bad_presence_penalty", req(sampling__presence_penalty=2.5))
+    put("bad_frequency_penalty", req(sampling__frequency_penalty=-math.inf))
+    put("bad_max_new_tokens", req(stopping__max_new_tokens=0))
+    put("bad_stop_count", req(stopping__stop=["a"] * 17))
+    put("bad_stop_empty", req(stopping__stop=["a", ""]))
+    put("bad_stop_long", req(stopping__stop=["s" * 257]))
+    put("bad_stop_token_id", req(stopping__stop_token_ids=[2048]))
+    put("bad_top_logprobs", req(top_logprobs=21))
+    put("bad_top_logprobs_negative", req(top_logprobs=-1))
+    put("bad_threshold", req(routing__threshold=1.0))
+    put("bad_threshold_nan", req(routing__threshold=math.nan))
+    put("bad_prompt_no_tokenizer", req(ids=None, prompt="hi"), NO_TOKENIZER)
+    put("bad_two_fields", req(ids=[], request_id="y" * 200, top_logprobs=99))
+
+
 def main():
     for target in ("checkpoint", "config", "bpe_json", "tokenizer_encode", "tokenizer_decode",
-                   "detokenizer"):
+                   "detokenizer", "request"):
         shutil.rmtree(os.path.join(HERE, "corpus", target), ignore_errors=True)
         os.makedirs(os.path.join(HERE, "corpus", target))
     checkpoint_corpus()
     config_corpus()
     bpe_json_corpus()
     tokenizer_corpus()
+    request_corpus()
 
 
 if __name__ == "__main__":

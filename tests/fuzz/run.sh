@@ -3,7 +3,11 @@
 # and runs each for a fixed time over its committed seed corpus; fails if any target crashes,
 # leaks, times out or runs out of memory. It does not minimize corpora or commit anything.
 #
-#   tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [TARGET ...]
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [TARGET[=SECONDS] ...]
+#
+# A TARGET=SECONDS argument overrides the default for that target (tests/fuzz/run.sh 60
+# request=120 checkpoint); with no TARGET every target runs for SECONDS_PER_TARGET. The planned
+# total is printed before fuzzing starts.
 #
 # Environment: MODSERVE_FUZZ_BUILD_DIR (default build-fuzz), MODSERVE_FUZZ_JOBS (default nproc),
 # MODSERVE_FUZZ_OUT (new corpus entries and crash files; default $build/fuzz-out).
@@ -13,8 +17,23 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds="${1:-60}"
 shift || true
-all=(checkpoint config bpe_json tokenizer_encode tokenizer_decode detokenizer)
-if (($#)); then targets=("$@"); else targets=("${all[@]}"); fi
+all=(checkpoint config bpe_json tokenizer_encode tokenizer_decode detokenizer request)
+if (($#)); then specs=("$@"); else specs=("${all[@]}"); fi
+targets=()
+declare -A secs
+total=0
+for spec in "${specs[@]}"; do
+  t="${spec%%=*}"
+  s="$seconds"
+  [[ "$spec" == *=* ]] && s="${spec#*=}"
+  if [[ ! " ${all[*]} " == *" $t "* ]] || [[ ! "$s" =~ ^[0-9]+$ ]]; then
+    echo "run.sh: bad target '$spec' (targets: ${all[*]}; TARGET=SECONDS)" >&2
+    exit 2
+  fi
+  targets+=("$t")
+  secs[$t]="$s"
+  total=$((total + s))
+done
 build="${MODSERVE_FUZZ_BUILD_DIR:-build-fuzz}"
 jobs="${MODSERVE_FUZZ_JOBS:-$(nproc)}"
 out="${MODSERVE_FUZZ_OUT:-$build/fuzz-out}"
@@ -31,22 +50,24 @@ cmake --build "$build" -j "$jobs" --target modserve_fuzzers fuzz_regressions_tes
 # The committed inputs first: a regression here needs no fuzzing to show.
 "$build/tests/fuzz_regressions_test" --gtest_brief=1
 
+echo "== fuzzing ${#targets[@]} target(s), ${total}s in all"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 failed=()
 summary=()
 for t in "${targets[@]}"; do
   mkdir -p "$out/$t/corpus"
-  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048
+  args=(-max_total_time="${secs[$t]}" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048
         -print_final_stats=1 -artifact_prefix="$out/$t/")
   case "$t" in
     config|bpe_json|checkpoint) args+=(-dict=tests/fuzz/dict/json.dict) ;;
+    request) args+=(-dict=tests/fuzz/dict/request.dict) ;;
   esac
   case "$t" in
     bpe_json) args+=(-max_len=16384) ;;
     *) args+=(-max_len=4096) ;;
   esac
-  echo "== $t (${seconds}s)"
+  echo "== $t (${secs[$t]}s)"
   log="$out/$t/fuzz.log"
   if "$build/bin/${t}_fuzzer" "${args[@]}" "$out/$t/corpus" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
     status=ok

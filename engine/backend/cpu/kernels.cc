@@ -4,6 +4,10 @@
 
 #include <string_view>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace modserve::backend::cpu {
 
 std::string_view IsaName(Isa isa) {
@@ -18,6 +22,16 @@ std::string_view IsaName(Isa isa) {
   return "?";
 }
 
+#if defined(__x86_64__)
+namespace {
+// F16C is CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
 // __builtin_cpu_supports also checks, via XGETBV, that the OS saves the ymm/zmm state.
 bool CpuHasIsa(Isa isa) {
   switch (isa) {
@@ -25,8 +39,7 @@ bool CpuHasIsa(Isa isa) {
       return true;
     case Isa::kAvx2:
 #if defined(__x86_64__)
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
 #else
       return false;
 #endif

@@ -92,6 +92,24 @@ TEST(StepLoopTest, RequestPastItsDeadlineEndsWithDeadlineExceeded) {
   EXPECT_EQ((*loop)->kv_used_pages(), 0);
 }
 
+// gRPC cancels a call whose deadline passed: such a request ended by expiry, not by its client.
+TEST(StepLoopTest, CancelAfterTheDeadlineCountsAsExpired) {
+  absl::Notification cancelled;  // holds the engine thread until both have happened
+  StepLoopOptions options = Options();
+  options.before_iteration = [&cancelled] { cancelled.WaitForNotification(); };
+  std::unique_ptr<Engine> engine = MakeEngine();
+  auto loop = StepLoop::Create(engine.get(), options, nullptr);
+  ASSERT_THAT(loop, IsOk());
+  auto sink = std::make_shared<RecordingSink>();
+  auto handle = (*loop)->Submit(MakeRequest(100, absl::Now() - absl::Seconds(1)), sink);
+  ASSERT_THAT(handle, IsOk());
+  (*handle)->Cancel();
+  cancelled.Notify();
+  sink->done.WaitForNotification();
+  EXPECT_THAT(*sink->result, StatusIs(absl::StatusCode::kDeadlineExceeded, "deadline"));
+  EXPECT_EQ((*loop)->kv_used_pages(), 0);
+}
+
 TEST(StepLoopTest, CancelledRequestEndsWithCancelledAndFreesItsPages) {
   std::unique_ptr<Engine> engine = MakeEngine();
   auto loop = StepLoop::Create(engine.get(), Options(), nullptr);

@@ -89,7 +89,7 @@ TEST(LogitsProcessorsTest, TopPKeepsSmallestPrefixReachingMass) {
 
 TEST(LogitsProcessorsTest, MinPKeepsTokensAboveFractionOfMax) {
   const std::vector<float> logits = RandomLogits(50, 3);
-  for (float min_p : {0.0f, 0.05f, 0.3f, 0.9f}) {
+  for (float min_p : {0.0f, 0.05f, 0.3f, 0.9f, 1.0f}) {
     std::vector<Candidate> c;
     for (TokenId id = 0; id < 50; ++id) c.push_back({id, logits[id]});
     KeepMinP(c, min_p);

@@ -82,7 +82,7 @@ TEST(SamplerTest, ValidateAcceptsDefaultsAndRejectsEachField) {
       {"top_p", [](SamplingParams& p) { p.top_p = 0.0f; }},
       {"top_p", [](SamplingParams& p) { p.top_p = 1.01f; }},
       {"top_p", [](SamplingParams& p) { p.top_p = NAN; }},
-      {"min_p", [](SamplingParams& p) { p.min_p = 1.0f; }},
+      {"min_p", [](SamplingParams& p) { p.min_p = 1.01f; }},
       {"min_p", [](SamplingParams& p) { p.min_p = -0.01f; }},
       {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = 0.0f; }},
       {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = INFINITY; }},
@@ -110,6 +110,8 @@ TEST(SamplerTest, ValidateAcceptsDefaultsAndRejectsEachField) {
   edge.min_p = 0.0f;
   edge.top_logprobs = 20;
   edge.max_new_tokens = 1;
+  EXPECT_TRUE(Validate(edge).ok());
+  edge.min_p = 1.0f;  // only the most probable token(s): legal, as the API documents
   EXPECT_TRUE(Validate(edge).ok());
 }
 
