@@ -21,6 +21,7 @@
 #include "server/security.h"
 #include "server/server.h"
 #include "tests/engine/model/checkpoint_test_util.h"
+#include "tests/server/engine_gate.h"
 #include "tests/server/test_certs.h"
 
 namespace modserve::server {
@@ -102,26 +103,7 @@ TEST(TokenAuthenticatorTest, FileRulesNameTheFileAndNeverTheToken) {
                                     ".missing' cannot be opened: No such file")));
 }
 
-// Holds the engine thread at the top of its loop while closed (StepLoopOptions test hook).
-class EngineGate {
- public:
-  void Pass() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](bool* closed) { return !*closed; }, &closed_));
-  }
-  void Close() {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-  }
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    closed_ = false;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-};
+using testing::EngineGate;
 
 class ServerSecurityTest : public ::testing::Test {
  protected:

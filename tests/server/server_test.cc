@@ -27,6 +27,7 @@
 #include "modserve/v1/modserve.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/model/checkpoint_test_util.h"
+#include "tests/server/engine_gate.h"
 
 namespace modserve::server {
 namespace {
@@ -39,33 +40,7 @@ const char kCheckpoint[] =
 const char kTokenizer[] = MODSERVE_SOURCE_DIR "/tests/testdata/tokenizer/demo/tokenizer.json";
 constexpr int kMaxSeqLen = 512;  // the checkpoint's max_position_embeddings
 
-// Holds the engine thread at the top of its loop while closed (StepLoopOptions test hook).
-class Gate {
- public:
-  void Pass() {
-    absl::MutexLock lock(&mu_);
-    ++arrivals_;
-    mu_.Await(absl::Condition(
-        +[](bool* closed) { return !*closed; }, &closed_));
-  }
-  // Closes the gate and returns once the engine thread waits at it.
-  void CloseAndWait() {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    const int64_t seen = arrivals_;
-    auto arrived = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return arrivals_ > seen; };
-    mu_.Await(absl::Condition(&arrived));
-  }
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    closed_ = false;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
-};
+using Gate = testing::EngineGate;
 
 engine::EngineOptions EngineOpts(const std::string& model_dir,
                                  int64_t kv_cache_bytes = int64_t{16} << 20) {
