@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# CI's sanitizer stages, after tools/test.sh: (1) one clang-14 build with ASan + UBSan and
+# libFuzzer coverage, which runs the unit and integration suites and then every fuzz target over
+# its committed corpus; (2) a gcc TSan build of the threaded units (thread pool, scheduler, step
+# loop, server). Both build at -O1 with line tables only, to keep CI short; the CMakePresets.json
+# presets build the same code at -O2 with full debug info for local debugging.
+#
+#   bash tools/ci_sanitizers.sh [asan] [tsan]     (default: both)
+#
+# Environment: MODSERVE_FUZZ_SECONDS (per target, default 45), MODSERVE_JOBS (default nproc).
+# Build folders: build-ci-asan, build-ci-tsan, build-ci-tsan-abseil. Prints each stage's duration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="${MODSERVE_JOBS:-$(nproc)}"
+fuzz_seconds="${MODSERVE_FUZZ_SECONDS:-45}"
+fast="-O1 -g1"
+stages=("$@")
+((${#stages[@]})) || stages=(asan tsan)
+
+stamp() { date +%s; }
+report() { echo "== $1: $(( $(stamp) - $2 )) s"; }
+
+asan() {
+  local t0 build=build-ci-asan
+  t0=$(stamp)
+  # The flags tests/fuzz/run.sh configures with, so its own configure step changes nothing.
+  local flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMODSERVE_CUDA=OFF \
+    -DMODSERVE_FUZZ=ON -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="$fast" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$fast" >/dev/null
+  cmake --build "$build" -j "$jobs"
+  report "asan+ubsan build" "$t0"
+
+  t0=$(stamp)
+  ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    ctest --test-dir "$build" --output-on-failure -j "$jobs" -L "cpu|integration|chaos" \
+      -LE "slow|cuda" --timeout 900
+  # The pytest suites that drive built binaries (hostile checkpoints, deploy configs against a
+  # live server) also run against the sanitized binaries.
+  MODSERVE_BUILD_DIR="$build" .venv/bin/python -m pytest -q \
+    tests/python/test_hostile_checkpoints.py tests/python/test_deploy.py
+  report "asan+ubsan tests" "$t0"
+
+  t0=$(stamp)
+  MODSERVE_FUZZ_BUILD_DIR="$build" MODSERVE_FUZZ_JOBS="$jobs" \
+    CC=clang-14 CXX=clang++-14 bash tests/fuzz/run.sh "$fuzz_seconds"
+  report "fuzz (${fuzz_seconds} s per target)" "$t0"
+}
+
+# Debian's Abseil is not instrumented, and TSan cannot see the happens-before edges of an
+# uninstrumented absl::Mutex (every guarded field would look racy). So this stage builds Debian's
+# own Abseil source (same version, same inline namespace) with -fsanitize=thread, about 2-3
+# minutes, and runs the tests with it in LD_LIBRARY_PATH. Needs dpkg-dev (build-essential).
+tsan_abseil() {
+  local root=build-ci-tsan-abseil
+  if compgen -G "$root/lib/libabsl_synchronization.so.*" >/dev/null; then return; fi
+  mkdir -p "$root/apt/lists/partial" "$root/apt/sources"
+  cat >"$root/apt/sources/debian-src.sources" <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  local apt=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$PWD/$root/apt/sources"
+             -o "Dir::State::Lists=$PWD/$root/apt/lists")
+  apt-get "${apt[@]}" update >/dev/null
+  local version
+  version=$(dpkg-query -W -f '${source:Version}' libabsl-dev)
+  (cd "$root" && apt-get "${apt[@]}" source --download-only "abseil=$version" >/dev/null 2>&1 &&
+     dpkg-source -x abseil_*.dsc src >/dev/null)
+  cmake -S "$root/src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON -DBUILD_TESTING=OFF \
+    -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$fast" >/dev/null
+  cmake --build "$root/build" -j "$jobs"
+  mkdir -p "$root/lib"
+  find "$root/build" -name "libabsl_*.so*" -exec cp -P {} "$root/lib/" \;
+}
+
+tsan() {
+  local t0 build=build-ci-tsan
+  t0=$(stamp)
+  tsan_abseil
+  report "tsan abseil" "$t0"
+  t0=$(stamp)
+  cmake --preset tsan -B "$build" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="$fast" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$fast" >/dev/null
+  cmake --build "$build" -j "$jobs" --target backend_thread_pool_test scheduler_test \
+    step_loop_test server_test security_test
+  report "tsan build" "$t0"
+  t0=$(stamp)
+  LD_LIBRARY_PATH="$PWD/build-ci-tsan-abseil/lib" \
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+    ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 \
+      -R "^(ThreadPoolTest|SchedulerTest|StepLoopTest|ServerTest|ServerSecurityTest)\."
+  report "tsan tests" "$t0"
+}
+
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    asan) asan ;;
+    tsan) tsan ;;
+    *) echo "ci_sanitizers.sh: unknown stage '$stage' (asan, tsan)" >&2; exit 2 ;;
+  esac
+done
