@@ -860,8 +860,11 @@ def test_deployment_requests_a_gpu_and_probes_grpc_health(dockerfile):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert str(ports["grpc"]) == flags["--port"]
     assert str(ports["metrics"]) == flags["--metrics_port"]
+    # The probes use the health-only port (plaintext, no token), so TLS or auth on the gRPC
+    # port never breaks them.
+    assert str(ports["health"]) == flags["--health_port"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == ports["grpc"], probe
+        assert c[probe]["grpc"]["port"] == ports["health"], probe
     drain = int(flags["--drain_timeout"].rstrip("s"))
     live = c["livenessProbe"]
     assert live["periodSeconds"] * live["failureThreshold"] > drain, \
