@@ -3,7 +3,9 @@
 # virtual environment (.venv, with Debian's site packages visible) for the few PyPI-only packages.
 # Idempotent: a second run changes nothing. Used by README.md, .ci/run and the Dockerfile.
 #   MODSERVE_DEPS=runtime  only what the built server needs at run time (container image)
-#   MODSERVE_DEPS=build    compilers and -dev packages, no Python reference (default: all)
+#   MODSERVE_DEPS=build    compilers and -dev packages, no Python reference
+#   MODSERVE_DEPS=all      (default) also the Python reference, Prometheus and the sanitizer
+#                          toolchain of tools/ci_sanitizers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,11 +24,15 @@ python_pkgs=(python3 python3-venv python3-pip python3-torch libopenblas0-pthread
   python3-sentencepiece python3-grpcio python3-protobuf python3-yaml fortunes fortunes-min
   prometheus)
 
+# tools/ci_sanitizers.sh: clang for the ASan/UBSan/libFuzzer build; dpkg-dev unpacks Debian's
+# Abseil source for the TSan stage.
+sanitizer_pkgs=(clang-14 libclang-rt-14-dev dpkg-dev)
+
 pkgs=("${runtime_pkgs[@]}")
 case "$want" in
   runtime) ;;
   build) pkgs+=("${build_pkgs[@]}") ;;
-  all) pkgs+=("${build_pkgs[@]}" "${python_pkgs[@]}") ;;
+  all) pkgs+=("${build_pkgs[@]}" "${python_pkgs[@]}" "${sanitizer_pkgs[@]}") ;;
   *) echo "install_deps.sh: MODSERVE_DEPS must be runtime, build or all, got '$want'" >&2; exit 2 ;;
 esac
 
