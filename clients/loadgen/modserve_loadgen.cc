@@ -11,18 +11,20 @@
 // `ipv4:` scheme), or a URI such as dns:///modserve.ns.svc.cluster.local:50051 (a headless
 // Service: every ready pod). --retries resends a whole request that ended UNAVAILABLE (a replica
 // died or drains), also after tokens arrived; gRPC's own retry policy stops at the first message.
-// With --offline_model DIR it first runs the same requests through the engine in-process
-// (Engine::Generate, batches of --concurrency) and prints the served/offline tokens/s ratio.
+// Streams are read with gRPC's callback API: each message is timed on the gRPC thread it lands
+// on, with no loadgen thread woken per token, so the client takes little CPU from a server on the
+// same machine. With --offline_model DIR it first runs the same requests through the engine
+// in-process (Engine::Generate, batches of --concurrency) and prints the served/offline tokens/s
+// ratio.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -31,6 +33,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
@@ -78,7 +81,6 @@ struct PeerCounts {
 };
 
 struct Results {
-  std::mutex mu;
   std::vector<double> ttft;           // seconds, one per successful request
   std::vector<double> itl;            // seconds, one per token after the first
   int64_t tokens = 0;                 // every token received, failed attempts included
@@ -133,64 +135,243 @@ bool Retryable(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
-// One request: resent whole (greedy or seeded requests give the same tokens again) while it ends
-// UNAVAILABLE and --retries allows. Its TTFT counts from the first attempt: what its caller waited.
-void RunOne(v1::ModServe::Stub& stub, const v1::GenerateRequest& req, Results* results) {
-  const absl::Time start = absl::Now();
-  const int32_t max_retries = absl::GetFlag(FLAGS_retries);
-  absl::Duration backoff = absl::GetFlag(FLAGS_retry_backoff);
-  for (int32_t attempt = 0;; ++attempt) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     absl::ToChronoNanoseconds(absl::GetFlag(FLAGS_timeout)));
-    absl::Time last = start;
-    bool first = true;
-    std::vector<double> itl;
-    double ttft = 0.0;
-    int64_t tokens = 0;
-    auto reader = stub.GenerateStream(&ctx, req);
-    v1::GenerateStreamResponse msg;
-    while (reader->Read(&msg)) {
-      const int n = msg.token_ids_size();
-      if (n == 0) continue;
+// One request across its attempts: resent whole (greedy or seeded requests give the same tokens
+// again) while it ends UNAVAILABLE and --retries allows. Owned by the attempt in flight, or by
+// the driver's retry queue while it backs off.
+struct Pending {
+  v1::GenerateRequest req;
+  absl::Time start;  // of the first attempt: TTFT is what its caller waited
+  int32_t attempt = 0;
+  absl::Duration backoff;  // before the next resend
+};
+
+// What one attempt saw, handed from its reactor to the driver once the stream has ended.
+struct AttemptOutcome {
+  std::unique_ptr<Pending> pending;
+  grpc::Status status;
+  std::string peer;
+  double ttft = 0.0;
+  std::vector<double> itl;
+  int64_t tokens = 0;
+};
+
+class StreamAttempt;
+
+// Keeps --concurrency requests in flight over the callback API. Each of the `concurrency` slots
+// is a chain of requests: when one ends for good, the reaction that saw it end starts the next
+// (no hand-off to another thread); a slot retires once --num_requests or --duration is used up.
+// Resends wait out their backoff in a queue that Run()'s thread (the caller's) drains, so no gRPC
+// thread ever sleeps; the slot stays taken meanwhile, as a blocking worker's would.
+// Thread-safe; the stub and prompts must outlive Run().
+class LoadDriver {
+ public:
+  LoadDriver(v1::ModServe::Stub* stub, const std::vector<v1::GenerateRequest>* prompts)
+      : stub_(stub),
+        prompts_(prompts),
+        concurrency_(absl::GetFlag(FLAGS_concurrency)),
+        total_(absl::GetFlag(FLAGS_num_requests)),
+        duration_(absl::GetFlag(FLAGS_duration)),
+        max_retries_(absl::GetFlag(FLAGS_retries)),
+        first_backoff_(absl::GetFlag(FLAGS_retry_backoff)),
+        timeout_(absl::GetFlag(FLAGS_timeout)),
+        max_new_tokens_(absl::GetFlag(FLAGS_max_new_tokens)) {}
+
+  // Starts the slots, runs resends as they fall due, and returns once every slot retired.
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Valid after Run() returned.
+  const Results& results() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return results_; }
+  int32_t issued() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return issued_; }
+  absl::Time start() const { return start_; }
+
+  // Called by a StreamAttempt after it deleted itself; may start the next request.
+  void AttemptDone(AttemptOutcome outcome) ABSL_LOCKS_EXCLUDED(mu_);
+
+  v1::ModServe::Stub* stub() const { return stub_; }
+  absl::Duration timeout() const { return timeout_; }
+  int32_t max_new_tokens() const { return max_new_tokens_; }
+
+ private:
+  // Takes the next request index for a slot and starts it, or retires the slot.
+  void StartNextOrRetire() ABSL_LOCKS_EXCLUDED(mu_);
+  void Launch(std::unique_ptr<Pending> pending);
+
+  v1::ModServe::Stub* const stub_;
+  const std::vector<v1::GenerateRequest>* const prompts_;
+  const int32_t concurrency_;
+  const int32_t total_;
+  const absl::Duration duration_;
+  const int32_t max_retries_;
+  const absl::Duration first_backoff_;
+  const absl::Duration timeout_;
+  const int32_t max_new_tokens_;
+  absl::Time start_;
+
+  // Held once per attempt (never per token), for a few microseconds.
+  absl::Mutex mu_;
+  int32_t next_ ABSL_GUARDED_BY(mu_) = 0;          // next request index to take
+  int32_t issued_ ABSL_GUARDED_BY(mu_) = 0;        // requests started
+  int32_t active_slots_ ABSL_GUARDED_BY(mu_) = 0;  // slots not yet retired
+  // Resends by due time; at most one per slot.
+  std::multimap<absl::Time, std::unique_ptr<Pending>> retry_queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t retries_queued_ ABSL_GUARDED_BY(mu_) = 0;  // wakes Run() for an earlier due time
+  Results results_ ABSL_GUARDED_BY(mu_);
+};
+
+// One attempt of one request: a server stream read on gRPC's callback threads. It times every
+// message as it lands and keeps the numbers to itself until OnDone, so a token costs no lock and
+// no thread switch. Deletes itself in OnDone.
+class StreamAttempt final : public grpc::ClientReadReactor<v1::GenerateStreamResponse> {
+ public:
+  StreamAttempt(LoadDriver* driver, std::unique_ptr<Pending> pending)
+      : driver_(driver), pending_(std::move(pending)) {
+    // Sized for the usual run so OnReadDone does not reallocate; capped for huge limits.
+    itl_.reserve(static_cast<size_t>(std::clamp(driver_->max_new_tokens(), 0, 4096)));
+  }
+
+  void Start() {
+    ctx_.set_deadline(std::chrono::system_clock::now() +
+                      absl::ToChronoNanoseconds(driver_->timeout()));
+    driver_->stub()->async()->GenerateStream(&ctx_, &pending_->req, this);
+    StartRead(&msg_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone follows with its status
+    const int n = msg_.token_ids_size();
+    if (n > 0) {
       const absl::Time now = absl::Now();
-      if (first) {
-        ttft = absl::ToDoubleSeconds(now - start);
-        first = false;
+      if (first_) {
+        ttft_ = absl::ToDoubleSeconds(now - pending_->start);
+        first_ = false;
         // Tokens that arrived together with the first share its arrival: zero gaps.
-        for (int i = 1; i < n; ++i) itl.push_back(0.0);
+        for (int i = 1; i < n; ++i) itl_.push_back(0.0);
       } else {
         // Several tokens in one message (the server coalesces for slow readers): split the gap.
-        const double gap = absl::ToDoubleSeconds(now - last) / n;
-        for (int i = 0; i < n; ++i) itl.push_back(gap);
+        const double gap = absl::ToDoubleSeconds(now - last_) / n;
+        for (int i = 0; i < n; ++i) itl_.push_back(gap);
       }
-      last = now;
-      tokens += n;
+      last_ = now;
+      tokens_ += n;
     }
-    const grpc::Status status = reader->Finish();
-    std::string peer = ctx.peer();
-    if (peer.empty()) peer = "(no connection)";
-    const bool retry = !status.ok() && Retryable(status) && attempt < max_retries;
-    {
-      std::lock_guard<std::mutex> lock(results->mu);
-      results->tokens += tokens;
-      if (status.ok()) {
-        ++results->peers[peer].ok;
-        results->ttft.push_back(ttft);
-        results->itl.insert(results->itl.end(), itl.begin(), itl.end());
-        return;
-      }
-      ++results->peers[peer].failed;
-      if (!retry) {
-        ++results->errors[CodeName(status.error_code())];
-        return;
-      }
-      ++results->retries;
-      results->discarded_tokens += tokens;
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(2));
+    StartRead(&msg_);
   }
+
+  void OnDone(const grpc::Status& status) override {
+    AttemptOutcome outcome;
+    outcome.pending = std::move(pending_);
+    outcome.status = status;
+    outcome.peer = ctx_.peer();
+    if (outcome.peer.empty()) outcome.peer = "(no connection)";
+    outcome.ttft = ttft_;
+    outcome.itl = std::move(itl_);
+    outcome.tokens = tokens_;
+    LoadDriver* driver = driver_;
+    // Gone before the driver hears of it, so once the last slot retires no reactor is left.
+    delete this;
+    driver->AttemptDone(std::move(outcome));
+  }
+
+ private:
+  LoadDriver* const driver_;
+  std::unique_ptr<Pending> pending_;
+  grpc::ClientContext ctx_;
+  v1::GenerateStreamResponse msg_;
+  bool first_ = true;
+  absl::Time last_;
+  double ttft_ = 0.0;
+  std::vector<double> itl_;
+  int64_t tokens_ = 0;
+};
+
+void LoadDriver::Launch(std::unique_ptr<Pending> pending) {
+  (new StreamAttempt(this, std::move(pending)))->Start();
+}
+
+void LoadDriver::StartNextOrRetire() {
+  int32_t idx;
+  {
+    absl::MutexLock lock(&mu_);
+    idx = next_++;
+    // With --duration a slot stops taking requests once it has passed; else after `total`.
+    const bool more =
+        duration_ > absl::ZeroDuration() ? absl::Now() - start_ < duration_ : idx < total_;
+    if (!more) {
+      --active_slots_;
+      return;
+    }
+    ++issued_;
+  }
+  auto pending = std::make_unique<Pending>();
+  pending->req = (*prompts_)[static_cast<size_t>(idx) % prompts_->size()];
+  pending->req.set_request_id("loadgen-" + std::to_string(idx));
+  pending->start = absl::Now();
+  pending->backoff = first_backoff_;
+  Launch(std::move(pending));
+}
+
+void LoadDriver::AttemptDone(AttemptOutcome outcome) {
+  const grpc::Status& status = outcome.status;
+  const bool retry = !status.ok() && Retryable(status) && outcome.pending->attempt < max_retries_;
+  {
+    absl::MutexLock lock(&mu_);
+    results_.tokens += outcome.tokens;
+    if (status.ok()) {
+      ++results_.peers[outcome.peer].ok;
+      results_.ttft.push_back(outcome.ttft);
+      results_.itl.insert(results_.itl.end(), outcome.itl.begin(), outcome.itl.end());
+    } else {
+      ++results_.peers[outcome.peer].failed;
+      if (!retry) {
+        ++results_.errors[CodeName(status.error_code())];
+      } else {
+        ++results_.retries;
+        results_.discarded_tokens += outcome.tokens;
+        Pending& p = *outcome.pending;
+        const absl::Time due = absl::Now() + p.backoff;
+        ++p.attempt;
+        p.backoff = std::min(2 * p.backoff, absl::Seconds(2));
+        retry_queue_.emplace(due, std::move(outcome.pending));
+        ++retries_queued_;
+        return;
+      }
+    }
+  }
+  StartNextOrRetire();
+}
+
+void LoadDriver::Run() {
+  start_ = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    active_slots_ = std::max(concurrency_, 0);
+  }
+  for (int32_t w = 0; w < concurrency_; ++w) StartNextOrRetire();
+  mu_.Lock();
+  while (active_slots_ > 0) {
+    if (retry_queue_.empty()) {
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return active_slots_ == 0 || !retry_queue_.empty();
+      };
+      mu_.Await(absl::Condition(&woken));
+      continue;
+    }
+    auto first = retry_queue_.begin();
+    if (absl::Now() < first->first) {
+      const uint64_t seen = retries_queued_;
+      auto woken = [this, seen]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return retries_queued_ != seen; };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), first->first);
+      continue;
+    }
+    std::unique_ptr<Pending> pending = std::move(first->second);
+    retry_queue_.erase(first);
+    mu_.Unlock();
+    Launch(std::move(pending));
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 // Tokens/s of Engine::Generate over the requests in batches of `concurrency` (what the server
@@ -335,28 +516,11 @@ int main(int argc, char** argv) {
   args.SetLoadBalancingPolicyName(lb_policy);
   auto stub = v1::ModServe::NewStub(grpc::CreateCustomChannel(
       NormalizeTarget(absl::GetFlag(FLAGS_server)), grpc::InsecureChannelCredentials(), args));
-  std::atomic<int32_t> next{0};
-  Results results;
-  const absl::Time start = absl::Now();
-  const absl::Duration duration = absl::GetFlag(FLAGS_duration);
-  // With --duration the workers stop taking requests once it has passed; else after `total`.
-  auto more = [&](int32_t i) {
-    return duration > absl::ZeroDuration() ? absl::Now() - start < duration : i < total;
-  };
-  std::vector<std::thread> workers;
-  for (int32_t w = 0; w < absl::GetFlag(FLAGS_concurrency); ++w) {
-    workers.emplace_back([&] {
-      for (int32_t i = next++; more(i); i = next++) {
-        v1::GenerateRequest req = requests[static_cast<size_t>(i) % requests.size()];
-        req.set_request_id("loadgen-" + std::to_string(i));
-        RunOne(*stub, req, &results);
-      }
-    });
-  }
-  for (std::thread& t : workers) t.join();
-  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
-  // Each worker took one index past the last request it ran.
-  const int32_t issued = next.load() - absl::GetFlag(FLAGS_concurrency);
+  LoadDriver driver(stub.get(), &requests);
+  driver.Run();
+  const double wall = absl::ToDoubleSeconds(absl::Now() - driver.start());
+  const Results& results = driver.results();
+  const int32_t issued = driver.issued();
 
   std::printf("requests: %d ok, %d total, concurrency %d, %.2f s\n",
               static_cast<int>(results.ttft.size()), issued, absl::GetFlag(FLAGS_concurrency),
