@@ -115,13 +115,13 @@ Metrics::Metrics(int32_t n_layers)
                                   "KV bytes a token holds, from the measured routed fractions.");
   kv_bytes_per_token_dense_ = MakeGauge(r, "modserve_kv_bytes_per_token_dense",
                                         "KV bytes a token would hold if every layer stored it.");
-  step_duration_ = &prometheus::BuildHistogram()
-                        .Name("modserve_step_duration_seconds")
-                        .Help("Duration of one engine step, by phase (prefill, decode, mixed).")
-                        .Register(r);
-  for (const char* phase : {"prefill", "decode", "mixed"}) {
-    step_duration_->Add({{"phase", phase}}, LatencyBuckets());
-  }
+  auto& step_duration = prometheus::BuildHistogram()
+                            .Name("modserve_step_duration_seconds")
+                            .Help("Duration of one engine step, by phase (prefill, decode, mixed).")
+                            .Register(r);
+  step_prefill_ = &step_duration.Add({{"phase", "prefill"}}, LatencyBuckets());
+  step_decode_ = &step_duration.Add({{"phase", "decode"}}, LatencyBuckets());
+  step_mixed_ = &step_duration.Add({{"phase", "mixed"}}, LatencyBuckets());
 }
 
 Metrics::~Metrics() = default;
@@ -161,8 +161,10 @@ void Metrics::CountFailure(absl::StatusCode code) {
 }
 
 void Metrics::OnStep(const engine::StepStats& stats) {
-  step_duration_->Add({{"phase", std::string(stats.phase)}}, LatencyBuckets())
-      .Observe(absl::ToDoubleSeconds(stats.duration));
+  prometheus::Histogram* step = stats.phase == "prefill"  ? step_prefill_
+                                : stats.phase == "decode" ? step_decode_
+                                                          : step_mixed_;
+  step->Observe(absl::ToDoubleSeconds(stats.duration));
   prompt_tokens_->Increment(stats.num_prompt_tokens);
   generation_tokens_->Increment(stats.num_sampled);
   for (double s : stats.inter_token_seconds) itl_->Observe(s);

@@ -71,7 +71,11 @@ class Metrics final : public engine::StepObserver {
   std::vector<prometheus::Counter*> layer_batch_skips_;  // [n_layers]
   prometheus::Gauge* kv_bytes_per_token_;
   prometheus::Gauge* kv_bytes_per_token_dense_;
-  prometheus::Family<prometheus::Histogram>* step_duration_;
+  // modserve_step_duration_seconds by phase, made once: Family::Add per step would build a label
+  // map and take the family's lock on the engine thread.
+  prometheus::Histogram* step_prefill_;
+  prometheus::Histogram* step_decode_;
+  prometheus::Histogram* step_mixed_;
 };
 
 }  // namespace modserve::server

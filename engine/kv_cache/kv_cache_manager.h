@@ -18,7 +18,7 @@
 
 namespace modserve::engine {
 
-// The engine's id for a running sequence (the lead may alias it to RequestId later).
+// The engine's id for a running sequence.
 using SequenceId = int64_t;
 
 // Slots handed out for one sequence in one step, layer-major.

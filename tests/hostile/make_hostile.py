@@ -244,7 +244,7 @@ CASES = [
          base=SHARDED_BASE),
 ]
 
-# Engine bugs these cases expose, reported to the lead; see docs/RELIABILITY.md. Each entry
+# Engine bugs these cases expose (see docs/RELIABILITY.md). Each entry
 # marks its case as a strict xfail until the engine is fixed.
 KNOWN_BUGS = {
 }

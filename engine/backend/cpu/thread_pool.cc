@@ -1,6 +1,8 @@
 // Worker threads and the publish/claim/complete handshake of ThreadPool::Run.
 #include "engine/backend/cpu/thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -56,7 +58,10 @@ ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   num_threads = std::clamp(num_threads, 1, kMaxThreads);
   workers_.reserve(num_threads - 1);
-  for (int i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i + 1 < num_threads; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+    pthread_setname_np(workers_.back().native_handle(), "modserve-pool");
+  }
 }
 
 ThreadPool::~ThreadPool() {
