@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: configures and builds (build/), then CTest for C++ and pytest for the
-# Python reference. Expects tools/install_deps.sh to have run. Extra CTest arguments pass through,
-# e.g. `bash tools/test.sh -L cpu`. Slow suites carry the `slow` label and are excluded here.
+# Runs the whole test suite: installs what is missing (tools/install_deps.sh, idempotent: a
+# second run only checks), configures and builds (build/), then CTest for C++ and pytest for the
+# Python reference. Extra CTest arguments pass through, e.g. `bash tools/test.sh -L cpu`. Slow
+# suites carry the `slow` label and are excluded here. MODSERVE_SKIP_DEPS=1 skips the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${MODSERVE_SKIP_DEPS:-0}" != 1 ]; then bash tools/install_deps.sh; fi
 build="${MODSERVE_BUILD_DIR:-build}"
 cuda="${MODSERVE_CUDA:-AUTO}"
 jobs="${MODSERVE_JOBS:-$(nproc)}"
