@@ -234,9 +234,11 @@ class StreamGenerate final : public grpc::ServerWriteReactor<v1::GenerateStreamR
 class StreamSink final : public engine::GenerationSink,
                          public std::enable_shared_from_this<StreamSink> {
  public:
-  StreamSink(StreamGenerate* reactor, const v1::GenerateRequest& r, ReplyExecutor* replies)
+  StreamSink(StreamGenerate* reactor, const v1::GenerateRequest& r, ReplyExecutor* replies,
+             int32_t stream_interval)
       : reactor_(reactor),
         replies_(replies),
+        stream_interval_(stream_interval),
         request_id_(r.request_id()),
         top_logprobs_(r.top_logprobs()),
         return_decisions_(r.routing().return_decisions()) {}
@@ -293,12 +295,13 @@ class StreamSink final : public engine::GenerationSink,
       absl::MutexLock lock(&mu_);
       pump_posted_ = false;
       if (finished_ || writing_) return;
-      if (has_pending_) {
+      if (ReadyLocked()) {
         in_flight_.Swap(&pending_);
         has_pending_ = false;
+        sent_first_ = true;
         writing_ = true;
         action = Action::kWrite;
-      } else if (done_) {
+      } else if (done_ && !has_pending_) {
         finished_ = true;
         status = final_status_;
         action = Action::kFinish;
@@ -308,8 +311,16 @@ class StreamSink final : public engine::GenerationSink,
     if (action == Action::kFinish) reactor_->Finish(status);
   }
 
+  // The pending message goes out when it is the first (time to first token is never held back),
+  // the last, or holds --stream_interval tokens.
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return has_pending_ &&
+           (done_ || !sent_first_ || pending_.token_ids_size() >= stream_interval_);
+  }
+
   bool PostPumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_ || writing_ || pump_posted_) return false;
+    if (!done_ && !ReadyLocked()) return false;
     pump_posted_ = true;
     return true;
   }
@@ -317,6 +328,7 @@ class StreamSink final : public engine::GenerationSink,
 
   StreamGenerate* reactor_;  // valid until Finish
   ReplyExecutor* const replies_;
+  const int32_t stream_interval_;  // >= 1
   const std::string request_id_;
   const int32_t top_logprobs_;
   const bool return_decisions_;
@@ -337,6 +349,7 @@ class StreamSink final : public engine::GenerationSink,
   v1::GenerateStreamResponse in_flight_;  // owned by gRPC between StartWrite and OnWriteDone
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool pump_posted_ ABSL_GUARDED_BY(mu_) = false;
+  bool sent_first_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -369,11 +382,12 @@ void FillFinal(const engine::FinishedRequest& done, bool return_decisions,
 }
 
 GenerateService::GenerateService(const engine::Engine* engine, engine::StepLoop* loop,
-                                 Metrics* metrics, CallGate* gate)
+                                 Metrics* metrics, CallGate* gate, int32_t stream_interval)
     : engine_(engine),
       loop_(loop),
       metrics_(metrics),
       gate_(gate),
+      stream_interval_(stream_interval < 1 ? 1 : stream_interval),
       replies_(std::make_unique<ReplyExecutor>()) {}
 
 GenerateService::~GenerateService() = default;
@@ -410,7 +424,8 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateService::GenerateS
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   if (grpc::Status s = AdmitGeneration(gate_, *context); !s.ok()) return RefuseStream(s);
   auto* reactor = new StreamGenerate(this);
-  reactor->sink_ = std::make_shared<StreamSink>(reactor, *request, replies_.get());
+  reactor->sink_ =
+      std::make_shared<StreamSink>(reactor, *request, replies_.get(), stream_interval_);
   auto handle = Submit(context, *request, reactor->sink_);
   if (!handle.ok()) {
     reactor->Finish(ToGrpcStatus(handle.status(), request->request_id()));

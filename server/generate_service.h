@@ -33,10 +33,11 @@ class ReplyExecutor;
 // immutable accessors (config, tokenizer, options); `loop` takes the requests. Both, and
 // `metrics` (may be null), must outlive the service and every call in flight. So must `gate` (may
 // be null: no token, no call limit, no request limits), which every method consults first.
+// `stream_interval`: tokens per stream message after the first (values below 1 mean 1).
 class GenerateService final : public v1::ModServe::CallbackService {
  public:
   GenerateService(const engine::Engine* engine, engine::StepLoop* loop, Metrics* metrics,
-                  CallGate* gate = nullptr);
+                  CallGate* gate = nullptr, int32_t stream_interval = 1);
   ~GenerateService() override;  // after the calls' Finish: runs the replies still queued
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
@@ -68,6 +69,7 @@ class GenerateService final : public v1::ModServe::CallbackService {
   engine::StepLoop* loop_;
   Metrics* metrics_;
   CallGate* gate_;
+  const int32_t stream_interval_;
   std::atomic<int32_t> num_calls_{0};
   // Last, so it is destroyed first, while the counters its tasks touch still exist.
   std::unique_ptr<ReplyExecutor> replies_;

@@ -42,6 +42,9 @@ ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
           "Generate + GenerateStream calls in flight; more get RESOURCE_EXHAUSTED; 0 = no limit");
 ABSL_FLAG(int32_t, max_message_bytes, 4 << 20,
           "largest request message gRPC accepts; larger ones get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, stream_interval, 1,
+          "tokens per stream message after the first, which is sent at once (1 = every token as "
+          "it is sampled; more cut per-token gRPC work at the price of burstier streams)");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = every core");
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
 ABSL_FLAG(int32_t, max_num_seqs, 16, "sequences in the running batch");
@@ -94,6 +97,12 @@ int main(int argc, char** argv) {
   so.request_limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   so.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  so.stream_interval = absl::GetFlag(FLAGS_stream_interval);
+  if (so.stream_interval < 1) {
+    std::cerr << "modserve: --stream_interval must be >= 1, got " << so.stream_interval
+              << std::endl;
+    return 2;
+  }
   if (!so.auth_token_file.empty() && so.tls.cert_file.empty()) {
     std::cerr << "modserve: warning: --auth_token_file without --tls_cert_file: tokens cross the "
                  "network in cleartext"

@@ -75,7 +75,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->gate_ = std::make_unique<CallGate>(std::move(auth), options.max_concurrent_streams,
                                         options.request_limits, s->metrics_.get());
   s->service_ = std::make_unique<GenerateService>(s->engine_.get(), s->loop_.get(),
-                                                  s->metrics_.get(), s->gate_.get());
+                                                  s->metrics_.get(), s->gate_.get(),
+                                                  options.stream_interval);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -39,6 +39,9 @@ struct ServerOptions {
   int32_t max_concurrent_streams = 0;
   // gRPC's limit on a received message; larger ones get RESOURCE_EXHAUSTED from gRPC.
   int32_t max_message_bytes = 4 << 20;
+  // Tokens a stream message carries after the first (which goes out at once): 1 sends each token
+  // as it is sampled; more cut the per-token gRPC work, at the price of burstier streams.
+  int32_t stream_interval = 1;
   engine::StepLoopOptions loop;
   absl::Duration drain_timeout = absl::Seconds(30);
   // Health turns NOT_SERVING when the engine thread has not gone round its loop for this long.

@@ -56,9 +56,10 @@ engine::EngineOptions EngineOpts(const std::string& model_dir,
 struct Harness {
   explicit Harness(const std::string& model_dir = kCheckpoint, int32_t max_queue = 64,
                    int32_t max_num_seqs = 16, int64_t kv_cache_bytes = int64_t{16} << 20,
-                   absl::Duration drain_timeout = absl::Seconds(30)) {
+                   absl::Duration drain_timeout = absl::Seconds(30), int32_t stream_interval = 1) {
     ServerOptions so;
     so.drain_timeout = drain_timeout;
+    so.stream_interval = stream_interval;
     so.loop.scheduler.max_num_seqs = max_num_seqs;
     so.loop.scheduler.max_batch_tokens = 64;
     so.loop.scheduler.max_queue = max_queue;
@@ -287,6 +288,33 @@ TEST(ServerTest, PreemptedSequencesRecomputeToTheSameTokens) {
   }
   ASSERT_TRUE(h.server->loop().WaitIdle(absl::Seconds(30)));
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
+}
+
+// --stream_interval 4: the first token goes out alone (time to first token is not held back),
+// later messages carry at least 4 tokens (more when a write was still in flight), the last
+// one the remainder and the summary; the tokens are the same as unary's.
+TEST(ServerTest, StreamIntervalBatchesTokensAfterTheFirst) {
+  Harness h(kCheckpoint, 64, 16, int64_t{16} << 20, absl::Seconds(30), /*stream_interval=*/4);
+  const v1::GenerateRequest req = TokenRequest({3, 1, 4, 1, 5}, 23);
+  v1::GenerateResponse unary;
+  ASSERT_TRUE(Unary(*h.stub, req, &unary).ok());
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(60));
+  auto reader = h.stub->GenerateStream(&ctx, req);
+  std::vector<int> sizes;
+  std::vector<int32_t> tokens;
+  v1::GenerateStreamResponse msg;
+  while (reader->Read(&msg)) {
+    sizes.push_back(msg.token_ids_size());
+    tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, Ids(unary.token_ids()));
+  ASSERT_GE(sizes.size(), 2u);
+  EXPECT_EQ(sizes.front(), 1);
+  for (size_t i = 1; i + 1 < sizes.size(); ++i) EXPECT_GE(sizes[i], 4) << "message " << i;
+  EXPECT_LE(sizes.size(), 1u + (23 - 1 + 3) / 4);  // 1 + ceil(22 / 4)
+  EXPECT_EQ(msg.usage().completion_tokens(), 23);
 }
 
 TEST(ServerTest, CancelledStreamLeavesNoKvPagesInUse) {
