@@ -10,8 +10,8 @@
 #   bash tools/ci_sanitizers.sh [asan] [tsan]     (default: both)
 #
 # Environment: MODSERVE_FUZZ_SECONDS (per target, default 45), MODSERVE_JOBS (default nproc).
-# Build folders: build-ci-asan, build-ci-tsan, build-ci-tsan-abseil, build-ci-tsan-grpc. Prints
-# each stage's duration.
+# Build folders: build-ci-asan, build-ci-tsan, build-ci-tsan-abseil, build-ci-tsan-grpc,
+# build-ci-debian-src. Prints each stage's duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${MODSERVE_JOBS:-$(nproc)}"
@@ -53,28 +53,39 @@ asan() {
   report "fuzz (${fuzz_seconds} s per target)" "$t0"
 }
 
-# Debian's Abseil is not instrumented, and TSan cannot see the happens-before edges of an
-# uninstrumented absl::Mutex (every guarded field would look racy). So this stage builds Debian's
-# own Abseil source (same version, same inline namespace) with -fsanitize=thread, about 2-3
-# minutes, and runs the tests with it in LD_LIBRARY_PATH. Needs dpkg-dev (build-essential).
-tsan_abseil() {
-  local root=build-ci-tsan-abseil
-  if compgen -G "$root/lib/libabsl_synchronization.so.*" >/dev/null; then return; fi
-  mkdir -p "$root/apt/lists/partial" "$root/apt/sources"
-  cat >"$root/apt/sources/debian-src.sources" <<'SRC'
+# Unpacks Debian's source of the installed version of binary package $2 (source package $1) into
+# $3/src, through a deb-src list kept in build-ci-debian-src (fetched once per build folder).
+debian_source() {
+  local source_pkg=$1 binary_pkg=$2 dir=$3 lists="$PWD/build-ci-debian-src"
+  local apt=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$lists/sources"
+             -o "Dir::State::Lists=$lists/lists")
+  if [ ! -e "$lists/updated" ]; then
+    mkdir -p "$lists/lists/partial" "$lists/sources"
+    cat >"$lists/sources/debian-src.sources" <<'SRC'
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: bookworm
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-  local apt=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$PWD/$root/apt/sources"
-             -o "Dir::State::Lists=$PWD/$root/apt/lists")
-  apt-get "${apt[@]}" update >/dev/null
+    apt-get "${apt[@]}" update >/dev/null
+    touch "$lists/updated"
+  fi
   local version
-  version=$(dpkg-query -W -f '${source:Version}' libabsl-dev)
-  (cd "$root" && apt-get "${apt[@]}" source --download-only "abseil=$version" >/dev/null 2>&1 &&
-     dpkg-source -x abseil_*.dsc src >/dev/null)
+  version=$(dpkg-query -W -f '${source:Version}' "$binary_pkg")
+  mkdir -p "$dir"
+  (cd "$dir" && apt-get "${apt[@]}" source --download-only "$source_pkg=$version" >/dev/null 2>&1 &&
+     dpkg-source -x "${source_pkg}"_*.dsc src >/dev/null)
+}
+
+# Debian's Abseil is not instrumented, and TSan cannot see the happens-before edges of an
+# uninstrumented absl::Mutex (every guarded field would look racy). So this stage builds Debian's
+# own Abseil source (same version, same inline namespace) with -fsanitize=thread, about 1 minute,
+# and runs the tests with it in LD_LIBRARY_PATH. Needs dpkg-dev (build-essential).
+tsan_abseil() {
+  local root=build-ci-tsan-abseil
+  if compgen -G "$root/lib/libabsl_synchronization.so.*" >/dev/null; then return; fi
+  debian_source abseil libabsl-dev "$root"
   cmake -S "$root/src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON -DBUILD_TESTING=OFF \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" \
@@ -87,19 +98,11 @@ SRC
 # Debian's gRPC is not instrumented either: every operation that one thread starts and a gRPC
 # thread completes (a StartWrite on the reply thread) would be reported as a race inside gRPC,
 # and suppressing those by frame would hide races in our reactors too. So it is built from the
-# source of the installed version as well.
+# source of the installed version as well (about 6 minutes).
 tsan_grpc() {
   local root=build-ci-tsan-grpc
   if compgen -G "$root/lib/libgrpc++.so.*" >/dev/null; then return; fi
-  tsan_abseil  # for its apt source list
-  local apt=(-o Dir::Etc::SourceList=/dev/null
-             -o "Dir::Etc::SourceParts=$PWD/build-ci-tsan-abseil/apt/sources"
-             -o "Dir::State::Lists=$PWD/build-ci-tsan-abseil/apt/lists")
-  mkdir -p "$root"
-  local version
-  version=$(dpkg-query -W -f '${source:Version}' libgrpc++-dev)
-  (cd "$root" && apt-get "${apt[@]}" source --download-only "grpc=$version" >/dev/null 2>&1 &&
-     dpkg-source -x grpc_*.dsc src >/dev/null)
+  debian_source grpc libgrpc++-dev "$root"
   local protoc_lib
   protoc_lib=$(ls /usr/lib/*/libprotoc.so.* | head -1)
   cmake -S "$root/src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
