@@ -290,20 +290,28 @@ TEST(ServerTest, PreemptedSequencesRecomputeToTheSameTokens) {
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
 }
 
-// --stream_interval 4: the first token goes out alone (time to first token is not held back),
-// later messages carry at least 4 tokens (more when a write was still in flight), the last
-// one the remainder and the summary; the tokens are the same as unary's.
+// --stream_interval 4: the first token goes out without waiting for more (time to first token
+// is not held back), later messages carry at least 4 tokens (more when a write was still in
+// flight), the last one the remainder and the summary; the tokens are the same as unary's.
+// The engine is held after the prefill step, so the first message can only hold its one token.
 TEST(ServerTest, StreamIntervalBatchesTokensAfterTheFirst) {
   Harness h(kCheckpoint, 64, 16, int64_t{16} << 20, absl::Seconds(30), /*stream_interval=*/4);
   const v1::GenerateRequest req = TokenRequest({3, 1, 4, 1, 5}, 23);
   v1::GenerateResponse unary;
   ASSERT_TRUE(Unary(*h.stub, req, &unary).ok());
+  h.gate.CloseAndWait();
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Seconds(60));
   auto reader = h.stub->GenerateStream(&ctx, req);
+  while (h.server->loop().num_in_flight() < 1) std::this_thread::yield();
+  h.gate.StepOnce();  // takes the request in and runs its prefill, which samples one token
   std::vector<int> sizes;
   std::vector<int32_t> tokens;
   v1::GenerateStreamResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  sizes.push_back(msg.token_ids_size());
+  tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+  h.gate.Open();
   while (reader->Read(&msg)) {
     sizes.push_back(msg.token_ids_size());
     tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
