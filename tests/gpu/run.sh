@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check of the CUDA backend (issue 5), meant for a single H200 in under 8 minutes:
+# One-shot GPU check of the CUDA backend, meant for a single H200 in under 8 minutes:
 #   1. build with CUDA (sm_90 only, to save time; CI builds 80;90)
 #   2. backend conformance suite + CUDA-only tests on the cuda backend
 #   3. engine goldens on the cuda backend (the golden test when it honours MODSERVE_TEST_BACKEND,

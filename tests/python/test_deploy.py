@@ -1,5 +1,5 @@
 """Deployment files (Dockerfile, deploy/): they parse, are wired to each other and to the repo, use
-only the metric names of the server contract (issue 4), and the alert rules and dashboard queries
+only the metric names of the server contract (README.md, "Metrics"), and the alert rules and dashboard queries
 compute what they claim (promtool). Builds no image and reaches no cluster; the live-server check
 needs a built build/bin/modserve and skips without one; the promtool checks skip without promtool.
 """
@@ -30,7 +30,7 @@ K8S = os.path.join(DEPLOY, "k8s")
 DASHBOARD = os.path.join(DEPLOY, "grafana", "dashboards", "modserve.json")
 BUILD = os.path.join(ROOT, os.environ.get("MODSERVE_BUILD_DIR", "build"))
 
-# The metric contract of issue 4 item 4: name -> (type, labels). The dashboard, the alerts and the
+# The metric contract (README.md, "Metrics"): name -> (type, labels). The dashboard, the alerts and the
 # autoscaler may use these names and no others.
 CONTRACT = {
     "modserve_time_to_first_token_seconds": ("histogram", set()),
@@ -426,7 +426,7 @@ def _used_series(exts=(".yml", ".yaml", ".json")):
 def test_every_metric_name_under_deploy_is_in_the_server_contract():
     unknown = sorted(n for n in _used_series((".yml", ".yaml", ".json", ".md"))
                      if _contract_name(n) is None)
-    assert not unknown, f"not metrics of issue 4: {unknown}"
+    assert not unknown, f"not in the metrics contract: {unknown}"
     dash = {_contract_name(n) for e in _dashboard_exprs().values() for n in _metric_tokens(e)}
     assert dash == set(CONTRACT), f"dashboard lacks {sorted(set(CONTRACT) - dash)}"
     alerts = {_contract_name(n) for r in _alert_rules() for n in _metric_tokens(r["expr"])}
