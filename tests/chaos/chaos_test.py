@@ -1,4 +1,4 @@
-"""Bounded chaos test (issue 7 item 3): starts the built `modserve` on free loopback ports and sends
+"""Bounded chaos test: starts the built `modserve` on free loopback ports and sends
 500 requests from 32 concurrent clients (random prompt and output lengths, unary and streaming;
 20% cancelled at a random moment, 10% with a deadline too short to finish, 5% invalid), then
 checks that the server is SERVING, holds no KV pages and no running or waiting sequence, answered
@@ -30,7 +30,9 @@ import urllib.request
 import grpc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+from loopback import Server, is_sanitized  # noqa: E402
 from modserve.v1 import modserve_pb2 as pb  # noqa: E402
 from modserve.v1 import modserve_pb2_grpc  # noqa: E402
 from modserve_client import Client  # noqa: E402
@@ -333,12 +335,6 @@ def run_phase(stub, plans, concurrency, default_timeout):
             f.result()
 
 
-def is_sanitized(binary):
-    with open(binary, "rb") as f:
-        blob = f.read()
-    return b"__asan_init" in blob or b"__tsan_init" in blob
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("binary")
@@ -356,28 +352,20 @@ def main():
     sanitized = is_sanitized(args.binary)
 
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(
-        [args.binary, "--model", args.checkpoint, "--port", "0", "--metrics_port", "0",
-         "--threads", str(args.threads), "--kv_cache_bytes", str(KV_CACHE_BYTES),
-         "--max_num_seqs", "16", "--max_queue", "256", "--seed", str(seed),
-         "--drain_timeout", "10s"],
-        stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        server = Server(args.binary, args.checkpoint, "--threads", str(args.threads),
+                        "--kv_cache_bytes", str(KV_CACHE_BYTES), "--max_num_seqs", "16",
+                        "--max_queue", "256", "--seed", str(seed), "--drain_timeout", "10s",
+                        stderr=log)
+    except RuntimeError as e:
+        log.seek(0)
+        print(f"chaos: the server did not start ({e}):\n{log.read()[-4000:]}")
+        return 1
+    proc = server.proc
     problems = []
     summary = {}
     try:
-        port = metrics_port = None
-        for line in proc.stdout:
-            m = re.match(r"modserve listening on 127\.0\.0\.1:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-            m = re.match(r"modserve metrics on 127\.0\.0\.1:(\d+)/metrics", line)
-            if m:
-                metrics_port = int(m.group(1))
-                break
-        if port is None or metrics_port is None:
-            log.seek(0)
-            print(f"chaos: the server did not start:\n{log.read()[-4000:]}")
-            return 1
+        port, metrics_port = server.port, server.metrics_port
         target = f"127.0.0.1:{port}"
         channel = grpc.insecure_channel(target)
         stub = modserve_pb2_grpc.ModServeStub(channel)
@@ -532,13 +520,11 @@ def main():
         channel.close()
     finally:
         if proc.poll() is None:
-            proc.terminate()
             try:
-                proc.wait(timeout=30)
+                server.terminate(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
+                pass
+        server.stop()
     if summary:
         rows = [("seed", summary["seed"]), ("sent", summary["sent"]),
                 ("planned", summary["planned"]),

@@ -1,17 +1,19 @@
-"""Helpers of the deploy tests: a built `modserve` on free loopback ports, its /metrics parsed, and
-polling with a deadline. It starts nothing by itself and never leaves a process behind when used
-as a context manager.
+"""Helpers of the tests that drive built binaries: a `modserve` process on free loopback ports,
+its /metrics parsed, polling with a deadline, and whether a binary is a sanitizer build. It starts
+nothing by itself and never leaves a process behind when a Server is used as a context manager.
 """
 
 import math
 import re
+import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 
-_LISTENING = re.compile(r"modserve listening on 127\.0\.0\.1:(\d+)")
-_METRICS = re.compile(r"modserve metrics on 127\.0\.0\.1:(\d+)/metrics")
+# The lines `modserve` prints on stdout once each listener is up: "modserve <what> on HOST:PORT".
+_PORT_LINE = re.compile(r"modserve (listening|metrics|health) on \S+:(\d+)")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -72,25 +74,49 @@ def histogram_quantile(q, buckets):
     return buckets[-2][0]
 
 
-class Server:
-    """One `modserve` process on --port 0 / --metrics_port 0 (the ports it prints)."""
+def is_sanitized(binary):
+    """Whether `binary` was built with AddressSanitizer or ThreadSanitizer (its RSS and address
+    space say nothing then: shadow memory and quarantine)."""
+    with open(binary, "rb") as f:
+        blob = f.read()
+    return b"__asan_init" in blob or b"__tsan_init" in blob
 
-    def __init__(self, binary, model, *extra):
-        self.proc = subprocess.Popen(
-            [binary, "--model", model, "--port", "0", "--metrics_port", "0", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.port = self.metrics_port = None
+
+class Server:
+    """One `modserve` process on --port 0 (and --metrics_port 0 unless `metrics` is False), with the
+    ports it prints. `extra` are more flags; a "--health_port" among them adds `health_port`.
+    `stderr` is where the server's log goes (default: discarded). Later stdout lines are kept in
+    `output`, read by a thread so the pipe never fills."""
+
+    def __init__(self, binary, model, *extra, metrics=True, stderr=subprocess.DEVNULL):
+        args = [binary, "--model", model, "--port", "0"]
+        if metrics:
+            args += ["--metrics_port", "0"]
+        self.proc = subprocess.Popen(args + list(extra), stdout=subprocess.PIPE, stderr=stderr,
+                                     text=True)
+        want = {"listening"} | ({"metrics"} if metrics else set()) | \
+            ({"health"} if "--health_port" in extra else set())
+        ports = {}
         for line in self.proc.stdout:
-            m = _LISTENING.match(line)
+            m = _PORT_LINE.match(line)
             if m:
-                self.port = int(m.group(1))
-            m = _METRICS.match(line)
-            if m:
-                self.metrics_port = int(m.group(1))
+                ports[m.group(1)] = int(m.group(2))
+            if want <= ports.keys():
                 break
-        if self.port is None or self.metrics_port is None:
+        self.port = ports.get("listening")
+        self.metrics_port = ports.get("metrics")
+        self.health_port = ports.get("health")
+        self.output = []
+        if not want <= ports.keys():
             self.stop()
-            raise RuntimeError(f"{binary} did not print its ports (exit {self.proc.poll()})")
+            raise RuntimeError(f"{binary} did not print its ports {sorted(want - ports.keys())} "
+                               f"(exit {self.proc.returncode})")
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     @property
     def address(self):
@@ -105,11 +131,18 @@ class Server:
     def successes(self):
         return metric_sum(self.metrics(), "modserve_request_success_total")
 
+    def terminate(self, timeout):
+        """SIGTERM (drain), then the exit code; TimeoutExpired if it does not exit in time."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
     def stop(self):
-        """SIGKILL (idempotent): the tests need no drain, only no leftover process."""
+        """SIGKILL if still running (idempotent): no drain, only no leftover process."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        if getattr(self, "_reader", None) is not None:
+            self._reader.join()
         self.proc.stdout.close()
 
     def __enter__(self):

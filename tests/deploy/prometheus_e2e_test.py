@@ -21,7 +21,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
 from loopback import Server, free_port, histogram_quantile, metric_sum, wait_for  # noqa: E402
 
 MODSERVE = LOADGEN = CHECKPOINT = None

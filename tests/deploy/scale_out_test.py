@@ -15,7 +15,7 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 from loopback import Server, metric_sum, wait_for  # noqa: E402
 from modserve_client import Client  # noqa: E402

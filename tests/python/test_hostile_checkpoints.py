@@ -18,7 +18,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
 import make_hostile  # noqa: E402
+from loopback import is_sanitized  # noqa: E402
 
 BUILD = os.environ.get("MODSERVE_BUILD_DIR", os.path.join(ROOT, "build"))
 BIN = os.path.join(BUILD if os.path.isabs(BUILD) else os.path.join(ROOT, BUILD), "bin")
@@ -33,13 +35,6 @@ TIMEOUT_S = 60  # a hang (a FIFO opened for reading blocks forever) is a failure
 pytestmark = pytest.mark.skipif(
     not os.access(BINARY, os.X_OK),
     reason=f"{BINARY} is not built (set MODSERVE_BUILD_DIR to a build folder)")
-
-
-def _sanitized():
-    """Sanitizer builds reserve terabytes of shadow memory, so they cannot run under RLIMIT_AS."""
-    with open(BINARY, "rb") as f:
-        blob = f.read()
-    return b"__asan_init" in blob or b"__tsan_init" in blob
 
 
 def _limit():
@@ -83,7 +78,7 @@ def cases_dir(tmp_path_factory):
 def test_valid_base_checkpoint_generates(limit_memory):
     """The control: the unmodified bases load and generate, also under the memory limit, so the
     hostile cases fail for their own reason and not because the limit is too tight."""
-    if limit_memory and _sanitized():
+    if limit_memory and is_sanitized(BINARY):
         pytest.skip("sanitizer build: RLIMIT_AS would break the shadow memory")
     for base in (make_hostile.BASE, make_hostile.SHARDED_BASE):
         r = run(base, limit_memory)
@@ -104,7 +99,7 @@ def _params():
 
 @pytest.mark.parametrize("case,limit_memory", list(_params()))
 def test_hostile_checkpoint_fails_cleanly(case, limit_memory, cases_dir):
-    if limit_memory and _sanitized():
+    if limit_memory and is_sanitized(BINARY):
         pytest.skip("sanitizer build: RLIMIT_AS would break the shadow memory")
     d = make_hostile.write_case(case, os.path.join(cases_dir, "memory" if limit_memory else "plain"))
     try:

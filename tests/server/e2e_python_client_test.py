@@ -1,19 +1,18 @@
 """End-to-end: starts the built `modserve` on free loopback ports, calls it from the Python client
-(unary and stream), reads /metrics and finds every metric name of issue 4, then SIGTERM -> exit 0.
+(unary and stream), reads /metrics and finds every metric name of the contract, then SIGTERM -> exit 0.
 
     python3 tests/server/e2e_python_client_test.py BUILD_DIR/bin/modserve CHECKPOINT_DIR
 """
 
 import os
-import re
-import signal
-import subprocess
 import sys
 import unittest
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+from loopback import Server  # noqa: E402
 from modserve_client import Client  # noqa: E402
 
 METRIC_NAMES = [
@@ -43,27 +42,12 @@ BINARY, CHECKPOINT = None, None
 
 class PythonClientEndToEndTest(unittest.TestCase):
     def setUp(self):
-        self.proc = subprocess.Popen(
-            [BINARY, "--model", CHECKPOINT, "--port", "0", "--metrics_port", "0",
-             "--threads", "1", "--drain_timeout", "20s"],
-            stdout=subprocess.PIPE, text=True)
-        self.port = self.metrics_port = None
-        for line in self.proc.stdout:
-            m = re.match(r"modserve listening on 127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            m = re.match(r"modserve metrics on 127\.0\.0\.1:(\d+)/metrics", line)
-            if m:
-                self.metrics_port = int(m.group(1))
-                break
-        self.assertIsNotNone(self.port)
-        self.assertIsNotNone(self.metrics_port)
+        self.server = Server(BINARY, CHECKPOINT, "--threads", "1", "--drain_timeout", "20s",
+                             stderr=None)
+        self.port, self.metrics_port = self.server.port, self.server.metrics_port
 
     def tearDown(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+        self.server.stop()
 
     def test_unary_stream_metrics_and_drain(self):
         prompt = [1, 17, 42, 99, 5]
@@ -91,8 +75,7 @@ class PythonClientEndToEndTest(unittest.TestCase):
                              f"{name} missing from /metrics")
         # Three requests of 12 + 12 + 8 + 8 tokens were generated.
         self.assertRegex(body, r"(?m)^modserve_generation_tokens_total 40(\.0+)?$")
-        self.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(self.proc.wait(timeout=60), 0)
+        self.assertEqual(self.server.terminate(timeout=60), 0)
 
 
 if __name__ == "__main__":

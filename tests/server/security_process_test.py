@@ -8,8 +8,6 @@ Python's grpc.secure_channel with metadata and by the built C++ client's --tls_*
 """
 
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +16,9 @@ import unittest
 import grpc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+from loopback import Server  # noqa: E402
 from modserve.v1 import modserve_pb2  # noqa: E402
 from modserve.v1 import modserve_pb2_grpc  # noqa: E402
 from modserve_client import Client  # noqa: E402
@@ -81,25 +81,14 @@ class SecurityProcessTest(unittest.TestCase):
             self.assertIn(message, proc.stderr)
 
     def test_mutual_tls_token_and_health_port(self):
-        proc = subprocess.Popen(
-            [MODSERVE, "--model", CHECKPOINT, "--port", "0", "--health_port", "0",
-             "--threads", "1", "--tls_cert_file", self.path("server.crt"),
-             "--tls_key_file", self.path("server.key"),
-             "--tls_client_ca_file", self.path("ca.crt"),
-             "--auth_token_file", self.token_file, "--max_new_tokens", "64"],
-            stdout=subprocess.PIPE, text=True)
+        server = Server(MODSERVE, CHECKPOINT, "--health_port", "0", "--threads", "1",
+                        "--tls_cert_file", self.path("server.crt"),
+                        "--tls_key_file", self.path("server.key"),
+                        "--tls_client_ca_file", self.path("ca.crt"),
+                        "--auth_token_file", self.token_file, "--max_new_tokens", "64",
+                        metrics=False, stderr=None)
         try:
-            port = health_port = None
-            for line in proc.stdout:
-                m = re.match(r"modserve listening on 127\.0\.0\.1:(\d+)", line)
-                if m:
-                    port = int(m.group(1))
-                m = re.match(r"modserve health on 127\.0\.0\.1:(\d+)", line)
-                if m:
-                    health_port = int(m.group(1))
-                    break
-            self.assertIsNotNone(port)
-            self.assertIsNotNone(health_port)
+            port, health_port = server.port, server.health_port
             target = f"127.0.0.1:{port}"
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=self.read("ca.crt"), private_key=self.read("client.key"),
@@ -170,9 +159,10 @@ class SecurityProcessTest(unittest.TestCase):
             self.assertEqual(refused.returncode, 1)
             self.assertIn("code 16", refused.stderr)  # UNAUTHENTICATED
         finally:
-            proc.send_signal(signal.SIGTERM)
-            self.assertEqual(proc.wait(timeout=TIMEOUT), 0)
-            proc.stdout.close()
+            try:
+                self.assertEqual(server.terminate(timeout=TIMEOUT), 0)
+            finally:
+                server.stop()
 
 
 if __name__ == "__main__":
