@@ -199,8 +199,14 @@ int Main(int argc, char** argv) {
   const double bw = MeasureReadBandwidth(backend.num_threads());
   std::printf("measured read bandwidth (1 GiB sum, %d threads): %.1f GB/s\n", backend.num_threads(),
               bw);
-  // Optional third argument: "decode" runs only the BF16 decode Gemm (quick kernel iteration).
-  const bool decode_only = argc > 3 && std::string(argv[3]) == "decode";
+  // Optional third argument: "decode" runs only the BF16 decode Gemm, "attention" only the
+  // paged decode attention (quick kernel iteration).
+  const std::string only = argc > 3 ? argv[3] : "";
+  if (only == "attention") {
+    for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, batch, 1024);
+    return 0;
+  }
+  const bool decode_only = only == "decode";
   const std::pair<int64_t, int64_t> shapes[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
   for (auto [m, k] : shapes) {
     BenchDecodeGemm<bf16_t>(backend, DType::kBF16, m, k, bw);

@@ -422,27 +422,18 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
 
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
-      for (int64_t t = 0; t < nt; ++t) {
-        const int64_t j = t0 + t;
+      for (int64_t t = 0; t < nt;) {
         // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
+        // The entries of one head in one page are contiguous rows: converted in one call.
+        const int64_t j = t0 + t, run = std::min(bs - j % bs, nt - t);
         const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
-        KvToF32(base + g * bs * hd, hd, k_tile + t * hd);
-        KvToF32(base + (kv + g) * bs * hd, hd, v_tile + t * hd);
+        KvToF32(base + g * bs * hd, run * hd, k_tile + t * hd);
+        KvToF32(base + (kv + g) * bs * hd, run * hd, v_tile + t * hd);
+        t += run;
       }
       kern.attn_scores(qg, group, k_tile, nt, hd, scale, scores, kKeyTile);
       for (int64_t h = 0; h < group; ++h) {
-        float* sh = scores + h * kKeyTile;
-        float tile_max = sh[0];
-        for (int64_t t = 1; t < nt; ++t) tile_max = std::max(tile_max, sh[t]);
-        const float m_new = std::max(m[h], tile_max);
-        rescale[h] = std::exp(m[h] - m_new);  // exp(-inf) = 0 on the first tile
-        float sum = 0.0f;
-        for (int64_t t = 0; t < nt; ++t) {
-          sh[t] = std::exp(sh[t] - m_new);
-          sum += sh[t];
-        }
-        l[h] = l[h] * rescale[h] + sum;
-        m[h] = m_new;
+        rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
       }
       kern.attn_accumulate(scores, kKeyTile, group, v_tile, nt, hd, rescale, acc);
     }

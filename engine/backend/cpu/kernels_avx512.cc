@@ -36,9 +36,18 @@ struct Avx512 {
   }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static float ReduceAdd(V v) { return _mm512_reduce_add_ps(v); }
+  static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
+  static V Min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V Round(V v) {
+    return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // p * 2^n for integral n in [-126, 127].
+  static V Ldexp(V p, V n) { return _mm512_scalef_ps(p, n); }
   static float ToF32(float v) { return v; }
   static float ToF32(bf16_t v) {
     const uint32_t u = static_cast<uint32_t>(v.bits) << 16;

@@ -21,9 +21,15 @@ struct Scalar {
   static V Load(const f16_t* p) { return F16ToF32(*p); }
   static V Fma(V a, V b, V c) { return a * b + c; }
   static V Add(V a, V b) { return a + b; }
+  static V Sub(V a, V b) { return a - b; }
   static V Mul(V a, V b) { return a * b; }
+  static V Max(V a, V b) { return a > b ? a : b; }
   static void Store(float* p, V v) { *p = v; }
   static float ReduceAdd(V v) { return v; }
+  static float ReduceMax(V v) { return v; }
+  static V Min(V a, V b) { return a < b ? a : b; }
+  static V Round(V v) { return __builtin_nearbyintf(v); }
+  static V Ldexp(V p, V n) { return __builtin_ldexpf(p, static_cast<int>(n)); }
   static float ToF32(float v) { return v; }
   static float ToF32(bf16_t v) { return Bf16ToF32(v); }
   static float ToF32(f16_t v) { return F16ToF32(v); }

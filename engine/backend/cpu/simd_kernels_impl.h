@@ -7,7 +7,9 @@
 //
 // S provides: V (vector of kLanes floats), kLanes, kMr (micro-kernel rows), kSmallNx (x rows per
 // small-n tile), Zero(), Set1(float), Load(const float*|const f16_t*|const bf16_t*) -> V,
-// Fma(a, b, c) = a * b + c, Mul, Store(float*, V), ReduceAdd(V), ToF32(float|f16_t|bf16_t).
+// Fma(a, b, c) = a * b + c, Add, Sub, Mul, Min, Max, Round (to nearest integer), Ldexp(p, n) =
+// p * 2^n for integral n in [-126, 127], Store(float*, V), ReduceAdd(V), ReduceMax(V),
+// ToF32(float|f16_t|bf16_t).
 
 inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -233,22 +235,118 @@ void AttnScores(const float* q, int64_t num_q, const float* keys, int64_t num_ke
   }
 }
 
-// The accumulator of one head_dim chunk stays in a register across all keys of the tile.
+// e^x for every lane, clamped to [-87, 88] (results stay normal floats): x = n ln2 + r with
+// |r| <= ln2 / 2, e^r by Cephes' degree-6 expf polynomial, times 2^n. Within 2 ulp of expf.
+template <class S>
+typename S::V VecExp(typename S::V x) {
+  using V = typename S::V;
+  x = S::Min(S::Max(x, S::Set1(-87.0f)), S::Set1(88.0f));
+  const V n = S::Round(S::Mul(x, S::Set1(1.44269504088896341f)));
+  V r = S::Fma(n, S::Set1(-0.693359375f), x);  // ln2 in two parts: n * hi is exact
+  r = S::Fma(n, S::Set1(2.12194440e-4f), r);
+  V p = S::Set1(1.9875691500e-4f);
+  p = S::Fma(p, r, S::Set1(1.3981999507e-3f));
+  p = S::Fma(p, r, S::Set1(8.3334519073e-3f));
+  p = S::Fma(p, r, S::Set1(4.1665795894e-2f));
+  p = S::Fma(p, r, S::Set1(1.6666665459e-1f));
+  p = S::Fma(p, r, S::Set1(5.0000001201e-1f));
+  p = S::Fma(p, S::Mul(r, r), S::Add(r, S::Set1(1.0f)));
+  return S::Ldexp(p, n);
+}
+
+// One key tile of the online softmax of one head: m' = max(m, max_t s[t]); s[t] = e^(s[t] - m');
+// l = l * e^(m - m') + sum_t s[t]; m = m'. Returns e^(m - m'), 0 on the first tile (m = -inf).
+template <class S>
+float AttnSoftmaxTile(float* s, int64_t n, float* m, float* l) {
+  using V = typename S::V;
+  const int64_t n_vec = n - n % S::kLanes;
+  float tile_max = -__builtin_inff();
+  if (n_vec > 0) {
+    V vmax = S::Load(s);
+    for (int64_t t = S::kLanes; t < n_vec; t += S::kLanes) vmax = S::Max(vmax, S::Load(s + t));
+    tile_max = S::ReduceMax(vmax);
+  }
+  for (int64_t t = n_vec; t < n; ++t) tile_max = s[t] > tile_max ? s[t] : tile_max;
+  const float m_new = *m > tile_max ? *m : tile_max;
+  const float rescale = __builtin_expf(*m - m_new);
+  const V vm = S::Set1(m_new);
+  V vsum = S::Zero();
+  for (int64_t t = 0; t < n_vec; t += S::kLanes) {
+    const V e = VecExp<S>(S::Sub(S::Load(s + t), vm));
+    S::Store(s + t, e);
+    vsum = S::Add(vsum, e);
+  }
+  float sum = S::ReduceAdd(vsum);
+  for (int64_t t = n_vec; t < n; ++t) {
+    s[t] = __builtin_expf(s[t] - m_new);
+    sum += s[t];
+  }
+  *l = *l * rescale + sum;
+  *m = m_new;
+  return rescale;
+}
+
+// HB heads x DC vectors of head_dim (from d0) of AttnAccumulate, all in registers across the
+// keys: each value vector is loaded once for the HB heads, each probability once for DC vectors.
+template <class S, int HB, int DC>
+void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const float* values,
+                         int64_t num_keys, int64_t head_dim, int64_t d0, const float* rescale,
+                         float* acc) {
+  using V = typename S::V;
+  V a[HB][DC];
+#pragma GCC unroll 8
+  for (int h = 0; h < HB; ++h) {
+    const V rv = S::Set1(rescale[h]);
+#pragma GCC unroll 8
+    for (int c = 0; c < DC; ++c) a[h][c] = S::Mul(S::Load(acc + h * head_dim + d0 + c * S::kLanes), rv);
+  }
+  for (int64_t t = 0; t < num_keys; ++t) {
+    V v[DC];
+#pragma GCC unroll 8
+    for (int c = 0; c < DC; ++c) v[c] = S::Load(values + t * head_dim + d0 + c * S::kLanes);
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; ++h) {
+      const V pv = S::Set1(probs[h * ld_probs + t]);
+#pragma GCC unroll 8
+      for (int c = 0; c < DC; ++c) a[h][c] = S::Fma(pv, v[c], a[h][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < HB; ++h) {
+#pragma GCC unroll 8
+    for (int c = 0; c < DC; ++c) S::Store(acc + h * head_dim + d0 + c * S::kLanes, a[h][c]);
+  }
+}
+
+template <class S, int HB>
+void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const float* values,
+                         int64_t num_keys, int64_t head_dim, int64_t d_vec, const float* rescale,
+                         float* acc) {
+  int64_t d = 0;
+  for (; d + 2 * S::kLanes <= d_vec; d += 2 * S::kLanes) {
+    AttnAccumulateBlock<S, HB, 2>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
+  }
+  for (; d < d_vec; d += S::kLanes) {
+    AttnAccumulateBlock<S, HB, 1>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
+  }
+}
+
 template <class S>
 void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const float* values,
                     int64_t num_keys, int64_t head_dim, const float* rescale, float* acc) {
   const int64_t d_vec = head_dim - head_dim % S::kLanes;
-  for (int64_t g = 0; g < num_q; ++g) {
+  int64_t g = 0;
+  for (; g + 4 <= num_q; g += 4) {
+    AttnAccumulateHeads<S, 4>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
+                              rescale + g, acc + g * head_dim);
+  }
+  for (; g < num_q; ++g) {
+    AttnAccumulateHeads<S, 1>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
+                              rescale + g, acc + g * head_dim);
+  }
+  for (g = 0; g < num_q; ++g) {
     const float* pg = probs + g * ld_probs;
     float* ag = acc + g * head_dim;
-    const typename S::V rv = S::Set1(rescale[g]);
-    for (int64_t d = 0; d < d_vec; d += S::kLanes) {
-      typename S::V a = S::Mul(S::Load(ag + d), rv);
-      for (int64_t t = 0; t < num_keys; ++t) {
-        a = S::Fma(S::Set1(pg[t]), S::Load(values + t * head_dim + d), a);
-      }
-      S::Store(ag + d, a);
-    }
     for (int64_t d = d_vec; d < head_dim; ++d) {
       float a = ag[d] * rescale[g];
       for (int64_t t = 0; t < num_keys; ++t) a += pg[t] * values[t * head_dim + d];
@@ -271,6 +369,7 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
       .to_f32_f16 = &ToF32F16<S>,
       .to_f32_bf16 = &ToF32Bf16<S>,
       .attn_scores = &AttnScores<S>,
+      .attn_softmax = &AttnSoftmaxTile<S>,
       .attn_accumulate = &AttnAccumulate<S>,
   };
 }
