@@ -1,6 +1,7 @@
 // CPU kernel benchmark: machine read bandwidth, decode Gemm weight-read GB/s (n = 1, 4, 16) and
 // prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention.
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads] [scalar|avx2|avx512]
+// [decode|attention] (the last: only that benchmark).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
 #include <algorithm>

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# compare.sh: head-to-head CPU benchmark of modserve against llama.cpp on the same synthetic dense
+# checkpoints (modserve-bench's 110m and TinyLlama shapes): batch-1 decode and 512-token prefill.
+# It does not check correctness (check_same_tokens.sh does) and downloads nothing.
+#
+# Steps: (a) builds llama.cpp (llama-bench + libllama, Release, GGML_NATIVE) from the
+# llama-cpp-python sdist into $LLAMACPP_DIR/build unless llama-bench is there; (b) runs
+# modserve-bench per shape (dense + MoD, batch 1; it also writes the checkpoints when missing);
+# (c) converts each dense checkpoint to GGUF per weight type ($WTYPES, default "bf16 f16");
+# (d) runs llama-bench: pp$PP from an empty context, and tg$TG after a $CTX-token context
+# (-d $CTX), matching modserve-bench's "--contexts $CTX --steps $TG"; (e) prints one table last.
+# Both engines use $THREADS threads and an F16 KV cache.
+#
+# Needs: cmake, ninja, a C/C++ compiler; the sdist (arg 1 or LLAMACPP_SDIST, default
+# /tmp/lcp/llama_cpp_python-0.3.36.tar.gz, which vendors llama.cpp; fetch it from PyPI with
+# `pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all: -d /tmp/lcp`); a Release
+# modserve build with modserve-bench
+# (MODSERVE_BIN_DIR, default build-bench/bin: `ninja -C build-bench modserve-bench`); a python with
+# numpy + gguf (GGUF_PY, default /tmp/gguf-venv/bin/python:
+# `python3 -m venv /tmp/gguf-venv && /tmp/gguf-venv/bin/pip install gguf numpy`);
+# ~5 GB free under $LLAMACPP_DIR for the TinyLlama GGUFs. Run it on a quiet machine.
+#
+#   tests/bench/llamacpp/compare.sh [SDIST]
+#   SHAPES="110m tinyllama" WTYPES="bf16 f16 q8_0" THREADS=2 CTX=128 TG=64 PP=512 REPS=3
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../../.." && pwd)"
+LLAMACPP_SDIST="${1:-${LLAMACPP_SDIST:-/tmp/lcp/llama_cpp_python-0.3.36.tar.gz}}"
+LLAMACPP_DIR="${LLAMACPP_DIR:-/tmp/llamacpp}"
+MODSERVE_BIN_DIR="${MODSERVE_BIN_DIR:-$REPO/build-bench/bin}"
+GGUF_PY="${GGUF_PY:-/tmp/gguf-venv/bin/python}"
+WORKDIR="${WORKDIR:-/tmp/modserve-bench}"
+SHAPES="${SHAPES:-110m tinyllama}"
+WTYPES="${WTYPES:-bf16 f16}"
+THREADS="${THREADS:-2}"
+CTX="${CTX:-128}"
+TG="${TG:-64}"
+PP="${PP:-512}"
+REPS="${REPS:-3}"
+JOBS="${JOBS:-2}"
+BUILD="$LLAMACPP_DIR/build"
+OUT="$LLAMACPP_DIR/results"
+mkdir -p "$LLAMACPP_DIR/gguf" "$OUT"
+RESULTS="$OUT/results.tsv"
+: > "$RESULTS"
+log() { echo "compare.sh: $*" >&2; }
+
+# (a) llama.cpp
+if [[ ! -x "$BUILD/bin/llama-bench" ]]; then
+  SRC="$(ls -d "$LLAMACPP_DIR"/*/vendor/llama.cpp 2>/dev/null | head -1 || true)"
+  if [[ -z "$SRC" ]]; then
+    [[ -f "$LLAMACPP_SDIST" ]] || { log "no llama.cpp sdist at $LLAMACPP_SDIST"; exit 1; }
+    tar -xzf "$LLAMACPP_SDIST" -C "$LLAMACPP_DIR"
+    SRC="$(ls -d "$LLAMACPP_DIR"/*/vendor/llama.cpp | head -1)"
+  fi
+  log "building llama.cpp from $SRC"
+  t0=$(date +%s)
+  nice -n 19 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TOOLS=ON \
+    > "$OUT/cmake.log"
+  nice -n 19 ninja -C "$BUILD" -j"$JOBS" llama-bench llama > "$OUT/ninja.log"
+  log "llama.cpp built in $(( $(date +%s) - t0 )) s"
+fi
+[[ -x "$MODSERVE_BIN_DIR/modserve-bench" ]] || {
+  log "no $MODSERVE_BIN_DIR/modserve-bench"; exit 1; }
+[[ -x "$GGUF_PY" ]] || { log "no python with gguf at $GGUF_PY (see the header)"; exit 1; }
+
+for shape in $SHAPES; do
+  # (b) modserve: dense and MoD, batch 1, the same context, steps, threads and KV dtype.
+  log "modserve-bench $shape"
+  "$MODSERVE_BIN_DIR/modserve-bench" --workdir "$WORKDIR" --shapes "$shape" --batches 1 \
+    --contexts "$CTX" --steps "$TG" --threads "$THREADS" --kv_dtype f16 \
+    --prefill_tokens "$PP" --prefill_reps "$REPS" --variants dense,mod \
+    | tee "$OUT/modserve-$shape.txt" >&2
+  python3 - "$OUT/modserve-$shape.txt" "$shape" "$CTX" >> "$RESULTS" <<'EOF'
+import re, sys
+text, shape, ctx = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
+for v in ("dense", "mod"):
+    d = re.search(rf"\[{shape} {v}\s*\] ctx\s+{ctx} batch\s+1:\s+([\d.]+) tok/s\s+([\d.]+) GB/s",
+                  text)
+    p = re.search(rf"\[{shape} {v}\s*\] prefill \d+ tokens: ([\d.]+) tok/s", text)
+    print("\t".join([shape, "modserve" + ("" if v == "dense" else " MoD"), "bf16",
+                     d.group(1) if d else "?", p.group(1) if p else "?",
+                     f"decode {d.group(2)} GB/s (weights+KV)" if d else "-"]))
+bw = re.search(r"read bandwidth at the end: ([\d.]+) GB/s \(start ([\d.]+) GB/s", text)
+if bw:
+    print("\t".join([shape, "(machine)", "-", "-", "-",
+                     f"read bw {bw.group(2)} -> {bw.group(1)} GB/s during modserve-bench"]))
+EOF
+
+  # (c) + (d) llama.cpp, per weight type.
+  for wt in $WTYPES; do
+    gguf="$LLAMACPP_DIR/gguf/$shape-dense-$wt.gguf"
+    if [[ ! -f "$gguf" || "$WORKDIR/$shape-dense/model.safetensors" -nt "$gguf" ]]; then
+      log "converting $shape-dense to $wt"
+      nice -n 10 "$GGUF_PY" "$HERE/to_gguf.py" "$WORKDIR/$shape-dense" "$gguf.tmp" --outtype "$wt"
+      mv "$gguf.tmp" "$gguf"
+    fi
+    # Q8_0 is repacked for AMX when the CPU reports it; on the 2-vCPU dev VM that path dies with
+    # SIGILL on multi-token batches, so Q8_0 runs unrepacked unless LLAMA_REPACK says otherwise.
+    repack="${LLAMA_REPACK:-$([[ $wt == q8_0 ]] && echo 0 || echo 1)}"
+    log "llama-bench $shape $wt (repack $repack)"
+    "$BUILD/bin/llama-bench" -m "$gguf" -t "$THREADS" -r "$REPS" -ctk f16 -ctv f16 \
+      --repack "$repack" -p "$PP" -n 0 -o json > "$OUT/llama-$shape-$wt-pp.json"
+    "$BUILD/bin/llama-bench" -m "$gguf" -t "$THREADS" -r "$REPS" -ctk f16 -ctv f16 \
+      --repack "$repack" -p 0 -n "$TG" -d "$CTX" -o json > "$OUT/llama-$shape-$wt-tg.json"
+    python3 - "$OUT/llama-$shape-$wt-pp.json" "$OUT/llama-$shape-$wt-tg.json" "$shape" "$wt" \
+      >> "$RESULTS" <<'EOF'
+import json, sys
+pp, tg = (json.load(open(p))[0] for p in sys.argv[1:3])
+print("\t".join([sys.argv[3], "llama.cpp", sys.argv[4],
+                 f"{tg['avg_ts']:.2f} ±{tg['stddev_ts']:.2f}",
+                 f"{pp['avg_ts']:.1f} ±{pp['stddev_ts']:.1f}",
+                 f"decode {tg['model_size'] * tg['avg_ts'] / 1e9:.1f} GB/s (weights); "
+                 f"fa {tg.get('flash_attn')} (-1 = auto), repack {tg.get('repack')}"]))
+EOF
+  done
+done
+
+# (e)
+echo
+echo "batch-1 decode: ctx $CTX -> $((CTX + TG)), $TG tokens; prefill: $PP tokens from empty;" \
+     "$THREADS threads; KV f16; llama.cpp = mean ± sd of $REPS reps, modserve = its own timing"
+printf '| %s | %s | %s | %s | %s | %s |\n' shape engine weights "decode tok/s" "prefill tok/s" notes
+printf '|---|---|---|---:|---:|---|\n'
+while IFS=$'\t' read -r a b c d e f; do
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$a" "$b" "$c" "$d" "$e" "$f"
+done < "$RESULTS"
