@@ -3,6 +3,7 @@ its /metrics parsed, polling with a deadline, and whether a binary is a sanitize
 nothing by itself and never leaves a process behind when a Server is used as a context manager.
 """
 
+import functools
 import math
 import re
 import signal
@@ -74,6 +75,7 @@ def histogram_quantile(q, buckets):
     return buckets[-2][0]
 
 
+@functools.lru_cache(maxsize=None)
 def is_sanitized(binary):
     """Whether `binary` was built with AddressSanitizer or ThreadSanitizer (its RSS and address
     space say nothing then: shadow memory and quarantine)."""
@@ -85,8 +87,8 @@ def is_sanitized(binary):
 class Server:
     """One `modserve` process on --port 0 (and --metrics_port 0 unless `metrics` is False), with the
     ports it prints. `extra` are more flags; a "--health_port" among them adds `health_port`.
-    `stderr` is where the server's log goes (default: discarded). Later stdout lines are kept in
-    `output`, read by a thread so the pipe never fills."""
+    `stderr` is where the server's log goes (default: discarded). A thread reads and drops later
+    stdout lines, so the pipe never fills."""
 
     def __init__(self, binary, model, *extra, metrics=True, stderr=subprocess.DEVNULL):
         args = [binary, "--model", model, "--port", "0"]
@@ -106,7 +108,6 @@ class Server:
         self.port = ports.get("listening")
         self.metrics_port = ports.get("metrics")
         self.health_port = ports.get("health")
-        self.output = []
         if not want <= ports.keys():
             self.stop()
             raise RuntimeError(f"{binary} did not print its ports {sorted(want - ports.keys())} "
@@ -115,8 +116,8 @@ class Server:
         self._reader.start()
 
     def _drain(self):
-        for line in self.proc.stdout:
-            self.output.append(line)
+        for _ in self.proc.stdout:
+            pass
 
     @property
     def address(self):

@@ -1,9 +1,9 @@
 """Deployment files (Dockerfile, deploy/): they parse, are wired to each other and to the repo, use
-only the metric names of the server contract (README.md, "Metrics"), and the alert rules and dashboard queries
-compute what they claim (promtool). Builds no image and reaches no cluster; the live-server check
-needs a built build/bin/modserve and skips without one; the promtool checks skip without promtool.
+only the metric names of the server contract (README.md, "Metrics"), and the alert rules and
+dashboard queries compute what they claim (promtool). Builds no image and reaches no cluster; the
+live-server check needs a built build/bin/modserve and skips without one; the promtool checks skip
+without promtool.
 """
-import fnmatch
 import glob
 import json
 import os
@@ -30,8 +30,8 @@ K8S = os.path.join(DEPLOY, "k8s")
 DASHBOARD = os.path.join(DEPLOY, "grafana", "dashboards", "modserve.json")
 BUILD = os.path.join(ROOT, os.environ.get("MODSERVE_BUILD_DIR", "build"))
 
-# The metric contract (README.md, "Metrics"): name -> (type, labels). The dashboard, the alerts and the
-# autoscaler may use these names and no others.
+# The metric contract (README.md, "Metrics"): name -> (type, labels). The dashboard, the alerts
+# and the autoscaler may use these names and no others.
 CONTRACT = {
     "modserve_time_to_first_token_seconds": ("histogram", set()),
     "modserve_inter_token_latency_seconds": ("histogram", set()),

@@ -1,5 +1,6 @@
 """End-to-end: starts the built `modserve` on free loopback ports, calls it from the Python client
-(unary and stream), reads /metrics and finds every metric name of the contract, then SIGTERM -> exit 0.
+(unary and stream), reads /metrics and finds every metric name of the contract, then SIGTERM ->
+exit 0.
 
     python3 tests/server/e2e_python_client_test.py BUILD_DIR/bin/modserve CHECKPOINT_DIR
 """

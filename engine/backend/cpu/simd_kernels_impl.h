@@ -299,7 +299,9 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const float* valu
   for (int h = 0; h < HB; ++h) {
     const V rv = S::Set1(rescale[h]);
 #pragma GCC unroll 8
-    for (int c = 0; c < DC; ++c) a[h][c] = S::Mul(S::Load(acc + h * head_dim + d0 + c * S::kLanes), rv);
+    for (int c = 0; c < DC; ++c) {
+      a[h][c] = S::Mul(S::Load(acc + h * head_dim + d0 + c * S::kLanes), rv);
+    }
   }
   for (int64_t t = 0; t < num_keys; ++t) {
     V v[DC];
