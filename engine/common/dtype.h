@@ -1,5 +1,6 @@
 // Element types of weights and activations, and exact scalar conversions between them.
-// F32 activations everywhere; F16/BF16 appear only as stored weights and KV entries.
+// F32 activations everywhere; F16/BF16 appear only as stored weights and KV entries, and the
+// block-quantized types (GGML layouts, engine/common/quant.h) only as stored weights.
 #ifndef MODSERVE_ENGINE_COMMON_DTYPE_H_
 #define MODSERVE_ENGINE_COMMON_DTYPE_H_
 
@@ -11,9 +12,49 @@
 namespace modserve {
 
 // kI32 is for indices (token ids, positions, page tables, slot maps), never for weights.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+// kQ8_0 .. kQ6_K are block-quantized weight storage as GGUF files hold it: each run of
+// DTypeBlockElems(t) consecutive elements of a row is one block of DTypeBlockBytes(t) bytes, so
+// a quantized row's length must be a multiple of the block.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ6_K };
 
-constexpr size_t DTypeBytes(DType t) {
+constexpr bool DTypeIsQuantized(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI32:
+      return false;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      return true;
+  }
+  return false;
+}
+
+// Elements per block: 1 for the plain types.
+constexpr int64_t DTypeBlockElems(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI32:
+      return 1;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+      return 32;
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      return 256;
+  }
+  return 1;
+}
+
+// Bytes per block (per element for the plain types).
+constexpr size_t DTypeBlockBytes(DType t) {
   switch (t) {
     case DType::kF32:
       return 4;
@@ -23,8 +64,28 @@ constexpr size_t DTypeBytes(DType t) {
       return 2;
     case DType::kI32:
       return 4;
+    case DType::kQ8_0:
+      return 34;  // f16 scale, 32 x int8
+    case DType::kQ4_0:
+      return 18;  // f16 scale, 32 x 4 bits
+    case DType::kQ4_1:
+      return 20;  // f16 scale and minimum, 32 x 4 bits
+    case DType::kQ4_K:
+      return 144;  // f16 super-scale and super-minimum, 12 bytes of 6-bit scales, 256 x 4 bits
+    case DType::kQ6_K:
+      return 210;  // 256 x 6 bits, 16 x int8 scales, f16 super-scale
   }
   return 0;
+}
+
+// Bytes of one element of a plain type; 0 for the block-quantized types, which have no
+// per-element size (use DTypeRowBytes).
+constexpr size_t DTypeBytes(DType t) { return DTypeIsQuantized(t) ? 0 : DTypeBlockBytes(t); }
+
+// Bytes of `num_elems` consecutive elements; for a quantized type num_elems must be a multiple
+// of the block (callers check shapes first).
+constexpr size_t DTypeRowBytes(DType t, int64_t num_elems) {
+  return static_cast<size_t>(num_elems / DTypeBlockElems(t)) * DTypeBlockBytes(t);
 }
 
 constexpr std::string_view DTypeName(DType t) {
@@ -37,6 +98,16 @@ constexpr std::string_view DTypeName(DType t) {
       return "BF16";
     case DType::kI32:
       return "I32";
+    case DType::kQ8_0:
+      return "Q8_0";
+    case DType::kQ4_0:
+      return "Q4_0";
+    case DType::kQ4_1:
+      return "Q4_1";
+    case DType::kQ4_K:
+      return "Q4_K";
+    case DType::kQ6_K:
+      return "Q6_K";
   }
   return "?";
 }

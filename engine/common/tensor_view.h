@@ -41,7 +41,8 @@ struct TensorView {
     for (int i = 0; i < ndim; ++i) n *= shape[i];
     return n;
   }
-  size_t bytes() const { return static_cast<size_t>(numel()) * DTypeBytes(dtype); }
+  // Quantized views: the innermost dim is a multiple of the block (checked where they are made).
+  size_t bytes() const { return DTypeRowBytes(dtype, numel()); }
   bool empty() const { return data == nullptr; }
 
   // Typed access; CHECKs that T matches the dtype (a caller bug otherwise).

@@ -105,6 +105,11 @@ absl::Status CheckFinite(const TensorView& v, absl::string_view name) {
     case DType::kBF16:
       return CheckFiniteAs<bf16_t>(v, name, Bf16ToF32);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   const std::string_view dtype_name = DTypeName(v.dtype);

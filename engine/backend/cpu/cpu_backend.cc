@@ -171,6 +171,11 @@ void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const Ten
     case DType::kBF16:
       return EmbedT<bf16_t>(ids, table, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "Embed table dtype " << DTypeName(table.dtype);
@@ -218,6 +223,11 @@ void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const
     case DType::kBF16:
       return RmsNormT<bf16_t>(params.eps, x, weight, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
@@ -267,6 +277,11 @@ void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView
     case DType::kBF16:
       return GemmT<bf16_t>(x, w, bias, out, kernels_.gemm_small_bf16, kernels_.gemm_large_bf16);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);
@@ -342,6 +357,11 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
     case DType::kBF16:
       return RopeAndAppendKvT<bf16_t>(params, q, k, v, positions, slots, kv_pool);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
@@ -496,6 +516,11 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
     case DType::kBF16:
       return AttentionT<bf16_t>(params, q, kv_pool, page_table, row_seq, row_kv_len, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);

@@ -173,6 +173,11 @@ void Embed(const TensorView& ids, const TensorView& table, const TensorView& out
     case DType::kBF16:
       return EmbedT<bf16_t>(ids, table, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "Embed table dtype " << DTypeName(table.dtype);
@@ -189,6 +194,11 @@ void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView&
     case DType::kBF16:
       return RmsNormT<bf16_t>(params.eps, x, weight, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
@@ -204,6 +214,11 @@ void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias, cons
     case DType::kBF16:
       return GemmT<bf16_t>(x, w, bias, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);
@@ -221,6 +236,11 @@ void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const Tensor
     case DType::kBF16:
       return RopeAndAppendKvT<bf16_t>(params, q, k, v, positions, slots, kv_pool);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
@@ -238,6 +258,11 @@ void Attention(const AttentionParams& params, const TensorView& q, const TensorV
     case DType::kBF16:
       return AttentionT<bf16_t>(params, q, kv_pool, page_table, row_seq, row_kv_len, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);

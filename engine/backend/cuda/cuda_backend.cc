@@ -302,6 +302,11 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
     case DType::kF32:
       return GemmF32(x.as<float>(), w.data, b, n, m, k, out.as<float>());
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);

@@ -22,14 +22,16 @@ struct HostTensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> dims;
   std::vector<uint8_t> storage;
+  int64_t numel_ = 0;
 
   HostTensor() = default;
   HostTensor(DType t, std::vector<int64_t> d) : dtype(t), dims(std::move(d)) {
     int64_t numel = 1;
     for (int64_t x : dims) numel *= x;
-    storage.assign(static_cast<size_t>(numel) * DTypeBytes(dtype), 0);
+    numel_ = numel;
+    storage.assign(DTypeRowBytes(dtype, numel), 0);
   }
-  int64_t numel() const { return static_cast<int64_t>(storage.size() / DTypeBytes(dtype)); }
+  int64_t numel() const { return numel_; }
   TensorView view() { return MakeView(storage.data(), Device::kCpu); }
   TensorView MakeView(void* data, Device device) const {
     TensorView v;
@@ -65,6 +67,12 @@ struct HostTensor {
         std::memcpy(&v, storage.data() + 4 * i, 4);
         return static_cast<float>(v);
       }
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+      case DType::kQ4_1:
+      case DType::kQ4_K:
+      case DType::kQ6_K:
+        break;  // block-quantized: no per-element access here
     }
     return 0.0f;
   }
@@ -91,7 +99,12 @@ inline HostTensor Random(std::mt19937& rng, DType dtype, std::vector<int64_t> di
         break;
       }
       case DType::kI32:
-        ADD_FAILURE() << "Random() is for float tensors";
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+      case DType::kQ4_1:
+      case DType::kQ4_K:
+      case DType::kQ6_K:
+        ADD_FAILURE() << "Random() is for plain float tensors";
         break;
     }
   }

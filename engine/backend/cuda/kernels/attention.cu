@@ -234,6 +234,11 @@ cudaError_t Attention(cudaStream_t stream, const AttentionArgs& args, const Atte
       err = LaunchMain<__nv_bfloat16>(stream, ka, grid);
       break;
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   if (err != cudaSuccess || plan.splits == 1) return err;

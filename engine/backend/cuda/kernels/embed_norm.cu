@@ -67,6 +67,11 @@ cudaError_t Embed(cudaStream_t stream, const int32_t* ids, int64_t n, const void
     case DType::kBF16:
       return LaunchEmbed<__nv_bfloat16>(stream, ids, n, table, vocab, d, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;
@@ -83,6 +88,11 @@ cudaError_t RmsNorm(cudaStream_t stream, const float* x, const void* w, DType dt
     case DType::kBF16:
       return LaunchRmsNorm<__nv_bfloat16>(stream, x, w, n, d, eps, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;

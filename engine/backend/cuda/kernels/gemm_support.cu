@@ -104,6 +104,11 @@ cudaError_t CombinePlanes(cudaStream_t stream, const float* p, const void* bias,
     case DType::kBF16:
       return LaunchCombine<__nv_bfloat16>(stream, p, bias, n, m, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;
@@ -119,6 +124,11 @@ cudaError_t WidenToF32(cudaStream_t stream, const void* src, DType dt, int64_t c
     case DType::kBF16:
       return LaunchWiden<__nv_bfloat16>(stream, src, count, dst);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;
@@ -135,6 +145,11 @@ cudaError_t AddBias(cudaStream_t stream, const void* bias, DType dt, int64_t n, 
     case DType::kBF16:
       return LaunchAddBias<__nv_bfloat16>(stream, bias, n, m, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;

@@ -160,6 +160,11 @@ cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void*
     case DType::kBF16:
       return LaunchGemv<__nv_bfloat16>(stream, x, w, bias, n, m, k, out);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;

@@ -85,6 +85,11 @@ cudaError_t RopeAndAppendKv(cudaStream_t stream, const RopeKvArgs& args) {
     case DType::kBF16:
       return Launch<__nv_bfloat16>(stream, args);
     case DType::kI32:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   return cudaErrorInvalidValue;
