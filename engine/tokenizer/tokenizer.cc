@@ -37,40 +37,62 @@ std::string TokenName(const nlohmann::json& config, const char* key) {
   return "";
 }
 
+// "chat_template" is a string or, in newer files, a list of named templates.
+absl::StatusOr<std::string> ChatTemplate(const nlohmann::json& config,
+                                         const std::string& path) {
+  auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const nlohmann::json& entry : *it) {
+      if (entry.is_object() && entry.value("name", "") == "default" &&
+          entry.contains("template") && entry["template"].is_string()) {
+        return entry["template"].get<std::string>();
+      }
+    }
+    return std::string();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", path, "': chat_template is neither a string nor a list of templates"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
   const std::filesystem::path dir(model_dir);
   std::error_code ec;
+  std::string bos, eos, chat_template;
+  const std::filesystem::path config_path = dir / "tokenizer_config.json";
+  if (std::filesystem::is_regular_file(config_path, ec)) {
+    MODSERVE_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path));
+    nlohmann::json config = nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+    if (!config.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", config_path.string(), "' is not a JSON object"));
+    }
+    bos = TokenName(config, "bos_token");
+    eos = TokenName(config, "eos_token");
+    MODSERVE_ASSIGN_OR_RETURN(chat_template, ChatTemplate(config, config_path.string()));
+  }
+  std::unique_ptr<Tokenizer> tokenizer;
   const std::filesystem::path json_path = dir / "tokenizer.json";
+  const std::filesystem::path model_path = dir / "tokenizer.model";
   if (std::filesystem::is_regular_file(json_path, ec)) {
     MODSERVE_ASSIGN_OR_RETURN(std::string json_text, ReadFile(json_path));
-    std::string bos, eos;
-    const std::filesystem::path config_path = dir / "tokenizer_config.json";
-    if (std::filesystem::is_regular_file(config_path, ec)) {
-      MODSERVE_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path));
-      nlohmann::json config =
-          nlohmann::json::parse(config_text, nullptr, /*allow_exceptions=*/false);
-      if (!config.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("'", config_path.string(), "' is not a JSON object"));
-      }
-      bos = TokenName(config, "bos_token");
-      eos = TokenName(config, "eos_token");
+    auto loaded = LoadBpeTokenizerFromJson(json_text, {bos, eos});
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat(json_path.string(), ": ", loaded.status().message()));
     }
-    auto tokenizer = LoadBpeTokenizerFromJson(json_text, {bos, eos});
-    if (!tokenizer.ok()) {
-      return absl::Status(tokenizer.status().code(),
-                          absl::StrCat(json_path.string(), ": ", tokenizer.status().message()));
-    }
-    return tokenizer;
+    tokenizer = *std::move(loaded);
+  } else if (std::filesystem::is_regular_file(model_path, ec)) {
+    MODSERVE_ASSIGN_OR_RETURN(tokenizer, LoadSentencePieceTokenizer(model_path.string()));
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat("no tokenizer.json or tokenizer.model in '", model_dir, "'"));
   }
-  const std::filesystem::path model_path = dir / "tokenizer.model";
-  if (std::filesystem::is_regular_file(model_path, ec)) {
-    return LoadSentencePieceTokenizer(model_path.string());
-  }
-  return absl::NotFoundError(
-      absl::StrCat("no tokenizer.json or tokenizer.model in '", model_dir, "'"));
+  tokenizer->set_chat_template(std::move(chat_template));
+  return tokenizer;
 }
 
 }  // namespace modserve::engine

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -49,11 +50,21 @@ class Tokenizer {
   // (bos_token_id, eos_token_id) is authoritative where the two disagree.
   virtual std::optional<int32_t> bos_id() const = 0;
   virtual std::optional<int32_t> eos_id() const = 0;
+
+  // The model's chat template (Jinja source, as tokenizer_config.json's "chat_template" or the
+  // GGUF key tokenizer.chat_template hold it); empty when the model has none.
+  const std::string& chat_template() const { return chat_template_; }
+  // For loaders only, before the tokenizer is shared between threads.
+  void set_chat_template(std::string chat_template) { chat_template_ = std::move(chat_template); }
+
+ private:
+  std::string chat_template_;
 };
 
 // Loads `model_dir`/tokenizer.json (Hugging Face byte-level BPE; preferred when both exist) or
 // `model_dir`/tokenizer.model (SentencePiece). Reads `model_dir`/tokenizer_config.json, when
-// present, only for the names of the BOS and EOS tokens.
+// present, for the names of the BOS and EOS tokens and the chat template ("chat_template": a
+// string, or a list of {"name", "template"} objects of which "default" is taken).
 // NotFound: neither file exists. InvalidArgument: the file is malformed or uses a feature this
 // implementation does not support (the message names it: e.g. a WordPiece model, a Metaspace
 // pre-tokenizer); we refuse rather than tokenize differently from the reference.

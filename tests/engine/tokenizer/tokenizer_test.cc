@@ -309,6 +309,26 @@ TEST_F(TokenizerTest, TokenizerConfigNamesBosAndEos) {
   EXPECT_EQ((*tok)->eos_id(), (*tok)->TokenToId("<|pad|>"));
 }
 
+TEST_F(TokenizerTest, TokenizerConfigGivesTheChatTemplate) {
+  const std::string dir = MakeDir("chat");
+  std::filesystem::copy_file(kDataDir + "/demo/tokenizer.json", dir + "/tokenizer.json");
+  auto tok = LoadTokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->chat_template(), "");  // no tokenizer_config.json: no template
+  Write(dir + "/tokenizer_config.json", R"({"chat_template": "{{ messages[0]['content'] }}"})");
+  tok = LoadTokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->chat_template(), "{{ messages[0]['content'] }}");
+  Write(dir + "/tokenizer_config.json",
+        R"({"chat_template": [{"name": "tool_use", "template": "T"},
+                               {"name": "default", "template": "D"}]})");
+  tok = LoadTokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->chat_template(), "D");
+  Write(dir + "/tokenizer_config.json", R"({"chat_template": 7})");
+  EXPECT_EQ(LoadTokenizer(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(TokenizerTest, MalformedJsonIsInvalidArgument) {
   const std::string dir = MakeDir("malformed");
   Write(dir + "/tokenizer.json", R"({"model": {"type": "BPE", "vocab": {)");
