@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "server/server.h"
+#include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json, safetensors, tokenizer)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on (0.0.0.0 for every interface)");
@@ -56,9 +57,10 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(uint64_t, seed, 0, "seeds the per-request seeds of requests that set none");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  modserve::cli::SetUsage(
       "modserve --model DIR [--port N] [--metrics_port N] [--health_port N] "
-      "[--tls_cert_file F --tls_key_file F [--tls_client_ca_file F]] [--auth_token_file F]");
+      "[--tls_cert_file F --tls_key_file F [--tls_client_ca_file F]] [--auth_token_file F]",
+      __FILE__);
   absl::ParseCommandLine(argc, argv);
 
   // Block the stop signals in every thread (threads inherit the mask) and take them with

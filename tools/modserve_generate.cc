@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
+#include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json, safetensors, tokenizer)");
 ABSL_FLAG(std::string, prompt, "", "prompt text (needs a tokenizer in the checkpoint)");
@@ -44,7 +45,8 @@ int Fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("modserve-generate --model DIR (--prompt TEXT | --prompt_ids IDS)");
+  modserve::cli::SetUsage("modserve-generate --model DIR (--prompt TEXT | --prompt_ids IDS)",
+                          __FILE__);
   absl::ParseCommandLine(argc, argv);
   using modserve::engine::Engine;
   modserve::engine::EngineOptions opts;

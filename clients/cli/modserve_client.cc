@@ -26,6 +26,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "modserve/v1/modserve.grpc.pb.h"
+#include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
           "gRPC target: host:port, IPv4 host:port,host:port,... (several replicas), or a URI "
@@ -195,9 +196,10 @@ void PrintStats(const Response& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  modserve::cli::SetUsage(
       "modserve-client [--server HOST:PORT] generate|stream|tokenize|detokenize|info|health "
-      "[--prompt TEXT | --prompt_ids IDS] ...");
+      "[--prompt TEXT | --prompt_ids IDS] ...",
+      __FILE__);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2)
     return Fail(

@@ -40,6 +40,7 @@
 #include "grpcpp/grpcpp.h"
 #include "modserve/v1/modserve.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
           "gRPC target: host:port, IPv4 host:port,host:port,... (several replicas), or a URI "
@@ -459,7 +460,7 @@ bool WriteJson(const std::string& path, const Results& results, int32_t issued, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("modserve-loadgen --prompts FILE [--concurrency N] ...");
+  modserve::cli::SetUsage("modserve-loadgen --prompts FILE [--concurrency N] ...", __FILE__);
   absl::ParseCommandLine(argc, argv);
   const std::string lb_policy = absl::GetFlag(FLAGS_lb_policy);
   if (lb_policy != "pick_first" && lb_policy != "round_robin") {

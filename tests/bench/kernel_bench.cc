@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <sys/mman.h>
@@ -225,4 +226,12 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace modserve::backend::cpu
 
-int main(int argc, char** argv) { return modserve::backend::cpu::Main(argc, argv); }
+int main(int argc, char** argv) {
+  if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::printf("usage: kernel_bench [THREADS (0 = every core)] [scalar|avx2|avx512] "
+                "[decode|attention]\nCPU kernels in isolation: decode and prefill GEMMs, paged "
+                "decode attention; GB/s against the measured read bandwidth.\n");
+    return 0;
+  }
+  return modserve::backend::cpu::Main(argc, argv);
+}

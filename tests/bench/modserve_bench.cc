@@ -43,6 +43,7 @@
 #include "engine/common/status_macros.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
+#include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, workdir, "/tmp/modserve-bench",
           "where the synthetic checkpoints are written (and reused when already there)");
@@ -907,8 +908,9 @@ absl::Status Main() {
 }  // namespace modserve::bench
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "modserve-bench: decode/prefill throughput of the CPU engine on synthetic checkpoints");
+  modserve::cli::SetUsage(
+      "modserve-bench: decode/prefill throughput of the CPU engine on synthetic checkpoints",
+      __FILE__);
   absl::ParseCommandLine(argc, argv);
   const absl::Status st = modserve::bench::Main();
   if (!st.ok()) {

@@ -29,6 +29,7 @@
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
 #include "engine/common/tensor_view.h"
+#include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, backend, "cuda", "backend to drive (cuda or cpu)");
 ABSL_FLAG(std::string, shapes, "tinyllama,llama3-8b", "model shapes: tinyllama, llama3-8b");
@@ -465,6 +466,8 @@ int Main() {
 }  // namespace modserve::backend
 
 int main(int argc, char** argv) {
+  modserve::cli::SetUsage("modserve-cuda-bench: op-level decode/prefill of Llama shapes on the CUDA "
+                          "backend", __FILE__);
   absl::ParseCommandLine(argc, argv);
   return modserve::backend::Main();
 }
