@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
+#include "engine/tokenizer/bpe_model.h"
 #include "engine/tokenizer/pcre2_regex.h"
 #include "engine/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
@@ -77,50 +78,6 @@ std::string TypeOf(const Json& obj) {
   return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-// The byte-level alphabet: GPT-2's reversible map from bytes to printable characters.
-
-struct ByteAlphabet {
-  std::array<char32_t, 256> byte_to_char;
-  absl::flat_hash_map<char32_t, uint8_t> char_to_byte;
-};
-
-const ByteAlphabet& GetByteAlphabet() {
-  static const ByteAlphabet* const alphabet = [] {
-    auto* a = new ByteAlphabet();
-    char32_t next_unprintable = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      a->byte_to_char[b] = printable ? static_cast<char32_t>(b) : next_unprintable++;
-      a->char_to_byte[a->byte_to_char[b]] = static_cast<uint8_t>(b);
-    }
-    return a;
-  }();
-  return *alphabet;
-}
-
-// Decodes one well-formed UTF-8 character at `pos`, advancing it.
-char32_t NextCodePoint(std::string_view s, size_t* pos) {
-  const auto b0 = static_cast<unsigned char>(s[*pos]);
-  int len = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
-  char32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[*pos + k]) & 0x3F);
-  *pos += len;
-  return cp;
-}
-
-// The raw bytes a byte-level token spells, or nullopt when a character is outside the alphabet.
-std::optional<std::string> ByteLevelToBytes(std::string_view token) {
-  const ByteAlphabet& alphabet = GetByteAlphabet();
-  std::string bytes;
-  size_t pos = 0;
-  while (pos < token.size()) {
-    auto it = alphabet.char_to_byte.find(NextCodePoint(token, &pos));
-    if (it == alphabet.char_to_byte.end()) return std::nullopt;
-    bytes.push_back(static_cast<char>(it->second));
-  }
-  return bytes;
-}
-
 // Rust's char::is_whitespace (Unicode White_Space), which lstrip/rstrip use.
 bool IsUnicodeWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
@@ -159,25 +116,9 @@ struct Segment {
   std::string_view text;  // points into the caller's string or into Encode's normalized buffers
 };
 
-// Abseil here is built with its own string_view, so lookups by std::string_view need these.
-struct StringViewHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-};
-struct StringViewEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
-using StringToId = absl::flat_hash_map<std::string, int32_t, StringViewHash, StringViewEq>;
-
-struct MergeTarget {
-  int32_t rank;
-  int32_t merged_id;
-};
-
-uint64_t PairKey(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-}
+using internal::ByteLevelToBytes;
+using internal::NextCodePoint;
+using internal::StringToId;
 
 class BpeTokenizer final : public Tokenizer {
  public:
@@ -217,23 +158,14 @@ class BpeTokenizer final : public Tokenizer {
                            std::vector<std::string_view>* scratch) const;
   absl::Status ApplySplit(const Pcre2Regex& regex, SplitBehavior behavior, bool invert,
                           std::string_view piece, std::vector<std::string_view>* out) const;
-  // BPE over the raw bytes of one pre-token.
-  void EncodeWord(std::string_view bytes, std::vector<int32_t>* ids) const;
-  void EncodeSmallWord(std::string_view bytes, std::vector<int32_t>* ids) const;
-  // Words up to this many bytes take the allocation-free quadratic path.
-  static constexpr size_t kSmallWordBytes = 48;
 
   // Indexed by id, size vocab_size(); ids that name no token have has_token_ false.
   std::vector<std::string> id_to_token_;  // spelling as in the file ("Ġthe", "<|bos|>")
   std::vector<std::string> id_to_bytes_;  // what the ByteLevel decoder turns the token into
   std::vector<uint8_t> has_token_;
   std::vector<uint8_t> is_special_;
-  StringToId token_to_id_;                             // spelling -> id (added tokens win)
-  StringToId bytes_to_id_;                             // model vocab by raw bytes
-  std::array<int32_t, 256> byte_ids_;                  // single-byte tokens; -1 if absent
-  absl::flat_hash_map<uint64_t, MergeTarget> merges_;  // PairKey(left, right) -> rank, id
-  bool ignore_merges_ = false;
-  std::optional<int32_t> unk_id_;
+  StringToId token_to_id_;              // spelling -> id (added tokens win)
+  std::optional<internal::BpeModel> bpe_;  // the model vocab and merges
 
   std::vector<AddedToken> added_tokens_;
   // Per first byte, indices into added_tokens_ sorted longest content first (leftmost-longest).
@@ -290,7 +222,9 @@ absl::Status BpeTokenizer::ParseModel(const Json& model) {
       return Malformed(absl::StrCat("model.", key), "unsupported in byte-level BPE");
     }
   }
-  MODSERVE_ASSIGN_OR_RETURN(ignore_merges_, BoolMember(model, "ignore_merges", false, "model"));
+  internal::BpeModelOptions options;
+  MODSERVE_ASSIGN_OR_RETURN(options.ignore_merges,
+                            BoolMember(model, "ignore_merges", false, "model"));
 
   MODSERVE_ASSIGN_OR_RETURN(const Json* vocab, Member(model, "vocab", "model"));
   if (!vocab->is_object()) return Malformed("model.vocab", "expected an object token -> id");
@@ -311,13 +245,10 @@ absl::Status BpeTokenizer::ParseModel(const Json& model) {
     has_token_[id] = 1;
     token_to_id_[it.key()] = id;
   }
-  byte_ids_.fill(-1);
+  std::vector<std::pair<std::string_view, int32_t>> tokens;
+  tokens.reserve(token_to_id_.size());
   for (int32_t id = 0; id <= max_id; ++id) {
-    if (!has_token_[id]) continue;
-    if (std::optional<std::string> bytes = ByteLevelToBytes(id_to_token_[id])) {
-      if (bytes->size() == 1) byte_ids_[static_cast<unsigned char>((*bytes)[0])] = id;
-      bytes_to_id_.emplace(std::move(*bytes), id);
-    }
+    if (has_token_[id]) tokens.emplace_back(id_to_token_[id], id);
   }
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     auto it = token_to_id_.find(model["unk_token"].get<std::string>());
@@ -325,15 +256,15 @@ absl::Status BpeTokenizer::ParseModel(const Json& model) {
       return Malformed("model.unk_token", absl::StrCat("'", model["unk_token"].get<std::string>(),
                                                        "' is not in the vocab"));
     }
-    unk_id_ = it->second;
+    options.unk_id = it->second;
   }
 
   MODSERVE_ASSIGN_OR_RETURN(const Json* merges, Member(model, "merges", "model"));
   if (!merges->is_array()) return Malformed("model.merges", "expected an array");
-  merges_.reserve(merges->size());
+  std::vector<std::pair<std::string, std::string>> merge_strings;
+  merge_strings.reserve(merges->size());
   for (size_t rank = 0; rank < merges->size(); ++rank) {
     const Json& m = (*merges)[rank];
-    std::string left, right;
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
       const size_t space = s.find(' ');
@@ -341,27 +272,19 @@ absl::Status BpeTokenizer::ParseModel(const Json& model) {
         return Malformed("model.merges", absl::StrCat("merge #", rank, " '", s,
                                                       "' is not two tokens separated by a space"));
       }
-      left = s.substr(0, space);
-      right = s.substr(space + 1);
+      merge_strings.emplace_back(s.substr(0, space), s.substr(space + 1));
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
+      merge_strings.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
       return Malformed("model.merges", absl::StrCat("merge #", rank, " ", m.dump(),
                                                     " is neither \"a b\" nor [\"a\", \"b\"]"));
     }
-    auto l = token_to_id_.find(left);
-    auto r = token_to_id_.find(right);
-    auto merged = token_to_id_.find(left + right);
-    if (l == token_to_id_.end() || r == token_to_id_.end() || merged == token_to_id_.end()) {
-      return Malformed("model.merges", absl::StrCat("merge #", rank, " '", left, " ", right,
-                                                    "': a part or the result is not in the vocab"));
-    }
-    // A repeated pair takes its last rank: the reference collects merges into a HashMap, where
-    // a later insert overwrites an earlier one.
-    merges_.insert_or_assign(PairKey(l->second, r->second),
-                             MergeTarget{static_cast<int32_t>(rank), merged->second});
   }
+  std::vector<std::pair<std::string_view, std::string_view>> merge_views(merge_strings.begin(),
+                                                                         merge_strings.end());
+  absl::StatusOr<internal::BpeModel> bpe = internal::BpeModel::Create(tokens, merge_views, options);
+  if (!bpe.ok()) return Malformed("model.merges", std::string(bpe.status().message()));
+  bpe_ = *std::move(bpe);
   return absl::OkStatus();
 }
 
@@ -754,115 +677,6 @@ absl::Status BpeTokenizer::PreTokenize(std::string_view text, std::vector<std::s
   return absl::OkStatus();
 }
 
-void BpeTokenizer::EncodeWord(std::string_view bytes, std::vector<int32_t>* ids) const {
-  if (bytes.empty()) return;
-  if (ignore_merges_ || bytes.size() == 1) {
-    auto it = bytes_to_id_.find(bytes);
-    if (it != bytes_to_id_.end()) {
-      ids->push_back(it->second);
-      return;
-    }
-  }
-  if (bytes.size() <= kSmallWordBytes) {
-    EncodeSmallWord(bytes, ids);
-    return;
-  }
-  // Doubly linked symbols plus a min-heap of candidate merges (rank, then leftmost position):
-  // the reference's exact order, in O(n log n) even for a long run of one repeated character.
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-    bool alive;
-  };
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;
-    int32_t merged_id;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
-  std::vector<Symbol> symbols;
-  symbols.reserve(bytes.size());
-  for (unsigned char b : bytes) {
-    int32_t id = byte_ids_[b];
-    if (id < 0) {
-      if (!unk_id_) continue;  // the reference drops bytes with no token when there is no unk
-      id = *unk_id_;
-    }
-    const int32_t n = static_cast<int32_t>(symbols.size());
-    symbols.push_back({id, n - 1, n + 1, true});
-  }
-  if (symbols.empty()) return;
-  symbols.back().next = -1;
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-  auto push_pair = [&](int32_t pos) {
-    const int32_t next = symbols[pos].next;
-    if (next < 0) return;
-    auto it = merges_.find(PairKey(symbols[pos].id, symbols[next].id));
-    if (it != merges_.end()) queue.push({it->second.rank, pos, it->second.merged_id});
-  };
-  for (int32_t pos = 0; pos + 1 < static_cast<int32_t>(symbols.size()); ++pos) push_pair(pos);
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
-    Symbol& left = symbols[top.pos];
-    if (!left.alive || left.next < 0) continue;
-    // Entries go stale when a neighbour merged first; the pair must still yield the same token.
-    auto it = merges_.find(PairKey(left.id, symbols[left.next].id));
-    if (it == merges_.end() || it->second.merged_id != top.merged_id) continue;
-    Symbol& right = symbols[left.next];
-    right.alive = false;
-    left.id = top.merged_id;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = top.pos;
-    if (left.prev >= 0) push_pair(left.prev);
-    push_pair(top.pos);
-  }
-  for (const Symbol& s : symbols) {
-    if (s.alive) ids->push_back(s.id);
-  }
-}
-
-void BpeTokenizer::EncodeSmallWord(std::string_view bytes, std::vector<int32_t>* ids) const {
-  // Same order as the heap in EncodeWord (lowest rank, then leftmost), found by a linear scan
-  // over at most kSmallWordBytes symbols on the stack: no allocation for the common short word.
-  constexpr int32_t kNoMerge = INT32_MAX;
-  std::array<int32_t, kSmallWordBytes> symbols;
-  std::array<MergeTarget, kSmallWordBytes> pairs;  // pairs[i]: merge of symbols i and i + 1
-  int n = 0;
-  for (unsigned char b : bytes) {
-    int32_t id = byte_ids_[b];
-    if (id < 0) {
-      if (!unk_id_) continue;
-      id = *unk_id_;
-    }
-    symbols[n++] = id;
-  }
-  auto lookup = [&](int i) {
-    auto it = merges_.find(PairKey(symbols[i], symbols[i + 1]));
-    pairs[i] = it == merges_.end() ? MergeTarget{kNoMerge, -1} : it->second;
-  };
-  for (int i = 0; i + 1 < n; ++i) lookup(i);
-  while (n > 1) {
-    int best = -1;
-    for (int i = 0; i + 1 < n; ++i) {
-      if (pairs[i].rank != kNoMerge && (best < 0 || pairs[i].rank < pairs[best].rank)) best = i;
-    }
-    if (best < 0) break;
-    symbols[best] = pairs[best].merged_id;
-    for (int i = best + 1; i + 1 < n; ++i) {
-      symbols[i] = symbols[i + 1];
-      pairs[i] = pairs[i + 1];
-    }
-    --n;
-    if (best > 0) lookup(best - 1);
-    if (best + 1 < n) lookup(best);
-  }
-  ids->insert(ids->end(), symbols.begin(), symbols.begin() + n);
-}
-
 absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
                                                           bool add_special_tokens) const {
   const size_t bad = FirstInvalidUtf8Offset(text);
@@ -911,13 +725,13 @@ absl::StatusOr<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text,
         piece = prefixed;
       }
       if (byte_level_regex_ == nullptr) {
-        EncodeWord(piece, &ids);
+        bpe_->EncodeWord(piece, &ids);
         continue;
       }
       words.clear();
       MODSERVE_RETURN_IF_ERROR(
           ApplySplit(*byte_level_regex_, SplitBehavior::kIsolated, false, piece, &words));
-      for (std::string_view w : words) EncodeWord(w, &ids);
+      for (std::string_view w : words) bpe_->EncodeWord(w, &ids);
     }
   }
   if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
