@@ -21,7 +21,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config git
   zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev)
 # libopenblas0-pthread: Debian's torch calls the generic libblas, 25x slower than OpenBLAS.
 python_pkgs=(python3 python3-venv python3-pip python3-torch libopenblas0-pthread python3-numpy python3-pytest
-  python3-sentencepiece python3-grpcio python3-protobuf python3-yaml fortunes fortunes-min
+  python3-sentencepiece python3-grpcio python3-protobuf python3-yaml python3-jinja2 fortunes fortunes-min
   prometheus)
 
 # tools/ci_sanitizers.sh: clang for the ASan/UBSan/libFuzzer build; dpkg-dev unpacks Debian's
