@@ -343,6 +343,34 @@ class CheckpointBuilder {
     return absl::OkStatus();
   }
 
+  // Takes ownership of `file` and `owned`, and adds tensors that point into them.
+  absl::Status Adopt(MappedFile file, std::vector<Checkpoint::AdoptedTensor> tensors,
+                     std::vector<std::unique_ptr<uint8_t[]>> owned) {
+    ckpt_.files_.push_back(std::move(file));
+    for (auto& buffer : owned) ckpt_.copies_.push_back(std::move(buffer));
+    for (Checkpoint::AdoptedTensor& t : tensors) {
+      Checkpoint::Entry entry;
+      entry.info = std::move(t.info);
+      const uint8_t* src = static_cast<const uint8_t*>(t.data);
+      const uint64_t align = DTypeIsQuantized(entry.info.dtype) ? 4 : DTypeBytes(entry.info.dtype);
+      if (reinterpret_cast<uintptr_t>(src) % align != 0) {
+        auto copy = std::make_unique<uint8_t[]>(std::max<uint64_t>(entry.info.bytes, 1));
+        std::memcpy(copy.get(), src, entry.info.bytes);
+        src = copy.get();
+        ckpt_.copies_.push_back(std::move(copy));
+        ckpt_.aligned_copy_bytes_ += entry.info.bytes;
+        entry.info.copied = true;
+      }
+      entry.data = src;
+      ckpt_.total_bytes_ += entry.info.bytes;
+      auto [it, inserted] = ckpt_.tensors_.emplace(std::move(t.name), std::move(entry));
+      if (!inserted) {
+        return absl::DataLossError(absl::StrCat("tensor '", it->first, "' appears twice"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   Checkpoint Finish() { return std::move(ckpt_); }
 
  private:
@@ -355,6 +383,13 @@ absl::StatusOr<Checkpoint> Checkpoint::OpenFile(const std::string& path) {
   MODSERVE_ASSIGN_OR_RETURN(std::vector<ParsedTensor> tensors, ParseHeader(file, file_name));
   CheckpointBuilder builder;
   MODSERVE_RETURN_IF_ERROR(builder.AddFile(std::move(file), std::move(tensors)));
+  return builder.Finish();
+}
+
+absl::StatusOr<Checkpoint> Checkpoint::Adopt(MappedFile file, std::vector<AdoptedTensor> tensors,
+                                             std::vector<std::unique_ptr<uint8_t[]>> owned) {
+  CheckpointBuilder builder;
+  MODSERVE_RETURN_IF_ERROR(builder.Adopt(std::move(file), std::move(tensors), std::move(owned)));
   return builder.Finish();
 }
 

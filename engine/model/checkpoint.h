@@ -21,12 +21,13 @@ namespace modserve::engine {
 
 // Where one tensor lives and what it is. The shape has at most TensorView::kMaxDims dims.
 struct TensorInfo {
-  DType dtype = DType::kF32;   // kF32, kF16 or kBF16 (the dtypes a checkpoint may hold)
+  DType dtype = DType::kF32;   // kF32, kF16 or kBF16; a GGUF file also the quantized types
   std::vector<int64_t> shape;  // outer to inner, row-major; empty for a scalar
   std::string file;            // file name inside the model directory (no directory)
   uint64_t file_offset = 0;    // absolute byte offset of the tensor's data in `file`
-  uint64_t bytes = 0;          // numel * DTypeBytes(dtype)
-  bool copied = false;         // misaligned in the file, so served from an aligned copy
+  uint64_t bytes = 0;          // DTypeRowBytes(dtype, numel)
+  bool copied = false;         // served from a copy: misaligned in the file, or its rows
+                               // reordered at load (a GGUF's Q/K rows, gguf_model.h)
 };
 
 // A read-only memory mapping of one whole file, unmapped on destruction. Move-only; moving it
@@ -84,6 +85,19 @@ class Checkpoint {
 
   // Opens one safetensors file (no index), with the same checks and codes as Open().
   static absl::StatusOr<Checkpoint> OpenFile(const std::string& path);
+
+  // A tensor that another format's parser has already validated (gguf_model.cc): `data` holds
+  // info.bytes bytes inside the adopted mapping or one of the adopted buffers.
+  struct AdoptedTensor {
+    std::string name;
+    TensorInfo info;
+    const void* data = nullptr;
+  };
+  // A checkpoint serving `tensors`; it takes ownership of the mapping and of `owned` (buffers
+  // the tensors may point into). A tensor whose data is not aligned to its element size (4 for
+  // the quantized types) is copied, as Open() does. DataLoss when a name appears twice.
+  static absl::StatusOr<Checkpoint> Adopt(MappedFile file, std::vector<AdoptedTensor> tensors,
+                                          std::vector<std::unique_ptr<uint8_t[]>> owned);
 
   Checkpoint(Checkpoint&&) noexcept;
   Checkpoint& operator=(Checkpoint&&) noexcept;

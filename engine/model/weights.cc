@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -14,12 +15,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "engine/common/status_macros.h"
+#include "engine/model/gguf_model.h"
 
 namespace modserve::engine {
 namespace {
 
 struct Slot {
-  std::string name;
+  std::string name;       // under the naming in use
+  std::string hf_name;    // Hugging Face name
+  std::string gguf_name;  // GGUF name
   std::vector<int64_t> shape;
   TensorView* view;
   bool check_finite;  // routers and predictors: small, and a NaN there silently misroutes
@@ -29,51 +33,67 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-// Every tensor `c` implies, pointing into `w` (whose layers are sized here).
-std::vector<Slot> Plan(const ModelConfig& c, ModelWeights* w) {
+// Every tensor `c` implies, pointing into `w` (whose layers are sized here), named as `naming`
+// says and sorted by that name.
+std::vector<Slot> Plan(const ModelConfig& c, ModelWeights* w, TensorNaming naming) {
   std::vector<Slot> plan;
-  auto add = [&](std::string name, std::vector<int64_t> shape, TensorView* view,
+  auto add = [&](std::string hf, std::string gguf, std::vector<int64_t> shape, TensorView* view,
                  bool check_finite = false) {
-    plan.push_back(Slot{std::move(name), std::move(shape), view, check_finite});
+    std::string name = naming == TensorNaming::kHuggingFace ? hf : gguf;
+    plan.push_back(Slot{std::move(name), std::move(hf), std::move(gguf), std::move(shape), view,
+                        check_finite});
   };
   const int64_t d = c.d_model;
   const int64_t q_rows = c.n_heads * c.head_dim;
   const int64_t kv_rows = c.n_kv_heads * c.head_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, d}, &w->embed_tokens);
-  add("model.norm.weight", {d}, &w->norm);
-  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, d}, &w->lm_head);
+  add("model.embed_tokens.weight", "token_embd.weight", {c.vocab_size, d}, &w->embed_tokens);
+  add("model.norm.weight", "output_norm.weight", {d}, &w->norm);
+  if (!c.tie_word_embeddings) {
+    add("lm_head.weight", "output.weight", {c.vocab_size, d}, &w->lm_head);
+  }
   w->layers.assign(static_cast<size_t>(c.n_layers), LayerWeights{});
   for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
     LayerWeights& lw = w->layers[static_cast<size_t>(l)];
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    add(p + "input_layernorm.weight", {d}, &lw.input_layernorm);
-    add(p + "self_attn.q_proj.weight", {q_rows, d}, &lw.q_proj);
-    add(p + "self_attn.k_proj.weight", {kv_rows, d}, &lw.k_proj);
-    add(p + "self_attn.v_proj.weight", {kv_rows, d}, &lw.v_proj);
-    add(p + "self_attn.o_proj.weight", {d, q_rows}, &lw.o_proj);
-    add(p + "post_attention_layernorm.weight", {d}, &lw.post_attention_layernorm);
-    add(p + "mlp.gate_proj.weight", {c.d_ff, d}, &lw.gate_proj);
-    add(p + "mlp.up_proj.weight", {c.d_ff, d}, &lw.up_proj);
-    add(p + "mlp.down_proj.weight", {d, c.d_ff}, &lw.down_proj);
+    const std::string g = absl::StrCat("blk.", l, ".");
+    add(p + "input_layernorm.weight", g + "attn_norm.weight", {d}, &lw.input_layernorm);
+    add(p + "self_attn.q_proj.weight", g + "attn_q.weight", {q_rows, d}, &lw.q_proj);
+    add(p + "self_attn.k_proj.weight", g + "attn_k.weight", {kv_rows, d}, &lw.k_proj);
+    add(p + "self_attn.v_proj.weight", g + "attn_v.weight", {kv_rows, d}, &lw.v_proj);
+    add(p + "self_attn.o_proj.weight", g + "attn_output.weight", {d, q_rows}, &lw.o_proj);
+    add(p + "post_attention_layernorm.weight", g + "ffn_norm.weight", {d},
+        &lw.post_attention_layernorm);
+    add(p + "mlp.gate_proj.weight", g + "ffn_gate.weight", {c.d_ff, d}, &lw.gate_proj);
+    add(p + "mlp.up_proj.weight", g + "ffn_up.weight", {c.d_ff, d}, &lw.up_proj);
+    add(p + "mlp.down_proj.weight", g + "ffn_down.weight", {d, c.d_ff}, &lw.down_proj);
     if (!c.IsRouted(l)) continue;
     lw.routed = true;
     const ModConfig& m = *c.mod;
-    add(p + "router.weight", {1, d}, &lw.router_weight, true);
-    if (m.router.bias) add(p + "router.bias", {1}, &lw.router_bias, true);
+    add(p + "router.weight", g + "mod_router.weight", {1, d}, &lw.router_weight, true);
+    if (m.router.bias) {
+      add(p + "router.bias", g + "mod_router.bias", {1}, &lw.router_bias, true);
+    }
     if (!m.predictor) continue;
     const PredictorConfig& pc = *m.predictor;
     switch (pc.type) {
       case PredictorType::kMlp:
-        add(p + "aux_router.0.weight", {pc.hidden_size, d}, &lw.predictor_hidden_weight, true);
-        add(p + "aux_router.2.weight", {1, pc.hidden_size}, &lw.predictor_out_weight, true);
+        add(p + "aux_router.0.weight", g + "mod_pred_hidden.weight", {pc.hidden_size, d},
+            &lw.predictor_hidden_weight, true);
+        add(p + "aux_router.2.weight", g + "mod_pred_out.weight", {1, pc.hidden_size},
+            &lw.predictor_out_weight, true);
         if (pc.bias) {
-          add(p + "aux_router.0.bias", {pc.hidden_size}, &lw.predictor_hidden_bias, true);
-          add(p + "aux_router.2.bias", {1}, &lw.predictor_out_bias, true);
+          add(p + "aux_router.0.bias", g + "mod_pred_hidden.bias", {pc.hidden_size},
+              &lw.predictor_hidden_bias, true);
+          add(p + "aux_router.2.bias", g + "mod_pred_out.bias", {1}, &lw.predictor_out_bias,
+              true);
         }
         break;
       case PredictorType::kLinear:
-        add(p + "aux_router.weight", {1, d}, &lw.predictor_out_weight, true);
-        if (pc.bias) add(p + "aux_router.bias", {1}, &lw.predictor_out_bias, true);
+        add(p + "aux_router.weight", g + "mod_pred_out.weight", {1, d}, &lw.predictor_out_weight,
+            true);
+        if (pc.bias) {
+          add(p + "aux_router.bias", g + "mod_pred_out.bias", {1}, &lw.predictor_out_bias, true);
+        }
         break;
     }
   }
@@ -118,32 +138,45 @@ absl::Status CheckFinite(const TensorView& v, absl::string_view name) {
                                           ", not a floating-point type"));
 }
 
-bool IsIgnored(const ModelConfig& c, absl::string_view name) {
+bool IsIgnored(const ModelConfig& c, TensorNaming naming, absl::string_view name) {
+  if (naming == TensorNaming::kGguf) return false;
   return (c.tie_word_embeddings && name == "lm_head.weight") ||
          absl::EndsWith(name, ".rotary_emb.inv_freq");
 }
 
 }  // namespace
 
-std::vector<std::string> ExpectedTensorNames(const ModelConfig& config) {
+std::vector<std::string> ExpectedTensorNames(const ModelConfig& config, TensorNaming naming) {
   ModelWeights scratch;
   std::vector<std::string> names;
-  for (Slot& s : Plan(config, &scratch)) names.push_back(std::move(s.name));
+  for (Slot& s : Plan(config, &scratch, naming)) names.push_back(std::move(s.name));
   return names;
 }
 
-absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint) {
+std::vector<TensorNamePair> TensorNameTable(const ModelConfig& config) {
+  ModelWeights scratch;
+  std::vector<TensorNamePair> table;
+  for (Slot& s : Plan(config, &scratch, TensorNaming::kHuggingFace)) {
+    table.push_back({std::move(s.hf_name), std::move(s.gguf_name), std::move(s.shape)});
+  }
+  return table;
+}
+
+absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint,
+                                         TensorNaming naming) {
   // Each layer has 9 tensors: a config whose layer count the file cannot back is refused before
   // anything is sized from it (a hostile num_hidden_layers would otherwise allocate terabytes).
   const int64_t min_tensors = 9 * config.n_layers + 2;
   if (checkpoint.num_tensors() < min_tensors) {
+    const bool hf = naming == TensorNaming::kHuggingFace;
     return absl::DataLossError(absl::StrCat(
-        "config.json has ", config.n_layers, " layers (model.layers.0 to model.layers.",
+        hf ? "config.json" : "the GGUF metadata (llama.block_count)", " has ", config.n_layers,
+        " layers (", hf ? "model.layers." : "blk.", "0 to ", hf ? "model.layers." : "blk.",
         config.n_layers - 1, ", at least ", min_tensors, " tensors), but the checkpoint holds only ",
         checkpoint.num_tensors(), " tensors"));
   }
   ModelWeights w;
-  const std::vector<Slot> plan = Plan(config, &w);
+  const std::vector<Slot> plan = Plan(config, &w, naming);
   std::set<std::string_view> expected;
   for (const Slot& s : plan) {
     const TensorInfo* info = checkpoint.Find(s.name);
@@ -167,7 +200,9 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
   }
   std::vector<std::string> unexpected;
   for (const std::string& name : checkpoint.Names()) {
-    if (expected.count(name) == 0 && !IsIgnored(config, name)) unexpected.push_back(name);
+    if (expected.count(name) == 0 && !IsIgnored(config, naming, name)) {
+      unexpected.push_back(name);
+    }
   }
   if (!unexpected.empty()) {
     return absl::DataLossError(absl::StrCat(
@@ -178,7 +213,19 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
   return w;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_dir) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec) &&
+      (std::filesystem::exists(path, ec) || absl::EndsWith(path, ".gguf"))) {
+    MODSERVE_ASSIGN_OR_RETURN(GgufModel m, OpenGgufModel(path));
+    absl::StatusOr<ModelWeights> weights = BindWeights(m.config, m.checkpoint, TensorNaming::kGguf);
+    if (!weights.ok()) {
+      return absl::Status(weights.status().code(),
+                          absl::StrCat(path, ": ", weights.status().message()));
+    }
+    return LoadedModel(std::move(m.config), std::move(m.checkpoint), *std::move(weights));
+  }
+  const std::string& model_dir = path;
   MODSERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(model_dir));
   MODSERVE_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(model_dir));
   absl::StatusOr<ModelWeights> weights = BindWeights(config, checkpoint);

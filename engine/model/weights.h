@@ -1,9 +1,11 @@
 // ModelWeights: typed views of every tensor a config implies (DESIGN.md section 3), bound from a
 // Checkpoint with exact shape checks. It copies, converts and uploads nothing: views point into
-// the checkpoint's mapping, in the dtype the file stores (BF16/F16/F32, mixed per tensor).
+// the checkpoint's mapping, in the dtype the file stores (BF16/F16/F32, and in a GGUF file the
+// block-quantized types; mixed per tensor).
 #ifndef MODSERVE_ENGINE_MODEL_WEIGHTS_H_
 #define MODSERVE_ENGINE_MODEL_WEIGHTS_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +18,8 @@
 namespace modserve::engine {
 
 // One transformer block. Linear weights are [out, in] row-major (HF / torch.nn.Linear), so
-// y = W x computes y[o] = sum_i W[o, i] * x[i]. Dtype: whatever the file holds (F32/F16/BF16).
+// y = W x computes y[o] = sum_i W[o, i] * x[i]. Dtype: whatever the file holds (F32/F16/BF16, or
+// a block-quantized type from a GGUF file, whose blocks run along each row).
 // An empty() view means "absent" (see each field).
 struct LayerWeights {
   TensorView input_layernorm;           // [d_model]
@@ -54,21 +57,41 @@ struct ModelWeights {
                        // tie_word_embeddings (a stored lm_head.weight is then ignored)
 };
 
-// Binds every tensor `config` implies to a view into `checkpoint`. The views are valid while
-// `checkpoint` lives (moving it keeps them valid). Checks, all returning DataLoss:
+// How a checkpoint names its tensors: Hugging Face names in a model directory (DESIGN.md
+// section 3: model.layers.{l}.self_attn.q_proj.weight, ...) or llama.cpp's names in a GGUF file
+// (section 3.1: blk.{l}.attn_q.weight, ...).
+enum class TensorNaming : uint8_t { kHuggingFace, kGguf };
+
+// Binds every tensor `config` implies to a view into `checkpoint`, whose tensors are named as
+// `naming` says. The views are valid while `checkpoint` lives (moving it keeps them valid).
+// Checks, all returning DataLoss:
 //   - every expected tensor exists, with exactly the expected shape (the message names the
-//     tensor, the shape found and the shape expected);
-//   - no tensor is left over (the first unexpected name is reported), except lm_head.weight in
-//     a tied model and rotary `*.rotary_emb.inv_freq` buffers, which are ignored;
+//     tensor, the shape found and the shape expected, both outer to inner);
+//   - no tensor is left over (the first unexpected name is reported), except, with Hugging Face
+//     names, lm_head.weight in a tied model and rotary `*.rotary_emb.inv_freq` buffers, which
+//     are ignored;
 //   - every router and predictor value is finite (the message names the tensor and the element).
 //     The large matrices are not scanned: that would touch every page of the mapping.
-absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint);
+absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkpoint& checkpoint,
+                                         TensorNaming naming = TensorNaming::kHuggingFace);
 
-// The tensor names a config implies, sorted (lm_head.weight only when untied). For tools and
-// error messages; BindWeights uses the same list.
-std::vector<std::string> ExpectedTensorNames(const ModelConfig& config);
+// The tensor names a config implies, sorted (lm_head.weight / output.weight only when untied).
+// For tools and error messages; BindWeights uses the same list.
+std::vector<std::string> ExpectedTensorNames(const ModelConfig& config,
+                                             TensorNaming naming = TensorNaming::kHuggingFace);
 
-// A model directory loaded in one piece: config, mapped checkpoint and the weights bound to it.
+// One tensor a config implies, under both namings, with its shape (outer to inner). For
+// converters between the two layouts.
+struct TensorNamePair {
+  std::string hf_name;
+  std::string gguf_name;
+  std::vector<int64_t> shape;
+};
+// Every tensor `config` implies, sorted by Hugging Face name.
+std::vector<TensorNamePair> TensorNameTable(const ModelConfig& config);
+
+// A model (directory or GGUF file) loaded in one piece: config, mapped checkpoint and the weights
+// bound to it.
 // Move-only. Moving keeps `weights()` valid because the mapped bytes never move, and the
 // accessors are const so a caller cannot swap the checkpoint out from under the views.
 // Threads: immutable after LoadModel(); safe to read from any thread.
@@ -84,7 +107,7 @@ class LoadedModel {
   const ModelWeights& weights() const { return weights_; }
 
  private:
-  friend absl::StatusOr<LoadedModel> LoadModel(const std::string& model_dir);
+  friend absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
   LoadedModel(ModelConfig config, Checkpoint checkpoint, ModelWeights weights)
       : config_(std::move(config)),
         checkpoint_(std::move(checkpoint)),
@@ -95,10 +118,12 @@ class LoadedModel {
   ModelWeights weights_;
 };
 
-// LoadConfig + Checkpoint::Open + BindWeights on `model_dir`, with their status codes
-// (InvalidArgument for a bad config.json, NotFound for missing files, DataLoss for corrupt or
-// mismatched weights). Every message names the file or tensor at fault.
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_dir);
+// Loads a model directory (LoadConfig + Checkpoint::Open + BindWeights) or, when `path` names a
+// file (or ends in ".gguf"), a GGUF file (OpenGgufModel + BindWeights with GGUF names), with
+// their status codes (InvalidArgument for a bad config.json or GGUF metadata or an unsupported
+// tensor type, NotFound for missing files, DataLoss for corrupt or mismatched weights). Every
+// message names the file or tensor at fault.
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
 }  // namespace modserve::engine
 
