@@ -18,7 +18,8 @@
 #include "server/server.h"
 #include "tools/cli_usage.h"
 
-ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json, safetensors, tokenizer)");
+ABSL_FLAG(std::string, model, "",
+          "checkpoint directory (config.json, safetensors, tokenizer) or a .gguf file");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on (0.0.0.0 for every interface)");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port; 0 picks a free one (printed on stdout)");
 ABSL_FLAG(std::string, metrics_host, "", "address of /metrics; empty = --host");

@@ -17,7 +17,8 @@
 #include "nlohmann/json.hpp"
 #include "tools/cli_usage.h"
 
-ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json, safetensors, tokenizer)");
+ABSL_FLAG(std::string, model, "",
+          "checkpoint directory (config.json, safetensors, tokenizer) or a .gguf file");
 ABSL_FLAG(std::string, prompt, "", "prompt text (needs a tokenizer in the checkpoint)");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt token ids, comma separated (instead of --prompt)");
 ABSL_FLAG(int32_t, max_new_tokens, 32, "tokens to generate at most");

@@ -4,6 +4,8 @@
 // nothing; the random weights make the generated text meaningless.
 //
 //   modserve-bench --shapes 110m,tinyllama --batches 1,4,16 --contexts 128,1024 --steps 32
+//   modserve-bench --model models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1
+//                  (any checkpoint directories or .gguf files, comma separated)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -57,6 +59,9 @@ ABSL_FLAG(int32_t, prefill_tokens, 512, "prompt length of the prefill measuremen
 ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is reported)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "engine max_batch_tokens (the prefill chunk)");
 ABSL_FLAG(std::string, variants, "dense,mod", "which checkpoints of each shape to run");
+ABSL_FLAG(std::string, model, "",
+          "benchmark these checkpoints (directories or .gguf files, comma separated) instead of "
+          "the synthetic --shapes / --variants; bytes read per step come from the file's tensors");
 
 namespace modserve::bench {
 namespace {
@@ -821,6 +826,81 @@ std::string CpuModel() {
   return "unknown";
 }
 
+// ---- given model files (--model) ------------------------------------------------------------
+
+// The shape of a checkpoint on disk and the bytes its views hold (dense_layer: the average layer,
+// so a file that mixes quantized types per layer still sums right).
+absl::StatusOr<std::pair<Shape, ModelBytes>> DescribeModel(const std::string& path) {
+  MODSERVE_ASSIGN_OR_RETURN(engine::LoadedModel m, engine::LoadModel(path));
+  const engine::ModelConfig& c = m.config();
+  const engine::ModelWeights& w = m.weights();
+  Shape s{std::filesystem::path(path).lexically_normal().filename().string(),
+          c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size,
+          c.max_seq_len, c.rms_norm_eps, c.rope_theta};
+  ModelBytes b;
+  int64_t layers_bytes = 0;
+  for (const engine::LayerWeights& l : w.layers) {
+    for (const TensorView* v : {&l.input_layernorm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
+                                &l.post_attention_layernorm, &l.gate_proj, &l.up_proj,
+                                &l.down_proj}) {
+      layers_bytes += static_cast<int64_t>(v->bytes());
+    }
+    if (l.routed && b.router == 0) {
+      for (const TensorView* v : {&l.router_weight, &l.router_bias, &l.predictor_hidden_weight,
+                                  &l.predictor_hidden_bias, &l.predictor_out_weight,
+                                  &l.predictor_out_bias}) {
+        if (!v->empty()) b.router += static_cast<int64_t>(v->bytes());
+      }
+    }
+  }
+  b.dense_layer = layers_bytes / std::max<int64_t>(1, c.n_layers);
+  b.lm_head = static_cast<int64_t>(w.lm_head.bytes() + w.norm.bytes());
+  b.embed_row = static_cast<int64_t>(w.embed_tokens.bytes()) / std::max<int64_t>(1, c.vocab_size);
+  b.total_weights = static_cast<int64_t>(m.checkpoint().total_bytes());
+  return std::make_pair(s, b);
+}
+
+absl::Status RunModelFile(const std::string& path, const std::vector<int>& batches,
+                          const std::vector<int>& contexts, int steps, DType kv_dtype, double bw) {
+  MODSERVE_ASSIGN_OR_RETURN(auto described, DescribeModel(path));
+  const auto& [s, mb] = described;
+  std::error_code ec;
+  EvictFromPageCache(std::filesystem::is_directory(path, ec) ? path + "/model.safetensors" : path);
+  MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
+                            CreateEngine(s, path, batches, contexts, steps, kv_dtype));
+  const bool mod = e->config().mod.has_value();
+  std::printf(
+      "\n### %s (%s): d_model %lld, %lld layers, %lld heads / %lld KV heads, d_ff %lld, vocab "
+      "%lld; %.1f MB of weights\n\n",
+      s.name.c_str(), mod ? "MoD" : "dense", static_cast<long long>(s.d_model),
+      static_cast<long long>(s.n_layers), static_cast<long long>(s.n_heads),
+      static_cast<long long>(s.n_kv_heads), static_cast<long long>(s.d_ff),
+      static_cast<long long>(s.vocab_size), mb.total_weights / 1e6);
+  std::vector<DecodeRun> runs;
+  for (int ctx : contexts) {
+    for (int b : batches) {
+      MODSERVE_ASSIGN_OR_RETURN(DecodeRun run, MeasureDecode(*e, s, mb, b, ctx, steps));
+      runs.push_back(run);
+    }
+  }
+  std::printf("| model | ctx | batch | tok/s | ms/step | MB read/step | GB/s | %% of read bw "
+              "| routed frac |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const DecodeRun& r : runs) {
+    std::printf("| %s | %d | %d | %.1f | %.2f | %.1f | %.1f | %.0f%% | %s |\n", s.name.c_str(),
+                r.context, r.batch, r.tokens_per_s(), 1e3 * r.seconds / r.steps,
+                (r.weight_bytes + r.kv_bytes) / r.steps / 1e6, r.gb_per_s(),
+                100 * r.gb_per_s() / bw,
+                mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-");
+  }
+  MODSERVE_ASSIGN_OR_RETURN(const double prefill,
+                            MeasurePrefill(*e, s, absl::GetFlag(FLAGS_prefill_tokens),
+                                           absl::GetFlag(FLAGS_prefill_reps)));
+  std::printf("\nPrefill (one %d-token prompt, chunk %d): %.1f tok/s\n",
+              absl::GetFlag(FLAGS_prefill_tokens), absl::GetFlag(FLAGS_max_batch_tokens), prefill);
+  return absl::OkStatus();
+}
+
 absl::Status Main() {
   MODSERVE_ASSIGN_OR_RETURN(std::vector<int> batches,
                             ParseInts("batches", absl::GetFlag(FLAGS_batches)));
@@ -877,6 +957,13 @@ absl::Status Main() {
       "pages (used below), %.2f GB/s with 4 KiB pages\n",
       threads, bw, bw_4k);
 
+  if (const std::string models = absl::GetFlag(FLAGS_model); !models.empty()) {
+    for (absl::string_view path : absl::StrSplit(models, ',', absl::SkipEmpty())) {
+      MODSERVE_RETURN_IF_ERROR(
+          RunModelFile(std::string(path), batches, contexts, steps, kv_dtype, bw));
+    }
+    return absl::OkStatus();
+  }
   std::vector<SummaryRow> summary;
   for (const Shape& s : shapes) {
     MODSERVE_ASSIGN_OR_RETURN(std::vector<ModelResult> models,
@@ -909,7 +996,8 @@ absl::Status Main() {
 
 int main(int argc, char** argv) {
   modserve::cli::SetUsage(
-      "modserve-bench: decode/prefill throughput of the CPU engine on synthetic checkpoints",
+      "modserve-bench: decode/prefill throughput of the CPU engine on synthetic checkpoints "
+      "(or on --model files)",
       __FILE__);
   absl::ParseCommandLine(argc, argv);
   const absl::Status st = modserve::bench::Main();
