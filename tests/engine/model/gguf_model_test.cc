@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "engine/model/weights.h"
+#include "tests/common/real_model.h"
 #include "tests/engine/model/checkpoint_test_util.h"
 #include "tests/engine/model/gguf_test_util.h"
 
@@ -578,6 +579,48 @@ TEST_F(GgufModelTest, LoadModelTellsFilesFromDirectories) {
   WriteBytes(dir_.File("model.safetensors"), std::string(64, '{'));
   EXPECT_THAT(LoadModel(dir_.File("model.safetensors")),
               StatusIs(absl::StatusCode::kDataLoss, "not a GGUF file"));
+}
+
+// The real model: its config is SmolLM2-135M-Instruct's published one (30 layers, d_model 576,
+// 9 / 3 heads, d_ff 1536, vocab 49152, rope theta 1e5, tied embeddings, context 8192), and its
+// tensors bind in the file's types (Q4_1 matrices, a Q8_0 embedding, F32 norms).
+TEST(GgufRealModelTest, SmolLm2Binds) {
+  MODSERVE_REQUIRE_SMOLLM2(path);
+  absl::StatusOr<LoadedModel> m = LoadModel(path);
+  ASSERT_THAT(m, IsOk());
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(c.n_layers, 30);
+  EXPECT_EQ(c.d_model, 576);
+  EXPECT_EQ(c.n_heads, 9);
+  EXPECT_EQ(c.n_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.d_ff, 1536);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.max_seq_len, 8192);
+  EXPECT_EQ(c.rope_theta, 100000.0);
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rms_norm_eps), 1e-5f);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_THAT(c.eos_token_ids, ElementsAre(2));
+  EXPECT_FALSE(c.mod.has_value());
+  const ModelWeights& w = m->weights();
+  EXPECT_EQ(w.embed_tokens.dtype, DType::kQ8_0);
+  EXPECT_EQ(w.embed_tokens.ShapeString(), "[49152, 576]");
+  EXPECT_EQ(w.lm_head.data, w.embed_tokens.data);
+  EXPECT_EQ(w.norm.dtype, DType::kF32);
+  for (const LayerWeights& l : w.layers) {
+    EXPECT_EQ(l.q_proj.dtype, DType::kQ4_1);
+    EXPECT_EQ(l.q_proj.ShapeString(), "[576, 576]");
+    EXPECT_EQ(l.k_proj.ShapeString(), "[192, 576]");
+    EXPECT_EQ(l.down_proj.ShapeString(), "[576, 1536]");
+    EXPECT_EQ(l.input_layernorm.dtype, DType::kF32);
+  }
+  // Q and K were un-permuted into copies: 30 * (576 + 192) rows of 576 / 32 Q4_1 blocks.
+  uint64_t copied = 0;
+  for (const std::string& name : m->checkpoint().Names()) {
+    if (m->checkpoint().Find(name)->copied) copied += m->checkpoint().Find(name)->bytes;
+  }
+  EXPECT_EQ(copied, uint64_t{30} * (576 + 192) * (576 / 32) * 20);
 }
 
 }  // namespace
