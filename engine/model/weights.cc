@@ -215,13 +215,16 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(path, ec) &&
-      (std::filesystem::exists(path, ec) || absl::EndsWith(path, ".gguf"))) {
+  if (absl::EndsWith(path, ".gguf") ||
+      (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))) {
     MODSERVE_ASSIGN_OR_RETURN(GgufModel m, OpenGgufModel(path));
     absl::StatusOr<ModelWeights> weights = BindWeights(m.config, m.checkpoint, TensorNaming::kGguf);
     if (!weights.ok()) {
-      return absl::Status(weights.status().code(),
-                          absl::StrCat(path, ": ", weights.status().message()));
+      // Messages about one tensor start with the file's name: the path replaces it.
+      const std::string name = std::filesystem::path(path).filename().string() + ": ";
+      absl::string_view msg = weights.status().message();
+      if (absl::StartsWith(msg, name)) msg.remove_prefix(name.size());
+      return absl::Status(weights.status().code(), absl::StrCat(path, ": ", msg));
     }
     return LoadedModel(std::move(m.config), std::move(m.checkpoint), *std::move(weights));
   }

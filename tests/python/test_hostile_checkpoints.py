@@ -1,4 +1,5 @@
-"""Hostile checkpoints against the BUILT engine: for every case of tests/hostile/make_hostile.py,
+"""Hostile checkpoints against the BUILT engine: for every case of tests/hostile/make_hostile.py
+(model directories) and tests/hostile/make_hostile_gguf.py (GGUF files),
 `modserve-generate --model DIR --prompt_ids 1,2,3` must exit with status 1 (no signal, no
 sanitizer report, no hang; a case marked may_succeed, legal but extreme, may also exit 0) and
 print a message naming the file and the problem, also under an
@@ -20,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
 import make_hostile  # noqa: E402
+import make_hostile_gguf  # noqa: E402
 from loopback import is_sanitized  # noqa: E402
 
 BUILD = os.environ.get("MODSERVE_BUILD_DIR", os.path.join(ROOT, "build"))
@@ -147,3 +149,76 @@ def test_server_refuses_hostile_checkpoint_before_listening(case, cases_dir):
     for fragment in case.expect:
         fragment = fragment.replace("{dir}", d)
         assert fragment in stderr, f"{case.name}: {fragment!r} not in stderr:\n{stderr[-3000:]}"
+
+
+# ---- GGUF files (tests/hostile/make_hostile_gguf.py) ----
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("hostile_gguf"))
+
+
+@pytest.mark.parametrize("limit_memory", [False, True], ids=["unlimited", "memory_limited"])
+def test_valid_base_gguf_generates(limit_memory, gguf_dir):
+    """The control: the valid GGUF base loads and generates, also under the memory limit."""
+    if limit_memory and is_sanitized(BINARY):
+        pytest.skip("sanitizer build: RLIMIT_AS would break the shadow memory")
+    r = run(make_hostile_gguf.write_base(gguf_dir), limit_memory)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+
+
+def _gguf_params():
+    for case in make_hostile_gguf.CASES:
+        for limit_memory in (False, True):
+            if not (case.mem_limited if limit_memory else case.unlimited):
+                continue
+            marks = []
+            if case.known_bug:
+                marks.append(pytest.mark.xfail(strict=True, reason=case.known_bug))
+            yield pytest.param(case, limit_memory, marks=marks,
+                               id=f"{case.name}-{'memory_limited' if limit_memory else 'unlimited'}")
+
+
+def _check_refusal(case, path, code, stderr, prefix):
+    assert code >= 0, f"{case.name}: killed by signal {-code}\n{stderr[-3000:]}"
+    for crash in ("Sanitizer", "runtime error:", "terminate called", "std::bad_alloc"):
+        assert crash not in stderr, f"{case.name}: {crash}\n{stderr[-3000:]}"
+    assert code == 1, f"{case.name}: exit {code}\n{stderr[-3000:]}"
+    assert stderr.startswith(prefix), stderr[-3000:]
+    for fragment in case.expect:
+        fragment = fragment.replace("{file}", path)
+        assert fragment in stderr, f"{case.name}: {fragment!r} not in stderr:\n{stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("case,limit_memory", list(_gguf_params()))
+def test_hostile_gguf_fails_cleanly(case, limit_memory, gguf_dir):
+    if limit_memory and is_sanitized(BINARY):
+        pytest.skip("sanitizer build: RLIMIT_AS would break the shadow memory")
+    path = make_hostile_gguf.write_case(
+        case, os.path.join(gguf_dir, "memory" if limit_memory else "plain"))
+    try:
+        r = run(path, limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{case.name}: modserve-generate hung for {TIMEOUT_S} s")
+    if case.may_succeed and r.returncode == 0:
+        return
+    _check_refusal(case, path, r.returncode, r.stderr, "modserve-generate: ")
+
+
+@server_required
+def test_server_serves_the_valid_base_gguf(gguf_dir):
+    code, stderr = serve(make_hostile_gguf.write_base(gguf_dir))
+    assert code is None, (code, stderr[-2000:])
+
+
+@server_required
+@pytest.mark.parametrize("case", [c for c in make_hostile_gguf.CASES if c.unlimited and
+                                  not c.may_succeed and not c.known_bug], ids=lambda c: c.name)
+def test_server_refuses_hostile_gguf_before_listening(case, gguf_dir):
+    path = make_hostile_gguf.write_case(case, os.path.join(gguf_dir, "server"))
+    try:
+        code, stderr = serve(path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{case.name}: modserve hung for {TIMEOUT_S} s")
+    assert code is not None, f"{case.name}: modserve started serving a hostile GGUF file"
+    _check_refusal(case, path, code, stderr, "modserve: ")

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -559,7 +560,7 @@ TEST_F(GgufModelTest, NanRouterNamesTheTensor) {
   }
   EXPECT_THAT(LoadGguf(GgufModelBuilder(hf, DefaultMetadata(s))),
               StatusIs(absl::StatusCode::kDataLoss,
-                       "tiny.gguf: tensor 'blk.2.mod_router.weight' has a non-finite value (nan) "
+                       path_ + ": tensor 'blk.2.mod_router.weight' has a non-finite value (nan) "
                        "at element 1"));
 }
 
@@ -579,6 +580,9 @@ TEST_F(GgufModelTest, LoadModelTellsFilesFromDirectories) {
   WriteBytes(dir_.File("model.safetensors"), std::string(64, '{'));
   EXPECT_THAT(LoadModel(dir_.File("model.safetensors")),
               StatusIs(absl::StatusCode::kDataLoss, "not a GGUF file"));
+  std::filesystem::create_directory(dir_.File("dir.gguf"));
+  EXPECT_THAT(LoadModel(dir_.File("dir.gguf")),
+              StatusIs(absl::StatusCode::kDataLoss, "dir.gguf: not a regular file"));
 }
 
 // The real model: its config is SmolLM2-135M-Instruct's published one (30 layers, d_model 576,
