@@ -12,6 +12,7 @@
 # build-bench/bin), python with numpy + gguf (GGUF_PY, default /tmp/gguf-venv/bin/python).
 #
 #   tests/bench/llamacpp/check_same_tokens.sh [CKPT_DIR] [N_NEW] [OUTTYPE]
+#   CONVERTER=quantize tests/bench/llamacpp/check_same_tokens.sh models/demo-dense 32 q4_k
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../../.." && pwd)"
@@ -34,15 +35,24 @@ if [[ ! -x "$GREEDY" || "$HERE/greedy_ids.cc" -nt "$GREEDY" ]]; then
     -L"$LLAMACPP_BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$LLAMACPP_BUILD/bin"
 fi
 
-GGUF="$WORK/$(basename "$CKPT")-$OUTTYPE.gguf"
-if [[ ! -f "$GGUF" || "$CKPT/config.json" -nt "$GGUF" || "$HERE/to_gguf.py" -nt "$GGUF" ]]; then
+# CONVERTER=quantize makes the GGUF with modserve-quantize (any of its --type values, the
+# tokenizer.json included) instead of to_gguf.py, and modserve runs that same GGUF file: the
+# check then proves the quantizer's output and modserve's GGUF loading against llama.cpp.
+CONVERTER="${CONVERTER:-to_gguf}"
+GGUF="$WORK/$(basename "$CKPT")-$OUTTYPE-$CONVERTER.gguf"
+if [[ "$CONVERTER" == quantize ]]; then
+  "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$GGUF" --type "$OUTTYPE" \
+    --allow_no_tokenizer
+elif [[ ! -f "$GGUF" || "$CKPT/config.json" -nt "$GGUF" || "$HERE/to_gguf.py" -nt "$GGUF" ]]; then
   nice -n 19 "$GGUF_PY" "$HERE/to_gguf.py" "$CKPT" "$GGUF" --outtype "$OUTTYPE"
 fi
 
 LC_OUT="$WORK/check.llamacpp.txt"
 MS_OUT="$WORK/check.modserve.json"
 "$GREEDY" "$GGUF" "$PROMPT" "$N_NEW" "$THREADS" > "$LC_OUT"
-"$MODSERVE_BIN_DIR/modserve-generate" --model "$CKPT" --prompt_ids "$PROMPT" \
+MS_MODEL="$CKPT"
+[[ "$CONVERTER" == quantize ]] && MS_MODEL="$GGUF"
+"$MODSERVE_BIN_DIR/modserve-generate" --model "$MS_MODEL" --prompt_ids "$PROMPT" \
   --max_new_tokens "$N_NEW" --temperature 0 --ignore_eos --top_logprobs 2 --json \
   --threads "$THREADS" > "$MS_OUT"
 
