@@ -24,7 +24,6 @@ static_assert(std::endian::native == std::endian::little, "GGUF data is read in 
 namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
-constexpr uint32_t kDefaultAlignment = 32;
 constexpr uint64_t kHeaderBytes = 4 + 4 + 8 + 8;  // magic, version, tensor count, kv count
 // The smallest encodings, which bound how many entries a file of a given size can hold.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;          // empty key, type, a one-byte value
