@@ -11,6 +11,7 @@ FuzzFn FindTarget(std::string_view name) {
   };
   static constexpr Entry kTargets[] = {
       {"checkpoint", FuzzCheckpoint},
+      {"gguf", FuzzGguf},
       {"config", FuzzConfig},
       {"bpe_json", FuzzBpeJson},
       {"tokenizer_encode", FuzzTokenizerEncode},

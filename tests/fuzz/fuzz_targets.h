@@ -21,6 +21,15 @@ using FuzzFn = int (*)(const uint8_t* data, size_t size);
 // bytes == numel * element size, and be readable end to end through Get().
 int FuzzCheckpoint(const uint8_t* data, size_t size);
 
+// The bytes are a whole GGUF file, opened with GgufFile::Open from an in-memory file. A rejection
+// must be DataLoss naming the file. An accepted file must match the header as the specification
+// reads it from the raw bytes (magic, version, counts), every typed getter must succeed or fail
+// with InvalidArgument naming the key, and every tensor must lie inside the file, aligned, with
+// bytes == blocks * block size, no two overlapping, readable end to end. LoadModel on the same
+// file must then either bind a model (config rules kept, one LayerWeights per layer, tied exactly
+// when output.weight is absent) or fail with InvalidArgument or DataLoss naming the file.
+int FuzzGguf(const uint8_t* data, size_t size);
+
 // The bytes are a config.json, parsed with ParseConfig. On success the result must satisfy
 // every rule config.h states (ranges, divisibility, routed layers, predictor presence); on
 // failure the code must be InvalidArgument and the message start with "config.json: ".

@@ -71,6 +71,73 @@ def checkpoint_corpus():
     write("checkpoint", "short", b"\x10\0\0")
 
 
+def gguf_file(kvs, tensors, version=3, align=32):
+    """A GGUF file from (key, type id, value bytes) and (name, ggml type, ne, data) lists,
+    written here byte by byte (the seeds must stay small, under the fuzzer's 4 KiB inputs)."""
+    def s(x):
+        x = x.encode() if isinstance(x, str) else x
+        return struct.pack("<Q", len(x)) + x
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, t, value in kvs:
+        out += s(key) + struct.pack("<I", t) + value
+    data = b""
+    for name, t, ne, payload in tensors:
+        data += b"\0" * (-len(data) % align)
+        out += s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        out += struct.pack("<IQ", t, len(data))
+        data += payload
+    out += b"\0" * (-len(out) % align)
+    return out + data
+
+
+def gguf_corpus():
+    u32 = lambda v: struct.pack("<I", v)  # noqa: E731
+    f32 = lambda v: struct.pack("<f", v)  # noqa: E731
+    f64 = lambda v: struct.pack("<d", v)  # noqa: E731
+    string = lambda v: struct.pack("<Q", len(v)) + v.encode()  # noqa: E731
+    # A whole MoD model, as small as the rules allow: d_model 8, one routed layer of two heads
+    # of 4, d_ff 8, vocab 4 (every tensor F32; Q/K order does not matter to the parser).
+    d, ff, vocab = 8, 8, 4
+    llama = [("general.architecture", 8, string("llama")),
+             ("llama.embedding_length", 4, u32(d)), ("llama.feed_forward_length", 4, u32(ff)),
+             ("llama.block_count", 4, u32(1)), ("llama.attention.head_count", 4, u32(2)),
+             ("llama.attention.head_count_kv", 4, u32(1)),
+             ("llama.attention.layer_norm_rms_epsilon", 6, f32(1e-5)),
+             ("llama.context_length", 4, u32(64)), ("llama.vocab_size", 4, u32(vocab))]
+    mod = [("modserve.mod.format_version", 4, u32(1)),
+           ("modserve.mod.routed_layers", 9, struct.pack("<IQi", 5, 1, 0)),
+           ("modserve.mod.threshold", 12, f64(0.5))]
+
+    def t(name, *shape):  # shape outer to inner, as numpy; GGUF stores it reversed
+        n = 1
+        for x in shape:
+            n *= x
+        return (name, 0, list(reversed(shape)), struct.pack(f"<{n}f", *[0.01 * i for i in range(n)]))
+    tensors = [t("token_embd.weight", vocab, d), t("output_norm.weight", d),
+               t("blk.0.attn_norm.weight", d), t("blk.0.ffn_norm.weight", d),
+               t("blk.0.attn_q.weight", d, d), t("blk.0.attn_k.weight", 4, d),
+               t("blk.0.attn_v.weight", 4, d), t("blk.0.attn_output.weight", d, d),
+               t("blk.0.ffn_gate.weight", ff, d), t("blk.0.ffn_up.weight", ff, d),
+               t("blk.0.ffn_down.weight", d, ff)]
+    write("gguf", "valid_dense_tied", gguf_file(llama, tensors))
+    write("gguf", "valid_mod", gguf_file(llama + mod, tensors + [t("blk.0.mod_router.weight", 1, d)]))
+    write("gguf", "valid_v2_untied", gguf_file(llama, tensors + [t("output.weight", vocab, d)],
+                                               version=2))
+    write("gguf", "valid_every_type", gguf_file([
+        ("u8", 0, b"\x07"), ("i8", 1, b"\xff"), ("u16", 2, b"\x01\x02"), ("i16", 3, b"\xfe\xff"),
+        ("u32", 4, u32(7)), ("i32", 5, struct.pack("<i", -7)), ("f32", 6, f32(0.5)),
+        ("bool", 7, b"\x01"), ("str", 8, string("hi")),
+        ("strs", 9, struct.pack("<IQ", 8, 2) + string("a") + string("bc")),
+        ("u64", 10, struct.pack("<Q", 1 << 40)), ("i64", 11, struct.pack("<q", -1)),
+        ("f64", 12, f64(0.25)), ("general.alignment", 4, u32(64))],
+        [("q8", 8, [32, 2], b"\x01" * 68), ("q4k", 12, [256], b"\x02" * 144),
+         ("bf16", 30, [3], b"\0" * 6)], align=64))
+    write("gguf", "bad_tensor_past_end", gguf_file(llama, [("a", 0, [1 << 20], b"")]))
+    write("gguf", "bad_count", b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 0))
+    write("gguf", "bad_unknown_arch", gguf_file([("general.architecture", 8, string("qwen2"))],
+                                                []))
+
+
 def config_corpus():
     ck = os.path.join(ROOT, "tests", "testdata", "checkpoints")
     for name in sorted(os.listdir(ck)):
@@ -246,11 +313,12 @@ def request_corpus():
 
 
 def main():
-    for target in ("checkpoint", "config", "bpe_json", "tokenizer_encode", "tokenizer_decode",
+    for target in ("checkpoint", "gguf", "config", "bpe_json", "tokenizer_encode", "tokenizer_decode",
                    "detokenizer", "request"):
         shutil.rmtree(os.path.join(HERE, "corpus", target), ignore_errors=True)
         os.makedirs(os.path.join(HERE, "corpus", target))
     checkpoint_corpus()
+    gguf_corpus()
     config_corpus()
     bpe_json_corpus()
     tokenizer_corpus()

@@ -1,5 +1,5 @@
-// Fuzz targets for the model loader: safetensors files (Checkpoint::OpenFile) and config.json
-// (ParseConfig). They check each parser's result against the rules its header states, computed
+// Fuzz targets for the model loader: safetensors files (Checkpoint::OpenFile), config.json
+// (ParseConfig) and GGUF files (GgufFile::Open, then LoadModel on the same bytes). They check each parser's result against the rules its header states, computed
 // here from the raw bytes, not only that it returns; they do not build weights or run a model.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,6 +16,8 @@
 #include "engine/common/dtype.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
+#include "engine/model/gguf.h"
+#include "engine/model/weights.h"
 #include "tests/fuzz/fuzz_targets.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -29,7 +31,8 @@ using engine::TensorInfo;
 // only takes a path, and /proc/self/fd/N of a memfd is one that open() and mmap() accept.
 class MemFile {
  public:
-  MemFile() : fd_(::memfd_create("model.safetensors", MFD_CLOEXEC)) {
+  explicit MemFile(const char* name = "model.safetensors")
+      : fd_(::memfd_create(name, MFD_CLOEXEC)) {
     FUZZ_CHECK(fd_ >= 0, "memfd_create failed");
     path_ = absl::StrCat("/proc/self/fd/", fd_);
   }
@@ -116,6 +119,131 @@ int FuzzCheckpoint(const uint8_t* data, size_t size) {
                absl::StrCat("overlapping tensors accepted: '", spans[i - 1].name, "' and '",
                             spans[i].name, "'"));
   }
+  return 0;
+}
+
+namespace {
+
+template <typename T>
+T LoadLe(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// Every typed getter on every key: each must either succeed or fail with NotFound (never here)
+// or InvalidArgument naming the key, and a successful string read must be the parsed value.
+void CheckGetters(const engine::GgufFile& f) {
+  for (const auto& [key, value] : f.metadata()) {
+    FUZZ_CHECK(f.Find(key) == &value, "Find() does not return the listed value");
+    auto check = [&](const absl::Status& s) {
+      if (s.ok()) return;
+      FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument,
+                 absl::StrCat("getter on a present key: ", s.ToString()));
+      FUZZ_CHECK(absl::StrContains(s.message(), "metadata key '"),
+                 absl::StrCat("getter error must name the key: ", s.ToString()));
+    };
+    check(f.GetU32(key).status());
+    check(f.GetI32(key).status());
+    check(f.GetU64(key).status());
+    check(f.GetI64(key).status());
+    check(f.GetF32(key).status());
+    check(f.GetF64(key).status());
+    check(f.GetBool(key).status());
+    check(f.GetI32Array(key).status());
+    check(f.GetI64Array(key).status());
+    check(f.GetF32Array(key).status());
+    absl::StatusOr<std::string_view> str = f.GetString(key);
+    check(str.status());
+    if (str.ok()) FUZZ_CHECK(*str == value.string, "GetString differs from the parsed value");
+    auto strs = f.GetStringArray(key);
+    check(strs.status());
+    if (strs.ok()) {
+      FUZZ_CHECK(strs->size() == value.array_size, "string array size");
+      for (std::string_view s : *strs) {
+        // Every string view lies in the file: the sanitizers see a bad one here.
+        volatile size_t sum = 0;
+        for (char c : s) sum = sum + static_cast<unsigned char>(c);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int FuzzGguf(const uint8_t* data, size_t size) {
+  static MemFile* file = new MemFile("model.gguf");  // never freed: lives for the process
+  const std::string& path = file->Write(data, size);
+  absl::StatusOr<engine::GgufFile> f = engine::GgufFile::Open(path);
+  if (!f.ok()) {
+    FUZZ_CHECK(f.status().code() == absl::StatusCode::kDataLoss,
+               absl::StrCat("malformed GGUF must give DataLoss: ", f.status().ToString()));
+    FUZZ_CHECK(absl::StrContains(f.status().message(), path),
+               absl::StrCat("message must name the file: ", f.status().ToString()));
+    return 0;
+  }
+  // Accepted: the header as the specification reads it, from the raw bytes.
+  FUZZ_CHECK(size >= 24 && std::memcmp(data, "GGUF", 4) == 0, "bad magic accepted");
+  const uint32_t version = LoadLe<uint32_t>(data + 4);
+  FUZZ_CHECK(version == 2 || version == 3, absl::StrCat("version ", version, " accepted"));
+  FUZZ_CHECK(f->tensors().size() == LoadLe<uint64_t>(data + 8), "tensor count differs");
+  FUZZ_CHECK(f->metadata().size() == LoadLe<uint64_t>(data + 16), "metadata count differs");
+  const uint64_t align = f->alignment();
+  FUZZ_CHECK(align != 0 && (align & (align - 1)) == 0, "alignment not a power of two");
+  FUZZ_CHECK(f->data_offset() % align == 0, "data section misaligned");
+  CheckGetters(*f);
+
+  struct Span {
+    uint64_t begin, end;
+  };
+  std::vector<Span> spans;
+  for (const engine::GgufTensor& t : f->tensors()) {
+    const std::string name(t.name);
+    FUZZ_CHECK(f->FindTensor(t.name) == &t, absl::StrCat(name, ": FindTensor"));
+    FUZZ_CHECK(t.ndim >= 0 && t.ndim <= 4, absl::StrCat(name, ": ndim"));
+    const engine::GgmlTypeInfo* type = engine::FindGgmlType(t.ggml_type);
+    FUZZ_CHECK(type != nullptr, absl::StrCat(name, ": unknown type accepted"));
+    uint64_t numel = 1;
+    for (int i = 0; i < 4; ++i) {
+      FUZZ_CHECK(t.ne[i] >= 0, absl::StrCat(name, ": negative dim"));
+      FUZZ_CHECK(!__builtin_mul_overflow(numel, static_cast<uint64_t>(t.ne[i]), &numel),
+                 absl::StrCat(name, ": overflowing dims accepted"));
+    }
+    FUZZ_CHECK(t.ne[0] % type->block_elems == 0, absl::StrCat(name, ": partial block accepted"));
+    FUZZ_CHECK(t.bytes == numel / static_cast<uint64_t>(type->block_elems) * type->block_bytes,
+               absl::StrCat(name, ": byte count"));
+    FUZZ_CHECK(t.offset % align == 0, absl::StrCat(name, ": misaligned offset accepted"));
+    if (t.bytes == 0) continue;
+    const uint64_t begin = f->data_offset() + t.offset;
+    FUZZ_CHECK(begin <= size && t.bytes <= size - begin,
+               absl::StrCat(name, ": data outside the file accepted"));
+    // Reads every byte of the tensor through its pointer: the sanitizers see one outside the map.
+    FUZZ_CHECK(std::memcmp(t.data, data + begin, t.bytes) == 0,
+               absl::StrCat(name, ": data differs from the file"));
+    spans.push_back({begin, begin + t.bytes});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin < b.begin;
+  });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    FUZZ_CHECK(spans[i].begin >= spans[i - 1].end, "overlapping tensors accepted");
+  }
+
+  // The model on top: either a model whose config keeps config.json's rules, or a clear error.
+  absl::StatusOr<engine::LoadedModel> m = engine::LoadModel(path);
+  if (!m.ok()) {
+    const absl::StatusCode code = m.status().code();
+    FUZZ_CHECK(code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kDataLoss,
+               absl::StrCat("model error must be InvalidArgument or DataLoss: ",
+                            m.status().ToString()));
+    FUZZ_CHECK(absl::StrContains(m.status().message(), path),
+               absl::StrCat("model error must name the file: ", m.status().ToString()));
+    return 0;
+  }
+  const engine::ModelConfig& c = m->config();
+  FUZZ_CHECK(c.n_heads % c.n_kv_heads == 0 && c.head_dim % 2 == 0, "bad head layout accepted");
+  FUZZ_CHECK(static_cast<int64_t>(m->weights().layers.size()) == c.n_layers, "layer count");
+  FUZZ_CHECK(c.tie_word_embeddings == (f->FindTensor("output.weight") == nullptr), "tie flag");
   return 0;
 }
 

@@ -51,7 +51,7 @@ TEST_P(FuzzCorpusTest, ReplaysEveryCommittedInput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzCorpusTest,
-                         ::testing::Values("checkpoint", "config", "bpe_json", "tokenizer_encode",
+                         ::testing::Values("checkpoint", "gguf", "config", "bpe_json", "tokenizer_encode",
                                            "tokenizer_decode", "detokenizer", "request"));
 
 }  // namespace

@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds="${1:-60}"
 shift || true
-all=(checkpoint config bpe_json tokenizer_encode tokenizer_decode detokenizer request)
+all=(checkpoint gguf config bpe_json tokenizer_encode tokenizer_decode detokenizer request)
 if (($#)); then specs=("$@"); else specs=("${all[@]}"); fi
 targets=()
 declare -A secs
@@ -61,6 +61,7 @@ for t in "${targets[@]}"; do
         -print_final_stats=1 -artifact_prefix="$out/$t/")
   case "$t" in
     config|bpe_json|checkpoint) args+=(-dict=tests/fuzz/dict/json.dict) ;;
+    gguf) args+=(-dict=tests/fuzz/dict/gguf.dict) ;;
     request) args+=(-dict=tests/fuzz/dict/request.dict) ;;
   esac
   case "$t" in
