@@ -2,11 +2,14 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/registry.h"
+#include "engine/common/logging.h"
 #include "engine/common/status_macros.h"
+#include "engine/executor/step_runner.h"
 
 namespace modserve::engine {
 
@@ -20,6 +23,11 @@ struct Engine::Sequence {
     if (tok != nullptr) detok.emplace(*tok, /*skip_special_tokens=*/true, request.prompt);
   }
 
+  // Prompt logprobs still to compute: the step feeding the prompt asks for every row's logits.
+  bool WantsPromptLogprobs() const {
+    return request.prompt_logprobs >= 0 && result.prompt_logprobs.size() < request.prompt.size();
+  }
+
   Request request;
   std::vector<TokenId> tokens;  // prompt, then generated tokens
   int32_t num_fed = 0;          // tokens whose KV entries are in the cache
@@ -28,7 +36,7 @@ struct Engine::Sequence {
   StopChecker stop;
   std::optional<IncrementalDetokenizer> detok;
   GenerationResult result;
-  bool finished = false;
+  bool finished = false;  // done: its last token was sampled, or it failed
 };
 
 Engine::Engine(EngineOptions options, LoadedModel model)
@@ -80,19 +88,51 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
   e->sampler_ = std::make_unique<Sampler>(options.seed);
+  if (const Tokenizer* tok = e->tokenizer_.get(); tok != nullptr) {
+    for (TokenId id = 0; id < cfg.vocab_size; ++id) {
+      if (!tok->IdToToken(id).has_value()) e->unnamed_ids_.push_back(id);
+    }
+    // A mismatch is legal (embeddings are often padded to a multiple of 64) but worth a line.
+    if (!e->unnamed_ids_.empty() || tok->vocab_size() > cfg.vocab_size) {
+      MODSERVE_LOG(WARNING) << options.model_dir << ": the model's vocabulary has "
+                            << cfg.vocab_size << " ids and the tokenizer's " << tok->vocab_size()
+                            << "; " << e->unnamed_ids_.size()
+                            << " model ids name no token (never sampled, refused in prompts)"
+                            << (tok->vocab_size() > cfg.vocab_size
+                                    ? "; text that tokenizes past the model's vocabulary is "
+                                      "refused"
+                                    : "");
+    }
+  }
   return e;
+}
+
+absl::Status Engine::CheckTokenId(absl::string_view what, TokenId id) const {
+  const int64_t vocab = config().vocab_size;
+  if (id < 0 || id >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " token id ", id,
+                                                   " is outside the vocabulary [0, ", vocab, ")"));
+  }
+  if (tokenizer_ != nullptr && !tokenizer_->IdToToken(id).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " token id ", id, " names no token of the tokenizer (the model's embedding has ",
+        vocab, " rows, the tokenizer ", tokenizer_->vocab_size(), " ids)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SequenceId> Engine::Add(const Request& request) {
   const ModelConfig& cfg = config();
   MODSERVE_RETURN_IF_ERROR(Validate(request.sampling));
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt has no tokens");
-  for (TokenId t : request.prompt) {
-    if (t < 0 || t >= cfg.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t,
-                                                     " is outside the vocabulary [0, ",
-                                                     cfg.vocab_size, ")"));
-    }
+  for (TokenId t : request.prompt) MODSERVE_RETURN_IF_ERROR(CheckTokenId("prompt", t));
+  for (TokenId t : request.sampling.stop_token_ids) {
+    MODSERVE_RETURN_IF_ERROR(CheckTokenId("stop", t));
+  }
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs ", request.prompt_logprobs,
+                                                   " is not -1 (off) or in [0, ",
+                                                   kMaxTopLogprobs, "]"));
   }
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_new_tokens;
   if (total > cfg.max_seq_len) {
@@ -119,6 +159,9 @@ absl::StatusOr<SequenceId> Engine::Add(const Request& request) {
     seq->result.routed_layers = cfg.mod->routed_layers;
     seq->result.routing.resize(cfg.mod->routed_layers.size());
   }
+  if (request.prompt_logprobs >= 0) {
+    seq->result.prompt_logprobs.push_back({request.prompt.front(), std::nullopt, {}});
+  }
   sequences_.emplace(id, std::move(seq));
   return id;
 }
@@ -132,6 +175,118 @@ int32_t Engine::PendingTokens(SequenceId seq_id) const {
 bool Engine::Finished(SequenceId seq_id) const {
   auto it = sequences_.find(seq_id);
   return it != sequences_.end() && it->second->finished;
+}
+
+int32_t Engine::HeldPages(SequenceId seq_id) const {
+  absl::StatusOr<SequenceKvUsage> usage = kv_->Usage(seq_id);
+  return usage.ok() ? usage->num_pages : 0;
+}
+
+bool Engine::InjectFault(double rate, SequenceId seq_id, int64_t index, uint64_t salt) const {
+  if (!(rate > 0.0)) return false;
+  const uint64_t key = options_.faults.seed ^ (salt * 0x9E3779B97F4A7C15ull) ^
+                       (static_cast<uint64_t>(seq_id) * 0xBF58476D1CE4E5B9ull);
+  return UniformDraw(key, static_cast<uint64_t>(index)) < rate;
+}
+
+namespace {
+
+// log_softmax of one logits row at `id`, and the `top_n` most likely ids (ties to the lower id).
+// Internal when the row holds a NaN or +inf (a model/backend bug, reported for this request).
+absl::StatusOr<PromptLogprob> RowLogprob(absl::Span<const float> row, TokenId id, int32_t top_n) {
+  float max_logit = -INFINITY;
+  for (size_t v = 0; v < row.size(); ++v) {
+    if (std::isnan(row[v]) || row[v] == INFINITY) {
+      return absl::InternalError(absl::StrCat("logit of token ", v, " is ", row[v]));
+    }
+    max_logit = std::max(max_logit, row[v]);
+  }
+  if (max_logit == -INFINITY) return absl::InternalError("every logit is -inf");
+  double sum = 0.0;
+  for (float logit : row) sum += std::exp(static_cast<double>(logit) - max_logit);
+  const double lse = max_logit + std::log(sum);
+  PromptLogprob out{id, static_cast<float>(row[id] - lse), {}};
+  if (top_n > 0) {
+    std::vector<TokenId> ids(row.size());
+    for (size_t v = 0; v < row.size(); ++v) ids[v] = static_cast<TokenId>(v);
+    const size_t n = std::min(static_cast<size_t>(top_n), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(),
+                      [&](TokenId a, TokenId b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (size_t k = 0; k < n; ++k) {
+      out.top.push_back({ids[k], static_cast<float>(row[ids[k]] - lse)});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status Engine::AddPromptLogprobs(Sequence& s, int32_t pos, float* logits,
+                                       int32_t num_rows) {
+  const int64_t vocab = config().vocab_size;
+  const std::vector<TokenId>& prompt = s.request.prompt;
+  for (int32_t j = 0; j < num_rows; ++j) {
+    // Row j holds the logits after position pos + j: they predict the token at pos + j + 1.
+    const size_t next = static_cast<size_t>(pos + j + 1);
+    if (next >= prompt.size()) break;
+    if (next != s.result.prompt_logprobs.size()) continue;  // recorded before a preemption
+    absl::Span<float> row(logits + j * vocab, static_cast<size_t>(vocab));
+    for (TokenId id : unnamed_ids_) row[id] = -INFINITY;
+    absl::StatusOr<PromptLogprob> lp = RowLogprob(row, prompt[next], s.request.prompt_logprobs);
+    if (!lp.ok()) {
+      return absl::InternalError(absl::StrCat("prompt logprob of position ", next, ": ",
+                                              lp.status().message()));
+    }
+    s.result.prompt_logprobs.push_back(*std::move(lp));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenEvent> Engine::NextToken(SequenceId seq_id, Sequence& s,
+                                              absl::Span<float> logits) {
+  const int64_t index = static_cast<int64_t>(s.result.token_ids.size());
+  for (TokenId id : unnamed_ids_) logits[id] = -INFINITY;
+  if (InjectFault(options_.faults.sampler_rate, seq_id, index, 1)) {
+    return absl::InternalError(absl::StrCat("injected sampler fault at token ", index));
+  }
+  absl::StatusOr<SampleResult> sample = sampler_->Sample(logits, s.request.sampling, &s.sampling);
+  if (!sample.ok()) {
+    return absl::Status(sample.status().code(),
+                        absl::StrCat("sampling token ", index, ": ", sample.status().message()));
+  }
+  TokenEvent ev;
+  ev.token = sample->token;
+  ev.logprob = sample->logprob;
+  ev.top_logprobs = std::move(sample->top_logprobs);
+  std::string delta;
+  if (s.detok) {
+    absl::StatusOr<std::string> text =
+        InjectFault(options_.faults.detokenizer_rate, seq_id, index, 2)
+            ? absl::InternalError("injected detokenizer fault")
+            : s.detok->Add(ev.token);
+    // The id was sampled by the engine, so a failure here is ours, not the client's.
+    if (!text.ok()) {
+      return absl::InternalError(absl::StrCat("detokenizing token ", index, " (id ", ev.token,
+                                              "): ", text.status().message()));
+    }
+    delta = *std::move(text);
+  }
+  StopCheckResult stop = s.stop.Append(ev.token, delta);
+  ev.text = std::move(stop.emit);
+  ev.finish_reason = stop.finish_reason;
+  if (stop.finish_reason && *stop.finish_reason != FinishReason::kStopString && s.detok) {
+    // Bytes the detokenizer still holds (an unfinished character) end the text.
+    absl::StatusOr<std::string> tail = s.detok->Flush();
+    if (!tail.ok()) {
+      return absl::InternalError(absl::StrCat("detokenizing the end of the output: ",
+                                              tail.status().message()));
+    }
+    ev.text += *tail;
+  }
+  if (s.request.prompt_logprobs >= 0 && s.result.token_ids.empty()) {
+    ev.prompt_logprobs = s.result.prompt_logprobs;
+  }
+  return ev;
 }
 
 absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
@@ -155,10 +310,17 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     const int32_t n = std::min(e.num_tokens, pending);
     seqs.push_back(s);
     plan.push_back({e.seq_id, absl::MakeConstSpan(s->tokens).subspan(s->num_fed, n), s->num_fed,
-                    s->threshold, false});
+                    s->threshold, s->WantsPromptLogprobs()});
+  }
+  ++num_steps_;
+  if (options_.faults.backend_fault_step > 0 && num_steps_ >= options_.faults.backend_fault_step) {
+    if (options_.faults.on_backend_fault) options_.faults.on_backend_fault();
+    return absl::InternalError(absl::StrCat("injected backend fault at step ", num_steps_));
   }
   MODSERVE_ASSIGN_OR_RETURN(StepOutput out, transformer_->Step(plan));
 
+  // The forward pass committed every sequence's KV entries; from here each sequence advances
+  // or fails on its own.
   StepResult result;
   result.num_tokens = out.row_offsets.back();
   result.num_layer_skips = out.num_layer_skips;
@@ -170,46 +332,38 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = seqs[i];
     const int32_t n = static_cast<int32_t>(plan[i].tokens.size());
+    SequenceStepResult r{entries[i].seq_id, n, std::nullopt, absl::OkStatus(), {}};
     for (size_t k = 0; k < out.selected.size(); ++k) {
-      auto& dst = s->result.routing[k];
-      dst.insert(dst.end(), out.selected[k].begin() + out.row_offsets[i],
-                 out.selected[k].begin() + out.row_offsets[i + 1]);
+      auto first = out.selected[k].begin() + out.row_offsets[i];
+      auto last = out.selected[k].begin() + out.row_offsets[i + 1];
+      s->result.routing[k].insert(s->result.routing[k].end(), first, last);
+      r.routed_rows.push_back(static_cast<int32_t>(std::count(first, last, uint8_t{1})));
     }
+    const int32_t start_pos = s->num_fed;
     s->num_fed += n;
-    SequenceStepResult r{entries[i].seq_id, n, std::nullopt};
-    if (s->num_fed == static_cast<int32_t>(s->tokens.size())) {
+    float* rows = out.logits.data() + static_cast<size_t>(out.logit_offsets[i]) * V;
+    const int32_t num_rows = out.logit_offsets[i + 1] - out.logit_offsets[i];
+    if (plan[i].all_logits) r.status = AddPromptLogprobs(*s, start_pos, rows, num_rows);
+    if (r.status.ok() && s->num_fed == static_cast<int32_t>(s->tokens.size())) {
       // All input is in the cache: sample the next token from the last row's logits.
-      const float* row = out.logits.data() + static_cast<size_t>(out.logit_offsets[i]) * V;
-      MODSERVE_ASSIGN_OR_RETURN(SampleResult sample,
-                                sampler_->Sample(absl::MakeConstSpan(row, V),
-                                                 s->request.sampling, &s->sampling));
-      TokenEvent ev;
-      ev.token = sample.token;
-      ev.logprob = sample.logprob;
-      ev.top_logprobs = std::move(sample.top_logprobs);
-      std::string delta;
-      if (s->detok) {
-        MODSERVE_ASSIGN_OR_RETURN(delta, s->detok->Add(sample.token));
+      absl::StatusOr<TokenEvent> ev =
+          NextToken(entries[i].seq_id, *s, absl::MakeSpan(rows + static_cast<size_t>(num_rows - 1) * V, V));
+      if (ev.ok()) {
+        s->tokens.push_back(ev->token);
+        s->result.text += ev->text;
+        s->result.token_ids.push_back(ev->token);
+        s->result.logprobs.push_back(ev->logprob);
+        s->result.top_logprobs.push_back(ev->top_logprobs);
+        if (ev->finish_reason) {
+          s->finished = true;
+          s->result.finish_reason = *ev->finish_reason;
+        }
+        r.event = *std::move(ev);
+      } else {
+        r.status = ev.status();
       }
-      StopCheckResult stop = s->stop.Append(sample.token, delta);
-      ev.text = std::move(stop.emit);
-      ev.finish_reason = stop.finish_reason;
-      if (stop.finish_reason && *stop.finish_reason != FinishReason::kStopString && s->detok) {
-        // Bytes the detokenizer still holds (an unfinished character) end the text.
-        MODSERVE_ASSIGN_OR_RETURN(std::string tail, s->detok->Flush());
-        ev.text += tail;
-      }
-      s->result.text += ev.text;
-      s->tokens.push_back(sample.token);
-      s->result.token_ids.push_back(sample.token);
-      s->result.logprobs.push_back(ev.logprob);
-      s->result.top_logprobs.push_back(ev.top_logprobs);
-      if (ev.finish_reason) {
-        s->finished = true;
-        s->result.finish_reason = *ev.finish_reason;
-      }
-      r.event = std::move(ev);
     }
+    if (!r.status.ok()) s->finished = true;
     result.sequences.push_back(std::move(r));
   }
   return result;
@@ -248,65 +402,64 @@ absl::StatusOr<GenerationResult> Engine::Result(SequenceId seq_id) const {
 }
 
 absl::StatusOr<std::vector<GenerationResult>> Engine::Generate(absl::Span<const Request> requests) {
-  const int32_t L = static_cast<int32_t>(config().n_layers);
+  SchedulerOptions so;
+  so.max_num_seqs = options_.max_seqs;
+  so.max_batch_tokens = options_.max_batch_tokens;
+  so.max_queue = std::max<int32_t>(1, static_cast<int32_t>(requests.size()));
+  so.num_pages = kv_->GetStats().num_pages;
+  Scheduler scheduler(so, KvPageEstimator::ForModel(config(), kv_->block_size()));
+  EngineExecutor executor(this);
+  StepRunner runner(&executor, &scheduler);
+
   std::vector<SequenceId> ids;
-  std::vector<int32_t> worst;  // pages a sequence could need if every token entered every layer
-  const int64_t total_pages = kv_->GetStats().num_pages;
+  auto release_all = [&] {
+    for (SequenceId id : ids) (void)Release(id).ok();
+  };
   for (const Request& r : requests) {
-    MODSERVE_ASSIGN_OR_RETURN(SequenceId id, Add(r));
-    ids.push_back(id);
-    const int32_t len = static_cast<int32_t>(r.prompt.size()) + r.sampling.max_new_tokens;
-    MODSERVE_ASSIGN_OR_RETURN(int32_t pages,
-                              kv_->PagesNeededForNew(std::vector<int32_t>(L, len)));
-    if (pages > total_pages) {
-      for (SequenceId s : ids) (void)Release(s).ok();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a request of ", len, " tokens may need ", pages, " KV pages; the cache has ",
-          total_pages, " (raise kv_cache_bytes)"));
+    absl::StatusOr<SequenceId> id = Add(r);
+    if (!id.ok()) {
+      release_all();
+      return id.status();
     }
-    worst.push_back(pages);
+    ids.push_back(*id);
+    const absl::Status queued = scheduler.Enqueue({*id, static_cast<int32_t>(r.prompt.size()),
+                                                   r.sampling.max_new_tokens, 0,
+                                                   r.threshold});
+    if (!queued.ok()) {
+      release_all();
+      return queued;
+    }
   }
   std::vector<GenerationResult> results(requests.size());
-  std::vector<size_t> running;
-  size_t next = 0;
-  int64_t promised = 0;
-  while (next < ids.size() || !running.empty()) {
-    // Admit in order while the worst case of everything admitted still fits.
-    while (next < ids.size() && static_cast<int32_t>(running.size()) < options_.max_seqs &&
-           promised + worst[next] <= total_pages) {
-      promised += worst[next];
-      running.push_back(next++);
+  size_t num_done = 0;
+  while (num_done < ids.size()) {
+    IterationResult it = runner.RunOnce();
+    if (!it.engine_error.ok()) {
+      release_all();
+      return it.engine_error;
     }
-    // Decode tokens first, then prefill chunks with what is left of the token budget.
-    std::vector<StepEntry> entries;
-    int32_t budget = options_.max_batch_tokens;
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t k : running) {
-        const int32_t pending = PendingTokens(ids[k]);
-        const bool decode = pending == 1;
-        if (budget == 0 || pending == 0 || decode != (pass == 0)) continue;
-        const int32_t n = std::min(pending, budget);
-        entries.push_back({ids[k], n});
-        budget -= n;
+    if (!it.failed.empty()) {
+      release_all();
+      return it.failed.front().second;
+    }
+    if (it.plan.empty() && it.finished.empty()) {
+      release_all();
+      return absl::InternalError("generate: the scheduler has nothing to run");
+    }
+    for (SequenceId id : it.finished) {
+      const size_t k = static_cast<size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+      absl::StatusOr<GenerationResult> r = Result(id);
+      if (!r.ok()) {
+        release_all();
+        return r.status();
       }
+      results[k] = *std::move(r);
+      scheduler.Remove(id);
+      (void)Release(id).ok();
+      ++num_done;
     }
-    auto step = Step(entries);
-    if (!step.ok()) {
-      for (size_t k = 0; k < ids.size(); ++k) (void)Release(ids[k]).ok();
-      return step.status();
-    }
-    std::vector<size_t> still;
-    for (size_t k : running) {
-      if (!Finished(ids[k])) {
-        still.push_back(k);
-        continue;
-      }
-      MODSERVE_ASSIGN_OR_RETURN(results[k], Result(ids[k]));
-      MODSERVE_RETURN_IF_ERROR(Release(ids[k]));
-      promised -= worst[k];
-    }
-    running = std::move(still);
   }
+  release_all();
   return results;
 }
 

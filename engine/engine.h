@@ -5,6 +5,7 @@
 #define MODSERVE_ENGINE_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/backend/backend.h"
 #include "engine/kv_cache/kv_cache_manager.h"
@@ -25,8 +27,22 @@
 
 namespace modserve::engine {
 
+// Faults injected on purpose, for the fault-injection tests (all off by default). A per-request
+// fault ends only the request it hits (INTERNAL for it alone); the backend fault fails the step
+// as a device error would, which fails the engine.
+struct FaultInjection {
+  double sampler_rate = 0.0;      // probability that sampling a token fails
+  double detokenizer_rate = 0.0;  // probability that detokenizing a token fails
+  int64_t backend_fault_step = 0;  // > 0: the forward pass of the step with this number fails
+                                   // (and every later one: a sticky device error)
+  uint64_t seed = 0;               // draws are a function of (seed, sequence id, token index)
+  // Test hook: runs on the engine thread each time the injected backend fault fires, before the
+  // step returns it (a test can act "during" the failing step).
+  std::function<void()> on_backend_fault;
+};
+
 struct EngineOptions {
-  std::string model_dir;
+  std::string model_dir;  // a checkpoint directory
   std::string backend = "cpu";
   int num_threads = 0;             // CPU backend threads; 0 = every core
   int32_t max_batch_tokens = 512;  // rows of one forward pass (prefill chunks + decode tokens)
@@ -35,6 +51,7 @@ struct EngineOptions {
   int32_t block_size = 16;         // tokens per KV page
   DType kv_dtype = DType::kF32;
   uint64_t seed = 0;               // seeds the generator of per-request seeds
+  FaultInjection faults;
 };
 
 // One generation request, already tokenized.
@@ -42,6 +59,18 @@ struct Request {
   std::vector<TokenId> prompt;        // non-empty; BOS included when the model wants one
   SamplingParams sampling;            // temperature 0 = greedy
   std::optional<double> threshold;    // overrides mod.threshold for this request (in (0, 1))
+  // -1: none. 0..kMaxTopLogprobs: report, for every prompt token but the first, its logprob
+  // under the model (log_softmax of the raw logits: no penalties, no temperature) and this many
+  // top alternatives.
+  int32_t prompt_logprobs = -1;
+};
+
+// One prompt token and how likely the model found it given the tokens before it.
+struct PromptLogprob {
+  TokenId token = 0;
+  std::optional<float> logprob;    // unset for the first prompt token (nothing predicts it)
+  std::vector<TokenLogprob> top;   // the most likely tokens at this position, logprob
+                                   // descending, ties to the lower id; empty for the first
 };
 
 // One sequence's share of a step: feed up to num_tokens of its pending input (prompt chunk, or
@@ -58,13 +87,22 @@ struct TokenEvent {
   std::vector<TokenLogprob> top_logprobs;
   std::string text;  // text safe to stream with this token (UTF-8 complete, stop strings held)
   std::optional<FinishReason> finish_reason;  // set on the last token of the request
+  // Set on the first token of a request that asked for prompt logprobs (one per prompt token),
+  // so that a stream can send them before the first generated token; empty otherwise.
+  std::vector<PromptLogprob> prompt_logprobs;
 };
 
 struct SequenceStepResult {
   SequenceId seq_id = 0;
-  int32_t num_fed = 0;  // tokens fed this step
+  int32_t num_fed = 0;  // tokens fed this step (their KV entries are committed)
   // Set when this step fed the sequence's last pending token and a new token was sampled.
   std::optional<TokenEvent> event;
+  // Not OK when this sequence failed on its own in this step (sampling or detokenizing its next
+  // token: Internal, or InvalidArgument); it is then finished and its other fields are as far
+  // as it got. Other sequences of the step are unaffected.
+  absl::Status status;
+  // Per routed layer: how many of this sequence's num_fed rows were routed in.
+  std::vector<int32_t> routed_rows;
 };
 
 struct StepResult {
@@ -90,6 +128,8 @@ struct GenerationResult {
   int64_t kv_bytes = 0;         // KV entries held at the end, in bytes (exact, not pages)
   int64_t kv_bytes_dense = 0;   // what a dense model of the same shape would hold
   int64_t kv_pages = 0;         // pages held at the end
+  // One per prompt token when the request asked for prompt logprobs (Request::prompt_logprobs).
+  std::vector<PromptLogprob> prompt_logprobs;
 };
 
 // Threads: one thread (the engine thread) calls everything but the const accessors.
@@ -111,11 +151,17 @@ class Engine {
   int64_t kv_bytes_per_token_layer() const;
 
   // Registers a request and returns its sequence id. InvalidArgument for bad sampling
-  // parameters, threshold or token ids; OutOfRange when prompt + max_new_tokens exceeds the
-  // model's max_seq_len.
+  // parameters, threshold or token ids (prompt and stop ids must lie in the model's vocabulary
+  // and, when the checkpoint has a tokenizer, name one of its tokens); OutOfRange when prompt +
+  // max_new_tokens exceeds the model's max_seq_len.
   absl::StatusOr<SequenceId> Add(const Request& request);
-  // One forward pass over the entries. Errors are those of Transformer::Step (nothing is
-  // committed); NotFound for an unknown id; FailedPrecondition for a finished sequence.
+  // One forward pass over the entries, then the next token of every sequence whose input is all
+  // in the cache. Atomic per sequence: a sequence whose sampling or detokenization fails ends
+  // alone (SequenceStepResult::status) and the others advance. A returned error means nothing
+  // was committed for any sequence: ResourceExhausted (not enough free KV pages: the caller may
+  // preempt and retry), Internal (a backend fault: the engine is unusable), InvalidArgument /
+  // NotFound / FailedPrecondition (entries that are a caller bug: unknown, finished or idle
+  // sequences, too many rows).
   absl::StatusOr<StepResult> Step(absl::Span<const StepEntry> entries);
   // Frees the sequence's KV pages and forgets it (finish, cancel, preemption).
   absl::Status Release(SequenceId seq_id);
@@ -125,11 +171,16 @@ class Engine {
 
   int32_t PendingTokens(SequenceId seq_id) const;
   bool Finished(SequenceId seq_id) const;
+  // KV pages the sequence holds now (0 for an unknown id).
+  int32_t HeldPages(SequenceId seq_id) const;
   // The result so far (complete once Finished()).
   absl::StatusOr<GenerationResult> Result(SequenceId seq_id) const;
 
-  // Runs `requests` to completion together: continuous batching with chunked prefill inside
-  // max_batch_tokens, admission by worst-case KV pages. Results are in request order.
+  // Runs `requests` to completion together through the same scheduler and step runner as the
+  // server (executor/step_runner.h): continuous batching with chunked prefill inside
+  // max_batch_tokens, MoD-aware admission by expected KV pages, preemption by recompute.
+  // Results are in request order. Any request's error ends the call with that error (every
+  // sequence is released first); ResourceExhausted when one request can never fit the cache.
   absl::StatusOr<std::vector<GenerationResult>> Generate(absl::Span<const Request> requests);
 
  private:
@@ -143,8 +194,22 @@ class Engine {
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<Sampler> sampler_;
+  // Samples, detokenizes and stop-checks the next token of `s` from its logits row (which it
+  // may modify: ids that name no token are masked). Changes nothing in `s` on error.
+  absl::StatusOr<TokenEvent> NextToken(SequenceId seq_id, Sequence& s, absl::Span<float> logits);
+  // Appends prompt logprobs from `num_rows` logits rows whose first row is at position `pos`
+  // (masking ids that name no token). Internal for a non-finite logit.
+  absl::Status AddPromptLogprobs(Sequence& s, int32_t pos, float* logits, int32_t num_rows);
+  // Whether the injected fault of kind `salt` hits token `index` of `seq_id`.
+  bool InjectFault(double rate, SequenceId seq_id, int64_t index, uint64_t salt) const;
+  absl::Status CheckTokenId(absl::string_view what, TokenId id) const;
+
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;
+  int64_t num_steps_ = 0;  // forward passes attempted (the backend fault counts them)
+  // Ids in [0, vocab_size) that name no token of the tokenizer (an embedding padded past it):
+  // never sampled, refused in prompts.
+  std::vector<TokenId> unnamed_ids_;
 };
 
 }  // namespace modserve::engine

@@ -198,7 +198,7 @@ class Backend {
 
   // out = x @ w^T (+ bias). The LM-head "Logits" step is this op with w = lm_head.
   // x [n, k] f32; w [m, k] F32/F16/BF16 (row-major, as nn.Linear stores it); bias empty or [m]
-  // in w's dtype; out [n, m] f32, must not alias x.
+  // in w's dtype or F32 (whatever w is); out [n, m] f32, must not alias x.
   virtual void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                     const TensorView& out) = 0;
 

@@ -73,6 +73,8 @@ StepLoop::StepLoop(Engine* engine, const StepLoopOptions& options, StepObserver*
       observer_(observer),
       scheduler_(WithPages(options.scheduler, *engine),
                  KvPageEstimator::ForModel(engine->config(), engine->kv_stats().block_size)),
+      executor_(engine),
+      runner_(&executor_, &scheduler_),
       num_pages_(engine->kv_stats().num_pages),
       block_size_(engine->kv_stats().block_size),
       n_layers_(static_cast<int32_t>(engine->config().n_layers)),
@@ -156,10 +158,12 @@ void StepLoop::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void StepLoop::TakeInbox(std::vector<std::shared_ptr<State>>* incoming) {
+void StepLoop::TakeInbox(bool made_progress, std::vector<std::shared_ptr<State>>* incoming) {
   absl::MutexLock lock(&mu_);
-  // Sleep only when there is nothing to step; the timeout keeps the heartbeat fresh.
-  if (inbox_.empty() && !kicked_ && active_.empty()) {
+  // Sleep unless there is something new or the last iteration stepped: a loop that can make no
+  // progress (nothing admitted, or the engine failed) must not spin. The timeout keeps the
+  // heartbeat fresh and reaps cancellations and deadlines.
+  if (inbox_.empty() && !kicked_ && !made_progress) {
     wake_.WaitWithTimeout(&mu_, options_.idle_wait);
   }
   kicked_ = false;
@@ -211,20 +215,34 @@ void StepLoop::AddIncoming(std::vector<std::shared_ptr<State>>& incoming) {
     absl::StatusOr<SequenceId> id = engine_->Add(r);
     if (!id.ok()) {
       // Never added: there is no sequence to release.
-      num_unadmitted_.fetch_sub(1);
       if (observer_ != nullptr) observer_->OnRequestFailed(id.status().code());
       state->sink->OnDone(id.status());
-      if (num_in_flight_.fetch_sub(1) == 1) {
-        absl::MutexLock lock(&mu_);
-        idle_.SignalAll();
-      }
+      EndUnadmitted();
       continue;
     }
     state->seq_id = *id;
     active_.emplace(*id, state);
-    const absl::Status queued = scheduler_.Enqueue(
-        {*id, static_cast<int32_t>(r.prompt.size()), r.sampling.max_new_tokens, 0});
+    const absl::Status queued =
+        scheduler_.Enqueue({*id, static_cast<int32_t>(r.prompt.size()),
+                            r.sampling.max_new_tokens, 0, r.threshold});
     if (!queued.ok()) Finish(*id, queued);
+  }
+  incoming.clear();
+}
+
+void StepLoop::EndUnadmitted() {
+  num_unadmitted_.fetch_sub(1);
+  if (num_in_flight_.fetch_sub(1) == 1) {
+    absl::MutexLock lock(&mu_);
+    idle_.SignalAll();
+  }
+}
+
+void StepLoop::Refuse(std::vector<std::shared_ptr<State>>& incoming, const absl::Status& status) {
+  for (std::shared_ptr<State>& state : incoming) {
+    if (observer_ != nullptr) observer_->OnRequestFailed(status.code());
+    state->sink->OnDone(status);
+    EndUnadmitted();
   }
   incoming.clear();
 }
@@ -247,9 +265,11 @@ void StepLoop::ReapCancelledAndExpired(absl::Time now) {
 
 void StepLoop::Run() {
   std::vector<std::shared_ptr<State>> incoming;
+  bool made_progress = false;
   while (true) {
     if (options_.before_iteration) options_.before_iteration();
-    TakeInbox(&incoming);
+    TakeInbox(made_progress, &incoming);
+    made_progress = false;
     const absl::Time now = absl::Now();
     heartbeat_ns_.store(absl::ToUnixNanos(now));
     bool stop;
@@ -258,79 +278,88 @@ void StepLoop::Run() {
       absl::MutexLock lock(&mu_);
       stop = stop_;
       drain_deadline = drain_deadline_;
+      if (stop) {
+        // Submit checks stop_ under this lock, so nothing can arrive after this swap.
+        incoming.insert(incoming.end(), inbox_.begin(), inbox_.end());
+        inbox_.clear();
+      }
     }
-    AddIncoming(incoming);
     if (stop) {
-      FailAll(absl::UnavailableError("the server stopped before the request finished"));
+      const absl::Status stopped =
+          absl::UnavailableError("the server stopped before the request finished");
+      Refuse(incoming, stopped);
+      FailAll(stopped);
       return;
     }
+    if (!healthy_.load()) {
+      // Requests that raced the failure (accepted just before it) end at once, like the rest.
+      Refuse(incoming, absl::UnavailableError("the engine failed; the server needs a restart"));
+      FailAll(absl::UnavailableError("the engine failed; the server needs a restart"));
+      Publish();
+      continue;
+    }
+    AddIncoming(incoming);
     if (now >= drain_deadline) {
       FailAll(absl::UnavailableError("the server's drain timeout passed"));
     }
     ReapCancelledAndExpired(now);
-    if (healthy_.load()) RunStep(now);
+    made_progress = RunStep(now);
     Publish();
   }
 }
 
-void StepLoop::RunStep(absl::Time now) {
-  int32_t num_prompt_tokens = 0;
-  StepPlan plan;
-  absl::StatusOr<StepResult> result;
+bool StepLoop::RunStep(absl::Time now) {
   const absl::Time start = absl::Now();
-  for (int32_t attempt = 0;; ++attempt) {
-    plan = scheduler_.Plan();
-    for (SequenceId id : plan.admitted) {
-      State& s = *active_.at(id);
-      if (s.admitted_once) continue;
-      s.admitted_once = true;
-      s.timings.scheduled = now;
-      num_unadmitted_.fetch_sub(1);
-      num_prompt_tokens += static_cast<int32_t>(s.request.request.prompt.size());
-    }
-    if (plan.empty()) return;
-    result = engine_->Step(plan.entries);
-    if (result.ok() || !absl::IsResourceExhausted(result.status())) break;
-    std::optional<SequenceId> victim =
-        attempt < options_.max_preemptions_per_step ? scheduler_.PreemptOne() : std::nullopt;
-    if (!victim.has_value()) {
-      // Alone and still out of pages: nothing else can make room for it.
-      for (const StepEntry& e : plan.entries) Finish(e.seq_id, result.status());
-      return;
-    }
-    const absl::Status preempted = engine_->Preempt(*victim);
-    MODSERVE_CHECK(preempted.ok()) << preempted;
-    if (observer_ != nullptr) observer_->OnPreemption();
+  IterationResult it = runner_.RunOnce();
+  int32_t num_prompt_tokens = 0;
+  for (SequenceId id : it.admitted) {
+    State& s = *active_.at(id);
+    if (s.admitted_once) continue;
+    s.admitted_once = true;
+    s.timings.scheduled = now;
+    num_unadmitted_.fetch_sub(1);
+    num_prompt_tokens += static_cast<int32_t>(s.request.request.prompt.size());
   }
-  if (!result.ok()) {
+  if (observer_ != nullptr) {
+    for (int32_t i = 0; i < it.num_preemptions(); ++i) observer_->OnPreemption();
+  }
+  if (it.plan.empty()) return false;
+  if (!it.engine_error.ok()) {
     std::string ids;
     for (const auto& [id, state] : active_) {
       absl::StrAppend(&ids, ids.empty() ? "" : ", ", "'", state->request.request_id, "'");
     }
-    MODSERVE_LOG(ERROR) << "engine step failed: " << result.status() << "; failing "
+    MODSERVE_LOG(ERROR) << "engine step failed: " << it.engine_error << "; failing "
                         << active_.size() << " request(s) in flight: " << ids
                         << "; the engine accepts no more requests";
     healthy_.store(false);
-    FailAll(absl::InternalError(absl::StrCat("the engine failed (", result.status().message(),
+    FailAll(absl::InternalError(absl::StrCat("the engine failed (", it.engine_error.message(),
                                              "); the server needs a restart")));
-    return;
+    return true;
   }
+  for (auto& [id, status] : it.failed) {
+    MODSERVE_LOG(ERROR) << "request '" << active_.at(id)->request.request_id
+                        << "' failed on its own: " << status;
+    Finish(id, status);
+  }
+  if (!it.step.has_value()) return true;
+  const StepResult& result = *it.step;
+  const StepPlan& plan = it.plan;
   const absl::Time end = absl::Now();
   StepStats stats;
   stats.phase = plan.Phase();
   stats.duration = end - start;
-  stats.num_tokens = result->num_tokens;
+  stats.num_tokens = result.num_tokens;
   stats.num_prompt_tokens = num_prompt_tokens;
-  stats.layer_computed.assign(n_layers_, result->num_tokens);
+  stats.layer_computed.assign(n_layers_, result.num_tokens);
   stats.layer_skipped.assign(n_layers_, 0);
-  for (size_t k = 0; k < routed_layers_.size() && k < result->routed_rows.size(); ++k) {
-    stats.layer_computed[routed_layers_[k]] = result->routed_rows[k];
-    stats.layer_skipped[routed_layers_[k]] = result->num_tokens - result->routed_rows[k];
+  for (size_t k = 0; k < routed_layers_.size() && k < result.routed_rows.size(); ++k) {
+    stats.layer_computed[routed_layers_[k]] = result.routed_rows[k];
+    stats.layer_skipped[routed_layers_[k]] = result.num_tokens - result.routed_rows[k];
   }
 
-  std::vector<SequenceId> finished = scheduler_.Commit(*result);
-  for (const SequenceStepResult& s : result->sequences) {
-    if (!s.event.has_value()) continue;
+  for (const SequenceStepResult& s : result.sequences) {
+    if (!s.event.has_value() || !s.status.ok()) continue;
     State& state = *active_.at(s.seq_id);
     ++stats.num_sampled;
     if (state.timings.first_token == absl::InfinitePast()) {
@@ -341,7 +370,7 @@ void StepLoop::RunStep(absl::Time now) {
     state.last_token = end;
     state.sink->OnToken(*s.event);
   }
-  for (SequenceId id : finished) {
+  for (SequenceId id : it.finished) {
     State& state = *active_.at(id);
     absl::StatusOr<GenerationResult> r = engine_->Result(id);
     if (!r.ok()) {
@@ -370,6 +399,7 @@ void StepLoop::RunStep(absl::Time now) {
     stats.kv_bytes_per_token_dense = n_layers_ * kv_bytes_per_token_layer_;
     observer_->OnStep(stats);
   }
+  return true;
 }
 
 }  // namespace modserve::engine

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "engine/executor/step_runner.h"
 #include "engine/scheduler/scheduler.h"
 
 namespace modserve::engine {
@@ -44,9 +45,10 @@ class GenerationSink {
   virtual ~GenerationSink() = default;
   virtual void OnToken(const TokenEvent& event) = 0;
   // The result, or why the request ended early: Cancelled, DeadlineExceeded, Unavailable (the
-  // drain timeout passed, or the engine failed), ResourceExhausted (KV cache too small even
-  // after preempting everything else), InvalidArgument/OutOfRange (Engine::Add refused it),
-  // Internal.
+  // drain timeout passed, the server stopped, or the engine had already failed), Internal (this
+  // request's own sampling/detokenization failed, or the engine failed under it),
+  // InvalidArgument/OutOfRange (Engine::Add refused it), ResourceExhausted (the KV cache could
+  // not hold it even alone).
   virtual void OnDone(absl::StatusOr<FinishedRequest> result) = 0;
 };
 
@@ -96,8 +98,6 @@ struct StepLoopOptions {
   SchedulerOptions scheduler;  // num_pages is taken from the engine
   // Longest idle wait between iterations: the heartbeat health checks read.
   absl::Duration idle_wait = absl::Milliseconds(50);
-  // Steps retried after preempting, before the step's own failure is reported.
-  int32_t max_preemptions_per_step = 64;
   // Test hook: runs on the engine thread at the top of every iteration, before cancellations
   // are reaped and the step is planned; a test may block in it to hold the engine still.
   std::function<void()> before_iteration;
@@ -150,10 +150,17 @@ class StepLoop {
   StepLoop(Engine* engine, const StepLoopOptions& options, StepObserver* observer);
 
   void Run();
-  void TakeInbox(std::vector<std::shared_ptr<State>>* incoming);
+  // Moves the inbox into *incoming. Waits first (up to idle_wait) unless something is new or
+  // the last iteration made progress.
+  void TakeInbox(bool made_progress, std::vector<std::shared_ptr<State>>* incoming);
   void AddIncoming(std::vector<std::shared_ptr<State>>& incoming);
+  // Ends requests that never reached the engine (arrived once it had failed or stopped).
+  void Refuse(std::vector<std::shared_ptr<State>>& incoming, const absl::Status& status);
   void ReapCancelledAndExpired(absl::Time now);
-  void RunStep(absl::Time now);
+  // One iteration of the step runner; returns whether it ran a step.
+  bool RunStep(absl::Time now);
+  // Bookkeeping for a request that ends without ever being added to the engine.
+  void EndUnadmitted();
   // Releases the sequence (if added) and tells the sink.
   void Finish(SequenceId seq_id, absl::StatusOr<FinishedRequest> result);
   void FailAll(const absl::Status& status);
@@ -163,6 +170,8 @@ class StepLoop {
   StepLoopOptions options_;
   StepObserver* observer_;
   Scheduler scheduler_;  // engine thread only
+  EngineExecutor executor_;
+  StepRunner runner_;
   int32_t num_pages_;
   int32_t block_size_;
   int32_t n_layers_;

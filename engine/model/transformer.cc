@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
                                                    "' does not support KV dtype ",
                                                    std::string(DTypeName(options.kv_dtype))));
   }
-  // Every weight must be of a dtype the backend runs, and each bias of its weight's dtype.
+  // Every weight must be of a dtype the backend runs. A bias may have any float dtype
+  // (DESIGN.md allows mixed dtypes): one that differs from its weight's is widened to F32 below.
   auto check = [&](const TensorView& w, const TensorView& b, backend::OpKind op,
                    const std::string& name) -> absl::Status {
     if (!backend->Supports(op, w.dtype)) {
@@ -77,10 +78,9 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
                                                      "' cannot run ", name, " stored as ",
                                                      std::string(DTypeName(w.dtype))));
     }
-    if (!b.empty() && b.dtype != w.dtype) {
+    if (!b.empty() && (DTypeIsQuantized(b.dtype) || b.dtype == DType::kI32)) {
       return absl::DataLossError(absl::StrCat(name, ": bias is ", std::string(DTypeName(b.dtype)),
-                                              " but the weight is ",
-                                              std::string(DTypeName(w.dtype))));
+                                              "; a bias must be F32, F16 or BF16"));
     }
     return absl::OkStatus();
   };
@@ -115,7 +115,38 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
   }
   std::unique_ptr<Transformer> t(new Transformer(config, weights, backend, kv, options));
   MODSERVE_RETURN_IF_ERROR(t->AllocateBuffers());
+  MODSERVE_RETURN_IF_ERROR(t->PrepareBiases());
   return t;
+}
+
+absl::StatusOr<TensorView> Transformer::PrepareBias(const TensorView& w, const TensorView& b) {
+  if (b.empty() || b.dtype == w.dtype || b.dtype == DType::kF32) return b;
+  const int64_t m = b.numel();
+  std::vector<float> host(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    host[i] = b.dtype == DType::kF16 ? F16ToF32(static_cast<const f16_t*>(b.data)[i])
+                                     : Bf16ToF32(static_cast<const bf16_t*>(b.data)[i]);
+  }
+  MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf, backend_->Allocate(host.size() * 4));
+  const TensorView dst = buf.View(DType::kF32, {m});
+  MODSERVE_RETURN_IF_ERROR(
+      backend_->CopyToDevice(TensorView(host.data(), DType::kF32, {m}), dst));
+  bias_buffers_.push_back(std::move(buf));
+  return dst;
+}
+
+absl::Status Transformer::PrepareBiases() {
+  biases_.resize(static_cast<size_t>(config_.n_layers));
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[l];
+    if (!lw.routed) continue;
+    MODSERVE_ASSIGN_OR_RETURN(biases_[l].router, PrepareBias(lw.router_weight, lw.router_bias));
+    MODSERVE_ASSIGN_OR_RETURN(biases_[l].predictor_hidden,
+                              PrepareBias(lw.predictor_hidden_weight, lw.predictor_hidden_bias));
+    MODSERVE_ASSIGN_OR_RETURN(biases_[l].predictor_out,
+                              PrepareBias(lw.predictor_out_weight, lw.predictor_out_bias));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::AllocateBuffers() {
@@ -175,18 +206,19 @@ absl::Status Transformer::RouteScores(int layer, int64_t n) {
     u = a_.View(DType::kF32, {n, d});
     backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, x, lw.input_layernorm, u);
   }
-  backend_->Gemm(u, lw.router_weight, lw.router_bias, s);
+  const Biases& bias = biases_[layer];
+  backend_->Gemm(u, lw.router_weight, bias.router, s);
   TensorView z = s;
   if (mod.inference_routing == InferenceRouting::kPredictorThreshold) {
     // z = P(x): Linear -> act -> Linear, or one Linear
     z = z_.View(DType::kF32, {n, 1});
     if (mod.predictor->type == PredictorType::kMlp) {
       const TensorView ph = ph_.View(DType::kF32, {n, mod.predictor->hidden_size});
-      backend_->Gemm(x, lw.predictor_hidden_weight, lw.predictor_hidden_bias, ph);
+      backend_->Gemm(x, lw.predictor_hidden_weight, bias.predictor_hidden, ph);
       backend_->Activation({ToBackend(mod.predictor->activation)}, ph);
-      backend_->Gemm(ph, lw.predictor_out_weight, lw.predictor_out_bias, z);
+      backend_->Gemm(ph, lw.predictor_out_weight, bias.predictor_out, z);
     } else {
-      backend_->Gemm(x, lw.predictor_out_weight, lw.predictor_out_bias, z);
+      backend_->Gemm(x, lw.predictor_out_weight, bias.predictor_out, z);
     }
   }
   // The decision is made on the host; on the CPU backend these copies are memcpys.
@@ -286,8 +318,10 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     }
   }
 
-  // Reserve room for every new token at every layer before computing anything: routing is only
-  // known layer by layer, and a step must never stop half-written. Unused pages go back below.
+  // Dense layers store every new token: reserve their room before computing anything. A routed
+  // layer's room is reserved once its routing is known (below), so a MoD step never holds pages
+  // for tokens that skip the layer. If that later reservation fails, everything reserved in this
+  // step goes back and the step fails whole (nothing committed), as it would up front.
   std::vector<ReservedSlots> reserved(num_seqs);
   std::vector<std::vector<int32_t>> base(num_seqs, std::vector<int32_t>(L));
   std::vector<std::vector<int32_t>> used(num_seqs, std::vector<int32_t>(L, 0));
@@ -296,6 +330,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       (void)kv_->Commit(seqs[i].seq_id, std::vector<int32_t>(L, 0)).ok();
     }
   };
+  std::vector<int32_t> counts(L, 0);
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int32_t n = static_cast<int32_t>(seqs[i].tokens.size());
     for (int l = 0; l < L; ++l) {
@@ -305,8 +340,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
         return count.status();
       }
       base[i][l] = *count;
+      counts[l] = config_.IsRouted(l) ? 0 : n;
     }
-    auto r = kv_->ReserveCapacity(seqs[i].seq_id, std::vector<int32_t>(L, n));
+    auto r = kv_->ReserveCapacity(seqs[i].seq_id, counts);
     if (!r.ok()) {
       release(i);
       return r.status();
@@ -317,6 +353,8 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     release(num_seqs);
     return st;
   };
+  // Slots of one routed layer, per sequence: reserved when that layer's routing is known.
+  std::vector<ReservedSlots> routed_reserved(num_seqs);
 
   // x = embed_tokens[ids]
   for (int64_t i = 0, r = 0; i < num_seqs; ++i) {
@@ -355,6 +393,20 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
         ++out.num_layer_skips;
         continue;
       }
+      // Room for the routed-in tokens of each sequence at this layer only.
+      std::fill(counts.begin(), counts.end(), 0);
+      for (int64_t i = 0; i < num_seqs; ++i) {
+        counts[l] = static_cast<int32_t>(std::count(
+            out.selected[routed_idx - 1].begin() + out.row_offsets[i],
+            out.selected[routed_idx - 1].begin() + out.row_offsets[i + 1], uint8_t{1}));
+        if (counts[l] == 0) {
+          routed_reserved[i] = ReservedSlots{};
+          continue;
+        }
+        auto r = kv_->ReserveCapacity(seqs[i].seq_id, counts);
+        if (!r.ok()) return fail(r.status());
+        routed_reserved[i] = *std::move(r);
+      }
     } else {
       for (int64_t r = 0; r < N; ++r) h_idx_[r] = static_cast<int32_t>(r);
       m = N;
@@ -365,7 +417,8 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       while (r >= out.row_offsets[i + 1]) ++i;
       const int32_t rank = used[i][l]++;
       h_pos_[j] = seqs[i].start_pos + (r - out.row_offsets[i]);
-      h_slots_[j] = static_cast<int32_t>(reserved[i].ForLayer(l)[rank]);
+      h_slots_[j] = static_cast<int32_t>(
+          (routed ? routed_reserved[i] : reserved[i]).ForLayer(l)[rank]);
       h_row_seq_[j] = static_cast<int32_t>(i);
       h_row_kv_len_[j] = base[i][l] + rank + 1;
     }

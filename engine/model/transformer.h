@@ -64,7 +64,8 @@ class Transformer {
                                                              const TransformerOptions& options);
 
   // Runs one forward pass over `seqs`. Before any compute it reserves KV capacity for every new
-  // token at every layer; afterwards it commits only what routing used and returns the rest.
+  // token at every dense layer; a routed layer's capacity is reserved after its routing, for the
+  // tokens routed in only. Everything is committed at the end, or returned on error.
   // Errors: InvalidArgument (too many rows or sequences, empty token list, token id outside the
   // vocabulary, position past max_seq_len), NotFound (unknown sequence), ResourceExhausted (not
   // enough free KV pages: nothing was written, the caller may preempt and retry), Internal
@@ -80,6 +81,10 @@ class Transformer {
       : config_(config), weights_(weights), backend_(backend), kv_(kv), options_(options) {}
 
   absl::Status AllocateBuffers();
+  // Router and predictor biases as the Gemm op takes them: the file's view when its dtype is
+  // the weight's or F32, else an F32 copy owned here.
+  absl::Status PrepareBiases();
+  absl::StatusOr<TensorView> PrepareBias(const TensorView& w, const TensorView& b);
   // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y); the
   // index buffers (positions, slots, row_seq, row_kv_len, page table) are already filled.
   void RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs);
@@ -92,6 +97,14 @@ class Transformer {
   KvCacheManager* kv_;
   TransformerOptions options_;
   int64_t max_pages_per_seq_ = 0;
+
+  struct Biases {
+    TensorView router;            // [1]
+    TensorView predictor_hidden;  // [p]
+    TensorView predictor_out;     // [1]
+  };
+  std::vector<Biases> biases_;                      // [n_layers]; empty views when absent
+  std::vector<backend::DeviceBuffer> bias_buffers_;  // the F32 copies
 
   // Device buffers, allocated once. Shapes are capacities: [max_batch_tokens, ...].
   backend::DeviceBuffer kv_pool_;  // [num_pages, 2 * n_kv_heads, block_size, head_dim] kv_dtype

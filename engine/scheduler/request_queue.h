@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "engine/kv_cache/kv_cache_manager.h"
@@ -17,6 +18,8 @@ struct WaitingSequence {
   int32_t num_tokens = 0;      // tokens to feed on admission (prompt, plus output if preempted)
   int32_t max_new_tokens = 0;  // as requested; bounds the final length
   int32_t num_generated = 0;   // output tokens already sampled (non-zero after preemption)
+  // Routing tau the sequence runs with; unset = the checkpoint's default (or a dense model).
+  std::optional<double> threshold;
 };
 
 // Thread contract: engine thread only.

@@ -16,41 +16,79 @@ int32_t CeilDiv(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) 
 }  // namespace
 
 KvPageEstimator::KvPageEstimator(int32_t n_layers, std::vector<int32_t> routed_layers,
-                                 double prior_fraction, int32_t block_size)
+                                 double prior_fraction, int32_t block_size,
+                                 double default_threshold)
     : n_layers_(n_layers),
       routed_layers_(std::move(routed_layers)),
       prior_fraction_(prior_fraction),
       block_size_(block_size),
-      routed_rows_total_(routed_layers_.size(), 0) {}
+      default_threshold_(default_threshold) {}
 
 KvPageEstimator KvPageEstimator::ForModel(const ModelConfig& config, int32_t block_size) {
   std::vector<int32_t> routed;
   double prior = 1.0;
+  double tau = 0.5;
   if (config.mod) {
     routed.assign(config.mod->routed_layers.begin(), config.mod->routed_layers.end());
     prior = config.mod->capacity;
+    tau = config.mod->threshold;
   }
   return KvPageEstimator(static_cast<int32_t>(config.n_layers), std::move(routed), prior,
-                         block_size);
+                         block_size, tau);
 }
 
-void KvPageEstimator::Observe(absl::Span<const int32_t> routed_rows, int32_t num_tokens) {
-  if (routed_rows.size() != routed_rows_total_.size() || num_tokens <= 0) return;
-  for (size_t k = 0; k < routed_rows.size(); ++k) routed_rows_total_[k] += routed_rows[k];
-  tokens_total_ += num_tokens;
+void KvPageEstimator::Observe(double threshold, absl::Span<const int32_t> routed_rows,
+                              int32_t num_tokens) {
+  if (routed_rows.size() != routed_layers_.size() || routed_layers_.empty() || num_tokens <= 0) {
+    return;
+  }
+  auto it = stats_.find(threshold);
+  if (it == stats_.end()) {
+    if (stats_.size() >= kMaxThresholds) {
+      // Drop the least observed threshold (never the default one) to bound client-chosen keys.
+      auto victim = stats_.end();
+      for (auto jt = stats_.begin(); jt != stats_.end(); ++jt) {
+        if (jt->first == default_threshold_) continue;
+        if (victim == stats_.end() || jt->second.tokens < victim->second.tokens) victim = jt;
+      }
+      if (victim != stats_.end()) stats_.erase(victim);
+    }
+    it = stats_.emplace(threshold, Stats{std::vector<int64_t>(routed_layers_.size(), 0), 0}).first;
+  }
+  for (size_t k = 0; k < routed_rows.size(); ++k) it->second.routed_rows[k] += routed_rows[k];
+  it->second.tokens += num_tokens;
 }
 
-double KvPageEstimator::RoutedFraction(size_t k) const {
-  return (prior_fraction_ * kPriorTokens + static_cast<double>(routed_rows_total_[k])) /
-         static_cast<double>(kPriorTokens + tokens_total_);
+std::pair<double, int64_t> KvPageEstimator::Estimate(size_t k, double threshold) const {
+  // E(tau) = blend(E(tau'), measured at tau) where tau' is the nearest measured threshold below
+  // tau (an upper bound, since the fraction never grows with tau). At and above the default the
+  // chain starts from the training capacity and never borrows from lower thresholds (a burst at
+  // a low tau says nothing useful about the default); below it, it starts from 1 (dense).
+  const bool at_or_above_default = threshold >= default_threshold_;
+  double estimate = at_or_above_default ? prior_fraction_ : 1.0;
+  int64_t tokens = 0;
+  for (auto it = at_or_above_default ? stats_.lower_bound(default_threshold_) : stats_.begin();
+       it != stats_.end() && it->first <= threshold; ++it) {
+    estimate = (estimate * kPriorTokens + static_cast<double>(it->second.routed_rows[k])) /
+               static_cast<double>(kPriorTokens + it->second.tokens);
+    tokens = it->second.tokens;
+  }
+  return {estimate, tokens};
 }
 
-int32_t KvPageEstimator::ExpectedPages(int32_t num_tokens) const {
+double KvPageEstimator::RoutedFraction(size_t k, double threshold) const {
+  return Estimate(k, threshold).first;
+}
+
+int32_t KvPageEstimator::ExpectedPages(int32_t num_tokens, double threshold) const {
   const int32_t dense_pages = CeilDiv(num_tokens, block_size_);
   int64_t pages = int64_t{dense_pages} * (n_layers_ - static_cast<int32_t>(routed_layers_.size()));
   for (size_t k = 0; k < routed_layers_.size(); ++k) {
-    const double f = std::min(1.0, RoutedFraction(k) + kFractionMargin);
-    pages += CeilDiv(static_cast<int64_t>(std::ceil(f * num_tokens)), block_size_);
+    const auto [f, tokens] = Estimate(k, threshold);
+    const double margin = std::max(
+        kMinMargin, 3.0 * std::sqrt(f * (1.0 - f) / static_cast<double>(kPriorTokens + tokens)));
+    const double fm = std::min(1.0, f + margin);
+    pages += CeilDiv(static_cast<int64_t>(std::ceil(fm * num_tokens)), block_size_);
   }
   return static_cast<int32_t>(pages);
 }
@@ -86,23 +124,30 @@ absl::Status Scheduler::Enqueue(const WaitingSequence& seq) {
 
 int32_t Scheduler::PromisedPages() const {
   int64_t pages = 0;
-  for (const Running& r : running_) pages += estimator_.ExpectedPages(r.FinalTokens());
+  for (const Running& r : running_) {
+    if (!r.finished) pages += estimator_.ExpectedPages(
+          r.FinalTokens(), r.threshold.value_or(estimator_.default_threshold()));
+  }
   return static_cast<int32_t>(pages);
 }
 
 StepPlan Scheduler::Plan() {
   StepPlan plan;
+  // A hold waits for running sequences to make room; with none running nothing would lift it.
+  if (running_.empty()) admissions_held_ = false;
   if (!admissions_held_) {
     int64_t promised = PromisedPages();
     while (!waiting_.empty() && num_running() < options_.max_num_seqs) {
       const WaitingSequence& w = waiting_.front();
       const int32_t need =
-          estimator_.ExpectedPages(w.num_tokens + w.max_new_tokens - w.num_generated);
+          estimator_.ExpectedPages(w.num_tokens + w.max_new_tokens - w.num_generated,
+                                   w.threshold.value_or(estimator_.default_threshold()));
       // With nothing running, the head is admitted whatever the estimate: Enqueue checked that
       // its worst case fits the cache alone.
       if (!running_.empty() && promised + need > options_.num_pages) break;
       promised += need;
-      running_.push_back({w.seq_id, w.num_tokens, 0, w.max_new_tokens, w.num_generated, false});
+      running_.push_back(
+          {w.seq_id, w.num_tokens, 0, w.max_new_tokens, w.num_generated, w.threshold, false});
       plan.admitted.push_back(w.seq_id);
       waiting_.PopFront();
     }
@@ -129,7 +174,6 @@ StepPlan Scheduler::Plan() {
 
 std::vector<SequenceId> Scheduler::Commit(const StepResult& result) {
   admissions_held_ = false;
-  estimator_.Observe(result.routed_rows, result.num_tokens);
   std::vector<SequenceId> finished;
   for (const SequenceStepResult& s : result.sequences) {
     auto it = std::find_if(running_.begin(), running_.end(),
@@ -137,6 +181,13 @@ std::vector<SequenceId> Scheduler::Commit(const StepResult& result) {
     MODSERVE_CHECK(it != running_.end());
     it->num_computed += s.num_fed;
     MODSERVE_CHECK(it->num_computed <= it->num_tokens);
+    estimator_.Observe(it->threshold.value_or(estimator_.default_threshold()), s.routed_rows,
+                       s.num_fed);
+    if (!s.status.ok()) {
+      it->finished = true;
+      finished.push_back(s.seq_id);
+      continue;
+    }
     if (s.event.has_value()) {
       ++it->num_tokens;
       ++it->num_generated;
@@ -149,15 +200,24 @@ std::vector<SequenceId> Scheduler::Commit(const StepResult& result) {
   return finished;
 }
 
-std::optional<SequenceId> Scheduler::PreemptOne() {
-  if (running_.size() < 2) return std::nullopt;
-  const Running victim = running_.back();
-  running_.pop_back();
-  waiting_.PushFront(
-      {victim.seq_id, victim.num_tokens, victim.max_new_tokens, victim.num_generated});
+std::optional<Scheduler::Eviction> Scheduler::PreemptOne() {
+  // Finished sequences are about to be removed; they are never planned, so never evicted.
+  auto victim_it = running_.end();
+  for (size_t i = running_.size(); i-- > 1;) {
+    if (!running_[i].finished) {
+      victim_it = running_.begin() + static_cast<ptrdiff_t>(i);
+      break;
+    }
+  }
+  if (victim_it == running_.end()) return std::nullopt;
+  const Running victim = *victim_it;
+  running_.erase(victim_it);
+  waiting_.PushFront({victim.seq_id, victim.num_tokens, victim.max_new_tokens,
+                      victim.num_generated, victim.threshold});
   admissions_held_ = true;
-  ++num_preemptions_;
-  return victim.seq_id;
+  const bool held_pages = victim.num_computed > 0;
+  if (held_pages) ++num_preemptions_;
+  return Eviction{victim.seq_id, held_pages};
 }
 
 std::vector<SequenceId> Scheduler::RunningIds() const {

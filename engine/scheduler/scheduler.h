@@ -5,6 +5,7 @@
 #define MODSERVE_ENGINE_SCHEDULER_SCHEDULER_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -17,44 +18,63 @@
 
 namespace modserve::engine {
 
-// Expected KV pages of a sequence from the routed fraction measured per routed layer.
-// A routed layer stores only the tokens routed into it, so a MoD sequence of n tokens holds
-// about sum_l ceil(f_l * n / block_size) pages, not n_layers * ceil(n / block_size).
-// The fraction starts at a prior (the checkpoint's training capacity) that weighs as
-// kPriorTokens observed tokens, then follows the measured routed_rows / num_tokens.
+// Expected KV pages of a sequence from the routed fraction measured per routed layer and per
+// routing threshold. A routed layer stores only the tokens routed into it, so a MoD sequence of
+// n tokens holds about sum_l ceil(f_l * n / block_size) pages, not n_layers * ceil(n /
+// block_size). The fraction depends on the request's threshold tau (a lower tau routes more
+// tokens in), so it is measured per tau. An unmeasured tau borrows the estimate of the nearest
+// measured tau below it (the fraction never grows with tau, so that is an upper bound); with
+// none below, a tau at or above the checkpoint's default starts from the training capacity and
+// a lower one from 1 (dense). Each estimate weighs its prior as kPriorTokens observed tokens.
 class KvPageEstimator {
  public:
   // Weight of the prior, in tokens: enough that one odd first step does not swing admission.
   static constexpr int64_t kPriorTokens = 256;
-  // Added to each measured fraction: per-request thresholds and prompt-to-prompt variation
-  // make the fraction noisy, and underestimating costs a preemption (a recompute).
-  static constexpr double kFractionMargin = 0.05;
+  // Margin added to a fraction: three standard errors of the estimate, at least kMinMargin.
+  // Underestimating costs a preemption (a recompute); overestimating admits fewer sequences.
+  static constexpr double kMinMargin = 0.01;
+  // Distinct thresholds tracked (clients choose them): the least observed one is dropped.
+  static constexpr size_t kMaxThresholds = 64;
 
-  // routed_layers: ascending layer indices in [0, n_layers); prior_fraction in (0, 1].
+  // routed_layers: ascending layer indices in [0, n_layers); prior_fraction in (0, 1];
+  // default_threshold: the checkpoint's tau.
   KvPageEstimator(int32_t n_layers, std::vector<int32_t> routed_layers, double prior_fraction,
-                  int32_t block_size);
-  // From a checkpoint config: routed layers and capacity of `mod`, or dense.
+                  int32_t block_size, double default_threshold = 0.5);
+  // From a checkpoint config: routed layers, capacity and threshold of `mod`, or dense.
   static KvPageEstimator ForModel(const ModelConfig& config, int32_t block_size);
 
-  // One step's routing: routed_rows[k] of num_tokens rows entered routed layer k.
-  void Observe(absl::Span<const int32_t> routed_rows, int32_t num_tokens);
-  // Fraction of tokens stored at routed layer k (without the margin).
-  double RoutedFraction(size_t k) const;
-  // Pages a sequence of num_tokens tokens is expected to hold (margin included).
-  int32_t ExpectedPages(int32_t num_tokens) const;
+  // One sequence's share of a step at threshold tau: routed_rows[k] of num_tokens rows entered
+  // routed layer k.
+  void Observe(double threshold, absl::Span<const int32_t> routed_rows, int32_t num_tokens);
+  // Fraction of tokens stored at routed layer k for requests at `threshold` (without the margin).
+  double RoutedFraction(size_t k, double threshold) const;
+  double RoutedFraction(size_t k) const { return RoutedFraction(k, default_threshold_); }
+  // Pages a sequence of num_tokens tokens at `threshold` is expected to hold (margin included).
+  int32_t ExpectedPages(int32_t num_tokens, double threshold) const;
+  int32_t ExpectedPages(int32_t num_tokens) const {
+    return ExpectedPages(num_tokens, default_threshold_);
+  }
   // Pages it holds if every token enters every layer: the bound that must fit the cache alone.
   int32_t WorstCasePages(int32_t num_tokens) const;
 
   int32_t n_layers() const { return n_layers_; }
   absl::Span<const int32_t> routed_layers() const { return routed_layers_; }
+  double default_threshold() const { return default_threshold_; }
 
  private:
+  struct Stats {
+    std::vector<int64_t> routed_rows;  // [routed layers] rows routed in so far
+    int64_t tokens = 0;                // rows seen so far
+  };
+  // Estimate and its number of observed tokens at routed layer k for `threshold`.
+  std::pair<double, int64_t> Estimate(size_t k, double threshold) const;
+
   int32_t n_layers_;
   std::vector<int32_t> routed_layers_;
   double prior_fraction_;
   int32_t block_size_;
-  std::vector<int64_t> routed_rows_total_;  // [routed layers] rows routed in so far
-  int64_t tokens_total_ = 0;                // rows seen so far
+  double default_threshold_;
+  std::map<double, Stats> stats_;  // by threshold, ascending
 };
 
 struct SchedulerOptions {
@@ -90,17 +110,25 @@ class Scheduler {
   // Admits waiting sequences in FIFO order while the expected final pages of everything running
   // fit the cache (the first one always, when nothing runs), then fills the token budget: one
   // token per decoding sequence, then prefill chunks in admission order. A long prompt thus
-  // delays running decodes by at most one chunk of max_batch_tokens.
+  // delays running decodes by at most one chunk of max_batch_tokens. Admissions held by a
+  // preemption resume at the next Commit, or at once when nothing runs.
   StepPlan Plan();
 
-  // Applies a step that succeeded. Returns the sequences that finished in it; they stay
-  // "running" until Remove().
+  // Applies a step that succeeded. Returns the sequences that ended in it (finished, or failed
+  // on their own: SequenceStepResult::status); they stay "running" until Remove() but are never
+  // planned again.
   std::vector<SequenceId> Commit(const StepResult& result);
 
-  // The step could not get KV pages: moves the most recently admitted running sequence back to
-  // the front of the queue (the caller must Engine::Preempt it) and holds admissions until the
-  // next Commit. nullopt when fewer than two sequences run (nothing to preempt for).
-  std::optional<SequenceId> PreemptOne();
+  // The step could not get KV pages: moves the most recently admitted running sequence (never
+  // the oldest one, which must be left to make progress) back to the front of the queue and
+  // holds admissions until the next Commit. A sequence that has computed nothing yet holds no
+  // pages and is only deferred (held_pages false, not counted as a preemption); otherwise the
+  // caller must Engine::Preempt it (recompute later). nullopt when only the oldest runs.
+  struct Eviction {
+    SequenceId seq_id;
+    bool held_pages;
+  };
+  std::optional<Eviction> PreemptOne();
 
   // Forgets a sequence (finished, cancelled, past its deadline, failed); false if unknown.
   bool Remove(SequenceId seq_id);
@@ -121,6 +149,7 @@ class Scheduler {
     int32_t num_computed;  // tokens whose KV entries are in the cache
     int32_t max_new_tokens;
     int32_t num_generated;
+    std::optional<double> threshold;  // unset: the checkpoint's default
     bool finished = false;  // set by Commit; never planned again
     int32_t FinalTokens() const { return num_tokens + (max_new_tokens - num_generated); }
   };

@@ -56,7 +56,8 @@ engine::EngineOptions EngineOpts(const std::string& model_dir,
 struct Harness {
   explicit Harness(const std::string& model_dir = kCheckpoint, int32_t max_queue = 64,
                    int32_t max_num_seqs = 16, int64_t kv_cache_bytes = int64_t{16} << 20,
-                   absl::Duration drain_timeout = absl::Seconds(30), int32_t stream_interval = 1) {
+                   absl::Duration drain_timeout = absl::Seconds(30), int32_t stream_interval = 1,
+                   const engine::FaultInjection& faults = {}) {
     ServerOptions so;
     so.drain_timeout = drain_timeout;
     so.stream_interval = stream_interval;
@@ -64,7 +65,9 @@ struct Harness {
     so.loop.scheduler.max_batch_tokens = 64;
     so.loop.scheduler.max_queue = max_queue;
     so.loop.before_iteration = [this] { gate.Pass(); };
-    auto s = Server::Start(so, EngineOpts(model_dir, kv_cache_bytes));
+    engine::EngineOptions eo = EngineOpts(model_dir, kv_cache_bytes);
+    eo.faults = faults;
+    auto s = Server::Start(so, eo);
     MODSERVE_CHECK(s.ok()) << s.status();
     server = *std::move(s);
     channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
@@ -261,6 +264,7 @@ TEST(ServerTest, PreemptedSequencesRecomputeToTheSameTokens) {
     v1::GenerateRequest r = TokenRequest({1, 3 + i, 50 + 2 * i, 9, 100 + i}, 40);
     r.mutable_sampling()->set_temperature(1.0f);
     r.mutable_sampling()->set_seed(77 + i);
+    r.mutable_routing()->set_return_decisions(true);
     reqs.push_back(r);
   }
   h.gate.CloseAndWait();
@@ -275,16 +279,21 @@ TEST(ServerTest, PreemptedSequencesRecomputeToTheSameTokens) {
   // Together first, while the estimate is still the prior (it learns the real fraction).
   const int64_t num_preemptions = h.server->loop().num_preemptions();
   EXPECT_GT(num_preemptions, 0);
-  std::vector<std::vector<int32_t>> alone(kNumRequests);
-  for (int i = 0; i < kNumRequests; ++i) {
-    v1::GenerateResponse resp;
-    ASSERT_TRUE(Unary(*h.stub, reqs[i], &resp).ok());
-    alone[i] = Ids(resp.token_ids());
-  }
+  std::vector<v1::GenerateResponse> alone(kNumRequests);
+  for (int i = 0; i < kNumRequests; ++i) ASSERT_TRUE(Unary(*h.stub, reqs[i], &alone[i]).ok());
   EXPECT_EQ(h.server->loop().num_preemptions(), num_preemptions);  // alone, each fits
   for (int i = 0; i < kNumRequests; ++i) {
     ASSERT_TRUE(together[i].status.ok()) << together[i].status.error_message();
-    EXPECT_EQ(together[i].token_ids, alone[i]) << "request " << i;
+    EXPECT_EQ(together[i].token_ids, Ids(alone[i].token_ids())) << "request " << i;
+    // The recomputed prefix routes exactly as the first time: same decisions at every layer.
+    const v1::RoutingSummary& got = together[i].last.routing();
+    const v1::RoutingSummary& want = alone[i].routing();
+    ASSERT_EQ(got.layers_size(), want.layers_size());
+    for (int k = 0; k < want.layers_size(); ++k) {
+      EXPECT_EQ(got.layers(k).decisions(), want.layers(k).decisions())
+          << "request " << i << " layer " << want.layers(k).layer();
+      EXPECT_EQ(got.layers(k).decisions().size(), 5u + 40u - 1u);
+    }
   }
   ASSERT_TRUE(h.server->loop().WaitIdle(absl::Seconds(30)));
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
@@ -498,8 +507,10 @@ grpc::health::v1::HealthCheckResponse::ServingStatus HealthStatus(grpc::Channel*
 }
 
 TEST(ServerTest, EngineFailureEndsRequestsWithInternalAndTurnsHealthNotServing) {
-  engine::testing::ScratchDir scratch;
-  Harness h(NanNormCheckpoint(scratch.path()));
+  // The first forward pass fails as a device error would (injected backend fault).
+  engine::FaultInjection faults;
+  faults.backend_fault_step = 1;
+  Harness h(kCheckpoint, 64, 16, int64_t{16} << 20, absl::Seconds(30), 1, faults);
   ASSERT_EQ(HealthStatus(h.channel.get()), grpc::health::v1::HealthCheckResponse::SERVING);
 
   // Both requests wait at the gate, so they are in flight together when the step fails.
@@ -525,7 +536,7 @@ TEST(ServerTest, EngineFailureEndsRequestsWithInternalAndTurnsHealthNotServing) 
   ::testing::internal::CaptureStderr();
   h.gate.Open();
   v1::GenerateStreamResponse msg;
-  EXPECT_FALSE(reader->Read(&msg)) << "no token can be sampled from NaN logits";
+  EXPECT_FALSE(reader->Read(&msg)) << "the step that fails samples nothing";
   const grpc::Status stream_status = reader->Finish();
   unary_done.WaitForNotification();
   ASSERT_TRUE(h.server->loop().WaitIdle(absl::Seconds(30)));
@@ -537,6 +548,7 @@ TEST(ServerTest, EngineFailureEndsRequestsWithInternalAndTurnsHealthNotServing) 
   }
   // The log names the failure and every request it ended.
   EXPECT_THAT(log, HasSubstr("engine step failed"));
+  EXPECT_THAT(log, HasSubstr("injected backend fault"));
   EXPECT_THAT(log, HasSubstr("failing-unary"));
   EXPECT_THAT(log, HasSubstr("failing-stream"));
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
@@ -553,6 +565,29 @@ TEST(ServerTest, EngineFailureEndsRequestsWithInternalAndTurnsHealthNotServing) 
   const grpc::Status after = Unary(*h.stub, TokenRequest({1, 2}, 4), &resp);
   EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(after.error_message(), HasSubstr("restart"));
+}
+
+TEST(ServerTest, NanLogitsFailEachRequestAloneAndTheServerStaysHealthy) {
+  // A corrupted checkpoint (NaN final norm) makes every sampling fail: that is each request's
+  // own INTERNAL error, not a backend fault, so the engine keeps serving (and health says so).
+  engine::testing::ScratchDir scratch;
+  Harness h(NanNormCheckpoint(scratch.path()));
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    v1::GenerateResponse resp;
+    v1::GenerateRequest req = TokenRequest({1, 2, 3 + i}, 8);
+    req.set_request_id(absl::StrCat("nan-", i));
+    const grpc::Status s = Unary(*h.stub, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL);
+    EXPECT_THAT(s.error_message(), HasSubstr("server log"));
+  }
+  ASSERT_TRUE(h.server->loop().WaitIdle(absl::Seconds(30)));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr("'nan-2' failed on its own"));
+  EXPECT_THAT(log, HasSubstr("logit of token"));
+  EXPECT_TRUE(h.server->loop().healthy());
+  EXPECT_EQ(HealthStatus(h.channel.get()), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
 }
 
 TEST(ServerTest, HealthServesOnceLoadedAndModelInfoDescribesTheCheckpoint) {

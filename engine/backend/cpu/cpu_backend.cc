@@ -240,7 +240,9 @@ void CpuBackend::GemmT(const TensorView& x, const TensorView& w, const TensorVie
   const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   if (n == 0 || m == 0) return;
   const float* bias_f32 = nullptr;
-  if (!bias.empty()) {
+  if (!bias.empty() && bias.dtype == DType::kF32) {
+    bias_f32 = bias.as<float>();
+  } else if (!bias.empty()) {
     bias_f32_.resize(m);
     WeightToF32(bias.as<W>(), m, bias_f32_.data());
     bias_f32 = bias_f32_.data();

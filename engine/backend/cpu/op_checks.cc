@@ -50,7 +50,8 @@ void CheckGemmArgs(Device device, const TensorView& x, const TensorView& w, cons
   MODSERVE_CHECK_EQ(out.dim(0), x.dim(0));
   MODSERVE_CHECK_EQ(out.dim(1), w.dim(0));
   if (!bias.empty()) {
-    CheckTensor(device, bias, w.dtype, 1, "bias");
+    // A bias may be stored as F32 whatever w is (routers and predictors often mix dtypes).
+    CheckTensor(device, bias, bias.dtype == DType::kF32 ? DType::kF32 : w.dtype, 1, "bias");
     MODSERVE_CHECK_EQ(bias.dim(0), w.dim(0));
   }
   MODSERVE_CHECK(out.data != x.data || x.numel() == 0) << "Gemm out must not alias x";

@@ -47,13 +47,17 @@ void GemmT(const TensorView& x, const TensorView& w, const TensorView& bias,
   const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   const float* xp = x.as<float>();
   const W* wp = w.as<W>();
-  const W* bp = bias.empty() ? nullptr : bias.as<W>();
+  // The bias is F32 or w's dtype (backend.h).
+  const bool bias_f32 = !bias.empty() && bias.dtype == DType::kF32;
+  const W* bp = bias.empty() || bias_f32 ? nullptr : bias.as<W>();
+  const float* bp32 = bias_f32 ? bias.as<float>() : nullptr;
   float* o = out.as<float>();
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t r = 0; r < m; ++r) {
       float sum = 0.0f;
       for (int64_t c = 0; c < k; ++c) sum += xp[i * k + c] * ToF32(wp[r * k + c]);
       if (bp != nullptr) sum += ToF32(bp[r]);
+      if (bp32 != nullptr) sum += bp32[r];
       o[i * m + r] = sum;
     }
   }

@@ -288,6 +288,13 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
   MakeCurrent();
   const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   if (n == 0 || m == 0) return;
+  if (!bias.empty() && bias.dtype != w.dtype) {
+    // An F32 bias beside a 16-bit w (backend.h): the product, then the bias on its own.
+    Gemm(x, w, TensorView(), out);
+    Record(kernels::AddBias(stream_, bias.data, DType::kF32, n, m, out.as<float>()),
+           "Gemm (f32 bias)");
+    return;
+  }
   const void* b = bias.empty() ? nullptr : bias.data;
   if (n <= kernels::kGemvMaxRows) {
     Record(kernels::Gemv(stream_, x.as<float>(), w.data, b, w.dtype, n, m, k, out.as<float>()),
