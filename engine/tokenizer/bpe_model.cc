@@ -153,9 +153,9 @@ absl::StatusOr<BpeModel> BpeModel::Create(
     if (!l || !r || !merged) {
       // By spelling, a part no token or merge result spells can never form: the merge is inert.
       if (options.merges_by_spelling) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "merge #", rank, " '", std::string(left), " ", std::string(right),
-          "': a part or the result is not in the vocab"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge #", rank, " '", std::string(left), " ", std::string(right),
+                       "': a part or the result is not in the vocab"));
     }
     const MergeTarget target{static_cast<int32_t>(rank), *merged};
     if (options.first_rank_wins) {

@@ -1,4 +1,5 @@
-// LoadTokenizer: picks the tokenizer file in a model directory and hands it to the right loader.
+// LoadTokenizer: picks the tokenizer file in a model directory (or takes a GGUF file) and hands it
+// to the right loader.
 // It reads files only; it never downloads or converts between formats.
 #include "engine/tokenizer/tokenizer.h"
 
@@ -10,7 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
+#include "engine/model/gguf.h"
 #include "engine/tokenizer/bpe_tokenizer.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
 #include "engine/tokenizer/sentencepiece_tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -59,6 +62,13 @@ absl::StatusOr<std::string> ChatTemplate(const nlohmann::json& config,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
+  // As LoadModel: a .gguf path is a GGUF file (and an error if it is not one).
+  const bool gguf_name =
+      model_dir.size() >= 5 && model_dir.compare(model_dir.size() - 5, 5, ".gguf") == 0;
+  if (gguf_name || IsGgufFile(model_dir)) {
+    MODSERVE_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(model_dir));
+    return LoadTokenizerFromGguf(file);
+  }
   const std::filesystem::path dir(model_dir);
   std::error_code ec;
   std::string bos, eos, chat_template;

@@ -1,5 +1,6 @@
 // The tokenizer interface (text <-> token ids) and the factory that loads one from a model
-// directory. It does not apply chat templates, truncate or pad: callers do that around it.
+// directory or a GGUF file. It does not apply chat templates, truncate or pad: callers do that
+// around it.
 #ifndef MODSERVE_ENGINE_TOKENIZER_TOKENIZER_H_
 #define MODSERVE_ENGINE_TOKENIZER_TOKENIZER_H_
 
@@ -61,6 +62,9 @@ class Tokenizer {
   std::string chat_template_;
 };
 
+// `model_dir` may also be a GGUF file (a name ending in .gguf, or the GGUF magic): its
+// tokenizer.* metadata is loaded by LoadTokenizerFromGguf (gguf_tokenizer.h), whose status codes
+// apply, after GgufFile::Open's (DataLoss for a file that is not well-formed GGUF).
 // Loads `model_dir`/tokenizer.json (Hugging Face byte-level BPE; preferred when both exist) or
 // `model_dir`/tokenizer.model (SentencePiece). Reads `model_dir`/tokenizer_config.json, when
 // present, for the names of the BOS and EOS tokens and the chat template ("chat_template": a

@@ -30,9 +30,9 @@ TEST(BpeModelTest, ByteAlphabetRoundTripsEveryByte) {
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
   const std::string spelled = BytesToByteLevel(all);
   EXPECT_EQ(ByteLevelToBytes(spelled), all);
-  EXPECT_EQ(BytesToByteLevel(" "), "\xC4\xA0");  // space is spelled U+0120 'Ġ'
-  EXPECT_EQ(BytesToByteLevel("\n"), "\xC4\x8A");  // newline U+010A 'Ċ'
-  EXPECT_EQ(BytesToByteLevel("a!~"), "a!~");      // printable ASCII spells itself
+  EXPECT_EQ(BytesToByteLevel(" "), "\xC4\xA0");      // space is spelled U+0120 'Ġ'
+  EXPECT_EQ(BytesToByteLevel("\n"), "\xC4\x8A");     // newline U+010A 'Ċ'
+  EXPECT_EQ(BytesToByteLevel("a!~"), "a!~");         // printable ASCII spells itself
   EXPECT_EQ(ByteLevelToBytes("a b"), std::nullopt);  // a raw space is outside the alphabet
 }
 
