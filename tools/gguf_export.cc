@@ -274,18 +274,23 @@ absl::Status ExportGguf(const ExportOptions& opts,
   const std::string name = std::filesystem::path(opts.model_dir).lexically_normal().filename();
   MODSERVE_RETURN_IF_ERROR(AddModelMetadata(c, name.empty() ? "model" : name, opts.weight_type, &w, log));
   const std::string tokenizer_json = opts.model_dir + "/tokenizer.json";
+  // Without a tokenizer the file says so as llama.cpp does (tokenizer.ggml.model "no_vocab"):
+  // llama.cpp then loads it with llama.vocab_size placeholder tokens (llama-bench runs it) and
+  // modserve serves token ids.
   if (std::filesystem::exists(tokenizer_json, ec)) {
     absl::Status s = AddTokenizerMetadata(opts.model_dir, c, &w, log);
     if (!s.ok()) {
       if (!opts.allow_no_tokenizer) return s;
       log(absl::StrCat("tokenizer: not converted (", s.message(), ")"));
+      w.AddString("tokenizer.ggml.model", "no_vocab");
     }
   } else if (!opts.allow_no_tokenizer) {
     return absl::InvalidArgumentError(absl::StrCat(
         tokenizer_json, ": no such file; --allow_no_tokenizer writes the file without a "
-        "tokenizer (llama.cpp refuses such a file; modserve serves token ids)"));
+        "tokenizer (tokenizer.ggml.model \"no_vocab\"; modserve serves token ids)"));
   } else {
-    log("tokenizer: none (no tokenizer.json)");
+    log("tokenizer: none (no tokenizer.json; tokenizer.ggml.model \"no_vocab\")");
+    w.AddString("tokenizer.ggml.model", "no_vocab");
   }
 
   std::vector<engine::TensorNamePair> table = engine::TensorNameTable(c);

@@ -19,7 +19,8 @@ ABSL_FLAG(std::string, type, "q8_0",
 ABSL_FLAG(std::string, embed_type, "", "type of token_embd and output; empty = --type");
 ABSL_FLAG(bool, allow_no_tokenizer, false,
           "write the file without tokenizer metadata when tokenizer.json is absent or cannot be "
-          "converted (modserve then serves token ids; llama.cpp refuses the file)");
+          "converted (tokenizer.ggml.model \"no_vocab\": modserve serves token ids, llama.cpp "
+          "runs it with placeholder tokens)");
 
 namespace {
 

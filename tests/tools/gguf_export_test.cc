@@ -107,6 +107,12 @@ void CheckRoundTrip(const std::string& dir, DType type) {
   opts.allow_no_tokenizer = true;
   std::vector<std::string> log;
   ASSERT_THAT(ExportGguf(opts, [&](std::string_view l) { log.emplace_back(l); }), IsOk());
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    // No tokenizer: llama.cpp's "no vocabulary" marker, so that llama.cpp loads the file too.
+    absl::StatusOr<GgufFile> f = GgufFile::Open(opts.out_path);
+    ASSERT_THAT(f, IsOk());
+    EXPECT_EQ(f->GetString("tokenizer.ggml.model").value_or(""), "no_vocab");
+  }
   absl::StatusOr<LoadedModel> src = engine::LoadModel(dir);
   ASSERT_THAT(src, IsOk());
   absl::StatusOr<LoadedModel> got = engine::LoadModel(opts.out_path);
