@@ -25,7 +25,9 @@ int FuzzCheckpoint(const uint8_t* data, size_t size);
 // must be DataLoss naming the file. An accepted file must match the header as the specification
 // reads it from the raw bytes (magic, version, counts), every typed getter must succeed or fail
 // with InvalidArgument naming the key, and every tensor must lie inside the file, aligned, with
-// bytes == blocks * block size, no two overlapping, readable end to end. LoadModel on the same
+// bytes == blocks * block size, no two overlapping, readable end to end. LoadTokenizerFromGguf
+// must then give no tokenizer (NotFound), InvalidArgument naming the file, or a tokenizer that
+// encodes a sample to ids naming tokens and decodes them to valid UTF-8. LoadModel on the same
 // file must then either bind a model (config rules kept, one LayerWeights per layer, tied exactly
 // when output.weight is absent) or fail with InvalidArgument or DataLoss naming the file.
 int FuzzGguf(const uint8_t* data, size_t size);

@@ -132,6 +132,28 @@ def gguf_corpus():
         ("f64", 12, f64(0.25)), ("general.alignment", 4, u32(64))],
         [("q8", 8, [32, 2], b"\x01" * 68), ("q4k", 12, [256], b"\x02" * 144),
          ("bf16", 30, [3], b"\0" * 6)], align=64))
+    # Tokenizer metadata (LoadTokenizerFromGguf): a byte-level BPE with a pre-tokenizer, control
+    # and user-defined tokens and a merge; a SentencePiece-style one with scores and byte tokens.
+    utf8 = lambda v: struct.pack("<Q", len(v.encode())) + v.encode()  # noqa: E731
+    strs = lambda *v: struct.pack("<IQ", 8, len(v)) + b"".join(utf8(x) for x in v)  # noqa: E731
+    i32s = lambda *v: struct.pack(f"<IQ{len(v)}i", 5, len(v), *v)  # noqa: E731
+    f32s = lambda *v: struct.pack(f"<IQ{len(v)}f", 6, len(v), *v)  # noqa: E731
+    gpt2 = [("tokenizer.ggml.model", 8, string("gpt2")), ("tokenizer.ggml.pre", 8, string("smollm")),
+            ("tokenizer.ggml.tokens", 9, strs("a", "b", "ab", "\u0120", "1", "<|im_end|>", "<x>")),
+            ("tokenizer.ggml.token_type", 9, i32s(1, 1, 1, 1, 1, 3, 4)),
+            ("tokenizer.ggml.merges", 9, strs("a b", "\u0120 a")),
+            ("tokenizer.ggml.eos_token_id", 4, u32(5)),
+            ("tokenizer.chat_template", 8, string("{{ x }}"))]
+    write("gguf", "valid_tokenizer_gpt2", gguf_file(llama + gpt2, tensors))
+    spm = [("tokenizer.ggml.model", 8, string("llama")),
+           ("tokenizer.ggml.tokens", 9, strs("<unk>", "<s>", "</s>", "<0x41>", "\u2581a", "a")),
+           ("tokenizer.ggml.scores", 9, f32s(0, 0, 0, 0, -1, -2)),
+           ("tokenizer.ggml.token_type", 9, i32s(2, 3, 3, 6, 1, 1))]
+    write("gguf", "valid_tokenizer_llama", gguf_file(spm, []))
+    write("gguf", "bad_tokenizer_types_short", gguf_file(
+        spm[:2] + [("tokenizer.ggml.token_type", 9, i32s(1))], []))
+    write("gguf", "bad_tokenizer_pre", gguf_file(
+        [("tokenizer.ggml.pre", 8, string("unknown-pre"))] + gpt2[:1] + gpt2[2:], []))
     write("gguf", "bad_tensor_past_end", gguf_file(llama, [("a", 0, [1 << 20], b"")]))
     write("gguf", "bad_count", b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 0))
     write("gguf", "bad_unknown_arch", gguf_file([("general.architecture", 8, string("qwen2"))],

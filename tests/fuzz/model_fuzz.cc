@@ -18,6 +18,7 @@
 #include "engine/model/config.h"
 #include "engine/model/gguf.h"
 #include "engine/model/weights.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
 #include "tests/fuzz/fuzz_targets.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -227,6 +228,30 @@ int FuzzGguf(const uint8_t* data, size_t size) {
   });
   for (size_t i = 1; i < spans.size(); ++i) {
     FUZZ_CHECK(spans[i].begin >= spans[i - 1].end, "overlapping tensors accepted");
+  }
+
+  // The tokenizer on top: none (NotFound), an InvalidArgument naming the file, or a tokenizer
+  // whose ids for a sample name tokens and decode to valid UTF-8.
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tok = engine::LoadTokenizerFromGguf(*f);
+  if (!tok.ok()) {
+    const absl::StatusCode code = tok.status().code();
+    FUZZ_CHECK(code == absl::StatusCode::kNotFound || code == absl::StatusCode::kInvalidArgument,
+               absl::StrCat("tokenizer error must be NotFound or InvalidArgument: ",
+                            tok.status().ToString()));
+    FUZZ_CHECK(absl::StrContains(tok.status().message(), path),
+               absl::StrCat("tokenizer error must name the file: ", tok.status().ToString()));
+  } else {
+    static constexpr std::string_view kSample = "Hello world, 123 \xc3\xbcn\xc3\xaf <s> \n\t";
+    for (bool special : {false, true}) {
+      absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(kSample, special);
+      FUZZ_CHECK(ids.ok(), absl::StrCat("Encode failed: ", ids.status().ToString()));
+      for (int32_t id : *ids) {
+        FUZZ_CHECK(id >= 0 && id < (*tok)->vocab_size(), absl::StrCat("Encode gave id ", id));
+      }
+      absl::StatusOr<std::string> text = (*tok)->Decode(*ids, !special);
+      FUZZ_CHECK(text.ok() && IsStrictUtf8(*text),
+                 absl::StrCat("Decode of Encode's ids failed: ", text.status().ToString()));
+    }
   }
 
   // The model on top: either a model whose config keeps config.json's rules, or a clear error.
