@@ -276,6 +276,18 @@ def bad_value_type(raw, lay):
     return raw
 
 
+def tokenizer(**keys):
+    """A case whose metadata gains tokenizer.ggml.<key> = (writer method, value) entries."""
+    def fn(s):
+        for key, mv in keys.items():
+            s.meta[f"tokenizer.ggml.{key}"] = mv
+    return spec(fn)
+
+
+# A byte-level vocabulary of the base's size: enough for the tokenizer to get past its tokens.
+TOKENS = [chr(0x100 + i) if i >= 94 else chr(0x21 + i) for i in range(VOCAB)]
+
+
 def make_special(kind):
     def make(path):
         if kind == "directory":
@@ -384,6 +396,24 @@ CASES = [
          [F, "unexpected tensor 'rope_freqs.weight'"]),
     Case("gguf_nan_router", spec(nan_router),
          [F, f"tensor '{ROUTER}' has a non-finite value (nan) at element 5"]),
+    # Tokenizer metadata: absent altogether is a model without a tokenizer (it serves ids); a
+    # tokenizer that is there but incomplete or unknown is an error naming the key.
+    Case("gguf_tokenizer_without_tokens", tokenizer(model=("add_string", "gpt2")),
+         [F, "'tokenizer.ggml.tokens'"]),
+    Case("gguf_tokenizer_without_merges", tokenizer(model=("add_string", "gpt2"),
+                                                    tokens=("add_array", TOKENS)),
+         [F, "'tokenizer.ggml.merges'"]),
+    Case("gguf_tokenizer_unknown_model", tokenizer(model=("add_string", "bert"),
+                                                   tokens=("add_array", TOKENS)),
+         [F, "'tokenizer.ggml.model'", "bert"]),
+    Case("gguf_tokenizer_unknown_pre", tokenizer(model=("add_string", "gpt2"),
+                                                 pre=("add_string", "no-such-pre"),
+                                                 tokens=("add_array", TOKENS),
+                                                 merges=("add_array", ["\u0121 t"])),
+         [F, "'tokenizer.ggml.pre'", "no-such-pre"]),
+    Case("gguf_tokenizer_tokens_not_strings", tokenizer(model=("add_string", "gpt2"),
+                                                        tokens=("add_array", list(range(VOCAB)))),
+         [F, "'tokenizer.ggml.tokens'"]),
     Case("gguf_is_a_directory", make_special("directory"), [F, "not a regular file"]),
     Case("gguf_is_a_fifo", make_special("fifo"), [F, "not a regular file"]),
     Case("gguf_missing_file", lambda path: None, [F, "no such file"]),

@@ -17,6 +17,7 @@
 #include "engine/common/quant.h"
 #include "engine/model/gguf.h"
 #include "engine/model/weights.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -195,6 +196,37 @@ TEST(GgufExportTest, DemoTokenizerBecomesLlamaCppMetadata) {
   for (size_t i = 0; i < merges->size(); ++i) {
     const auto& m = tok["model"]["merges"][i];
     EXPECT_EQ((*merges)[i], m[0].get<std::string>() + " " + m[1].get<std::string>());
+  }
+}
+
+// The exported tokenizer metadata, read back by the engine's GGUF tokenizer, tokenizes as the
+// tokenizer.json it came from: same ids (BOS added as the post-processor says), same text back.
+TEST(GgufExportTest, DemoTokenizerEncodesLikeItsTokenizerJson) {
+  const std::string demo = std::string(MODSERVE_SOURCE_DIR) + "/models/demo";
+  ScratchDir out;
+  ExportOptions opts;
+  opts.model_dir = demo;
+  opts.out_path = out.File("demo.gguf");
+  ASSERT_THAT(ExportGguf(opts, [](std::string_view) {}), IsOk());
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> want = engine::LoadTokenizer(demo);
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> got = engine::LoadTokenizer(opts.out_path);
+  ASSERT_THAT(want, IsOk());
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ((*got)->vocab_size(), (*want)->vocab_size());
+  EXPECT_EQ((*got)->bos_id(), (*want)->bos_id());
+  for (const char* text : {"The trouble with computers is", "Q: What is a computer?\nA:",
+                           "  two  spaces, tabs\tand 1234567 digits; 'quotes' don't", "",
+                           "caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xf0\x9f\x99\x82",
+                           "<|eos|> a special token in text"}) {
+    SCOPED_TRACE(text);
+    for (bool special : {true, false}) {
+      absl::StatusOr<std::vector<int32_t>> a = (*want)->Encode(text, special);
+      absl::StatusOr<std::vector<int32_t>> b = (*got)->Encode(text, special);
+      ASSERT_THAT(a, IsOk());
+      ASSERT_THAT(b, IsOk());
+      EXPECT_EQ(*b, *a);
+      EXPECT_EQ(*(*got)->Decode(*b, true), *(*want)->Decode(*a, true));
+    }
   }
 }
 
