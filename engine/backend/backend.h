@@ -159,7 +159,9 @@ struct ScatterCombineParams {
 //   and CHECK-fail. Device errors surface at the next Synchronize() (or CopyToHost).
 // - Tensor arguments are non-owning views into memory from this backend's Allocate() (or, for the
 //   CPU backend, any host memory). They must stay alive until Synchronize() returns.
-// - Activations are F32; weights may be F32, F16 or BF16 (query Supports()); index tensors are I32.
+// - Activations are F32; weights may be F32, F16 or BF16, and the Embed table and Gemm weight
+//   also block-quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K in the GGML layouts of common/quant.h,
+//   rows of whole blocks); query Supports(). Index tensors are I32.
 // - Index values (token ids, slots, page ids, kv lens, row indices) were validated by the caller;
 //   out-of-range values are caller bugs and CHECK-fail on the CPU backend.
 class Backend {
@@ -187,8 +189,8 @@ class Backend {
   // Waits for every enqueued op. Internal when a device error happened since the last call.
   virtual absl::Status Synchronize() = 0;
 
-  // out[i, :] = table[ids[i], :] as F32.
-  // ids [n] i32; table [vocab_size, d_model] F32/F16/BF16; out [n, d_model] f32.
+  // out[i, :] = table[ids[i], :] as F32 (dequantized exactly as quant::DequantizeRow does).
+  // ids [n] i32; table [vocab_size, d_model] F32/F16/BF16 or quantized; out [n, d_model] f32.
   virtual void Embed(const TensorView& ids, const TensorView& table, const TensorView& out) = 0;
 
   // out = x / sqrt(mean(x^2) + eps) * weight, per row. out may alias x.
@@ -197,8 +199,11 @@ class Backend {
                        const TensorView& out) = 0;
 
   // out = x @ w^T (+ bias). The LM-head "Logits" step is this op with w = lm_head.
-  // x [n, k] f32; w [m, k] F32/F16/BF16 (row-major, as nn.Linear stores it); bias empty or [m]
-  // in w's dtype or F32 (whatever w is); out [n, m] f32, must not alias x.
+  // x [n, k] f32; w [m, k] F32/F16/BF16 (row-major, as nn.Linear stores it) or quantized (each
+  // row k / block elements blocks); bias empty or [m] in w's dtype or F32 (always F32 for a
+  // quantized w); out [n, m] f32, must not alias x. With a quantized w a backend may round x to
+  // 8 bits per 32-element block for integer dot products (the CPU backend does; its conformance
+  // tolerance says how far that moves the result from the dequantize-then-f32 reference).
   virtual void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                     const TensorView& out) = 0;
 

@@ -17,6 +17,7 @@
 #include "engine/backend/cpu/op_checks.h"
 #include "engine/backend/cpu/scalar_convert.h"
 #include "engine/common/logging.h"
+#include "engine/common/quant.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -72,8 +73,9 @@ bool CpuBackend::Supports(OpKind op, DType dtype) const {
   const bool float_storage = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
   switch (op) {
     case OpKind::kEmbed:
-    case OpKind::kRmsNorm:
     case OpKind::kGemm:
+      return float_storage || DTypeIsQuantized(dtype);
+    case OpKind::kRmsNorm:
     case OpKind::kRopeAndAppendKv:
     case OpKind::kAttention:
       return float_storage;
@@ -161,6 +163,26 @@ void CpuBackend::EmbedT(const TensorView& ids, const TensorView& table, const Te
                     });
 }
 
+// Block-quantized tables: the looked-up rows are dequantized with the reference dequantizer, so
+// the result is exact (and identical to reference::Embed); a row is a few KiB, not worth SIMD.
+void CpuBackend::EmbedQuantized(const TensorView& ids, const TensorView& table,
+                                const TensorView& out) {
+  const int64_t n = ids.dim(0), vocab = table.dim(0), d = table.dim(1);
+  const int32_t* id = ids.as<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MODSERVE_CHECK(id[i] >= 0 && id[i] < vocab) << "token id " << id[i] << " vocab " << vocab;
+  }
+  const char* t = static_cast<const char*>(table.data);
+  const size_t row_bytes = DTypeRowBytes(table.dtype, d);
+  float* o = out.as<float>();
+  pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(d, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t i = b; i < e; ++i) {
+                        quant::DequantizeRow(table.dtype, t + id[i] * row_bytes, d, o + i * d);
+                      }
+                    });
+}
+
 void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
   CheckEmbedArgs(kHost, ids, table, out);
   switch (table.dtype) {
@@ -170,12 +192,13 @@ void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const Ten
       return EmbedT<f16_t>(ids, table, out);
     case DType::kBF16:
       return EmbedT<bf16_t>(ids, table, out);
-    case DType::kI32:
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+      return EmbedQuantized(ids, table, out);
+    case DType::kI32:
       break;
   }
   MODSERVE_CHECK(false) << "Embed table dtype " << DTypeName(table.dtype);
@@ -268,6 +291,45 @@ void CpuBackend::GemmT(const TensorView& x, const TensorView& w, const TensorVie
   });
 }
 
+// Quantized w: x is rounded to 8 bits per 32-element block once per call (QuantizedActs), then
+// every weight block is an integer dot product (kernels.h). Threads split like GemmT.
+void CpuBackend::GemmQuantized(const TensorView& x, const TensorView& w, const TensorView& bias,
+                               const TensorView& out, QuantGemmFn gemm) {
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  if (n == 0 || m == 0) return;
+  const size_t scratch_bytes = QuantizedActs::Bytes(n, k);
+  if (act_scratch_bytes_ < scratch_bytes) {
+    act_scratch_.reset(static_cast<char*>(
+        std::aligned_alloc(kAlignment, (scratch_bytes + kAlignment - 1) / kAlignment * kAlignment)));
+    MODSERVE_CHECK(act_scratch_ != nullptr) << "cannot allocate " << scratch_bytes << " bytes";
+    act_scratch_bytes_ = scratch_bytes;
+  }
+  const QuantizedActs acts = QuantizedActs::In(act_scratch_.get(), n, k);
+  const float* xp = x.as<float>();
+  const ActLayout layout = ActLayoutFor(w.dtype);
+  pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / k), [&](int64_t b, int64_t e) {
+    kernels_.quantize_acts(xp, b, e, layout, acts);
+  });
+  const float* bias_f32 = bias.empty() ? nullptr : bias.as<float>();
+  float* o = out.as<float>();
+  if (n <= kGemmSmallNMax) {
+    // Decode: bound by reading w, so split the weight rows and let every thread stream its share.
+    pool_.ParallelFor(0, m, kGemmRowGrain, [&](int64_t b, int64_t e) {
+      gemm(acts, 0, n, w.data, bias_f32, o, m, b, e);
+    });
+    return;
+  }
+  const int64_t col_blocks = (m + kGemmColBlock - 1) / kGemmColBlock;
+  const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
+  pool_.ParallelFor(0, col_blocks * row_blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t cb = t / row_blocks, rb = t % row_blocks;
+      gemm(acts, rb * kGemmRowBlock, std::min(n, (rb + 1) * kGemmRowBlock), w.data, bias_f32, o, m,
+           cb * kGemmColBlock, std::min(m, (cb + 1) * kGemmColBlock));
+    }
+  });
+}
+
 void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                       const TensorView& out) {
   CheckGemmArgs(kHost, x, w, bias, out);
@@ -278,12 +340,17 @@ void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView
       return GemmT<f16_t>(x, w, bias, out, kernels_.gemm_small_f16, kernels_.gemm_large_f16);
     case DType::kBF16:
       return GemmT<bf16_t>(x, w, bias, out, kernels_.gemm_small_bf16, kernels_.gemm_large_bf16);
-    case DType::kI32:
     case DType::kQ8_0:
+      return GemmQuantized(x, w, bias, out, kernels_.gemm_q8_0);
     case DType::kQ4_0:
+      return GemmQuantized(x, w, bias, out, kernels_.gemm_q4_0);
     case DType::kQ4_1:
+      return GemmQuantized(x, w, bias, out, kernels_.gemm_q4_1);
     case DType::kQ4_K:
+      return GemmQuantized(x, w, bias, out, kernels_.gemm_q4_k);
     case DType::kQ6_K:
+      return GemmQuantized(x, w, bias, out, kernels_.gemm_q6_k);
+    case DType::kI32:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);

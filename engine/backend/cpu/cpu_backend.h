@@ -4,6 +4,7 @@
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -64,6 +65,9 @@ class CpuBackend final : public Backend {
 
   template <typename W>
   void EmbedT(const TensorView& ids, const TensorView& table, const TensorView& out);
+  void EmbedQuantized(const TensorView& ids, const TensorView& table, const TensorView& out);
+  void GemmQuantized(const TensorView& x, const TensorView& w, const TensorView& bias,
+                     const TensorView& out, QuantGemmFn gemm);
   template <typename W>
   void RmsNormT(float eps, const TensorView& x, const TensorView& weight, const TensorView& out);
   template <typename W>
@@ -89,6 +93,12 @@ class CpuBackend final : public Backend {
   std::vector<float> bias_f32_;      // [m] f32: the Gemm bias converted once per call
   std::vector<float> norm_weight_;   // [d] f32: the RmsNorm weight converted once per call
   std::vector<float> attn_partial_;  // [n, n_kv_heads, splits, group, head_dim + 2] f32
+  // QuantizedActs of the quantized-weight Gemm's x (64-byte aligned), grown to the largest seen.
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, FreeDeleter> act_scratch_;
+  size_t act_scratch_bytes_ = 0;
 };
 
 }  // namespace modserve::backend::cpu

@@ -2,6 +2,8 @@
 // is safe to run on any x86-64 (or non-x86) CPU.
 #include "engine/backend/cpu/kernels.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #if defined(__x86_64__)
@@ -66,6 +68,31 @@ Isa BestIsa() {
   if (CpuHasIsa(Isa::kAvx512)) return Isa::kAvx512;
   if (CpuHasIsa(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;
+}
+
+namespace {
+constexpr size_t AlignUp(size_t v) { return (v + 63) / 64 * 64; }
+}  // namespace
+
+size_t QuantizedActs::Bytes(int64_t n, int64_t k) {
+  const size_t rows = static_cast<size_t>(n), blocks = static_cast<size_t>(k / 32);
+  return AlignUp(rows * k) + 2 * AlignUp(rows * blocks * sizeof(float)) +
+         AlignUp(rows * 2 * blocks * sizeof(int16_t));
+}
+
+QuantizedActs QuantizedActs::In(void* scratch, int64_t n, int64_t k) {
+  const size_t rows = static_cast<size_t>(n), blocks = static_cast<size_t>(k / 32);
+  char* p = static_cast<char*>(scratch);
+  QuantizedActs a;
+  a.k = k;
+  a.q = reinterpret_cast<int8_t*>(p);
+  p += AlignUp(rows * k);
+  a.d = reinterpret_cast<float*>(p);
+  p += AlignUp(rows * blocks * sizeof(float));
+  a.ds = reinterpret_cast<float*>(p);
+  p += AlignUp(rows * blocks * sizeof(float));
+  a.sum16 = reinterpret_cast<int16_t*>(p);
+  return a;
 }
 
 const KernelTable& KernelsFor(Isa isa) {

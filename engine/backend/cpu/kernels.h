@@ -36,6 +36,41 @@ using GemmLargeNFn = void (*)(const float* x, int64_t x_begin, int64_t x_end, in
                               const float* bias, float* out, int64_t ldo, int64_t row_begin,
                               int64_t row_end);
 
+// Activation rows rounded to 8 bits for the integer dot products of the quantized-weight Gemm.
+// Per 32-element block b of row i: x ~ d[b] * q (q in -127..127, d = max |x| / 127), ds[b] =
+// d[b] * sum of the block's q; sum16 holds the sums of each 16 consecutive q (Q6_K's 16-element
+// sub-blocks need them). The q of a row are stored in natural order, except for kPairInterleaved
+// (the Q4_0/Q4_1 kernels): each 64 elements (blocks b, b + 1) are stored as b[0..16), b+1[0..16),
+// b[16..32), b+1[16..32), matching the nibble halves of two blocks loaded side by side; an odd
+// last block stays in natural order.
+enum class ActLayout : uint8_t { kNatural, kPairInterleaved };
+struct QuantizedActs {
+  int8_t* q;        // [n, k] int8
+  float* d;         // [n, k / 32] f32
+  float* ds;        // [n, k / 32] f32
+  int16_t* sum16;   // [n, k / 16] i16
+  int64_t k = 0;    // elements per row, a multiple of 32
+  // Bytes of scratch for n rows of k (each array 64-byte aligned within it).
+  static size_t Bytes(int64_t n, int64_t k);
+  // Views `n` rows of k into `scratch` (64-byte aligned, Bytes(n, k) long).
+  static QuantizedActs In(void* scratch, int64_t n, int64_t k);
+};
+
+// Quantizes rows [row_begin, row_end) of x [n, k] f32 into `acts` (same rows), in `layout`.
+using QuantizeActsFn = void (*)(const float* x, int64_t row_begin, int64_t row_end,
+                                ActLayout layout, const QuantizedActs& acts);
+// Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), with x given
+// as `acts` (quantized by the table's quantize_acts in the layout ActLayoutFor(dtype)).
+// w [m, k] in the block layout of the function's dtype; bias null or [m] f32; out [n, ldo] f32.
+using QuantGemmFn = void (*)(const QuantizedActs& acts, int64_t x_begin, int64_t x_end,
+                             const void* w, const float* bias, float* out, int64_t ldo,
+                             int64_t row_begin, int64_t row_end);
+
+constexpr ActLayout ActLayoutFor(DType w) {
+  return w == DType::kQ4_0 || w == DType::kQ4_1 ? ActLayout::kPairInterleaved
+                                                 : ActLayout::kNatural;
+}
+
 struct KernelTable {
   Isa isa;
 
@@ -45,6 +80,13 @@ struct KernelTable {
   GemmLargeNFn<float> gemm_large_f32;
   GemmLargeNFn<f16_t> gemm_large_f16;
   GemmLargeNFn<bf16_t> gemm_large_bf16;
+
+  QuantizeActsFn quantize_acts;
+  QuantGemmFn gemm_q8_0;
+  QuantGemmFn gemm_q4_0;
+  QuantGemmFn gemm_q4_1;
+  QuantGemmFn gemm_q4_k;
+  QuantGemmFn gemm_q6_k;
 
   // dst[i] = float(src[i]) for i < count (exact conversions).
   void (*to_f32_f16)(const f16_t* src, int64_t count, float* dst);

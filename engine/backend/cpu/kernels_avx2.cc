@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/common/quant.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -66,11 +67,12 @@ struct Avx2 {
 };
 
 #include "engine/backend/cpu/simd_kernels_impl.h"
+#include "engine/backend/cpu/quant_kernels_avx2_impl.h"
 
 }  // namespace
 
 namespace internal {
-constinit const KernelTable kAvx2KernelTable = MakeKernelTable<Avx2>(Isa::kAvx2);
+constinit const KernelTable kAvx2KernelTable = WithQuantKernels(MakeKernelTable<Avx2>(Isa::kAvx2));
 }  // namespace internal
 
 }  // namespace modserve::backend::cpu

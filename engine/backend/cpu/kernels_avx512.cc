@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/common/quant.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -59,11 +60,12 @@ struct Avx512 {
 };
 
 #include "engine/backend/cpu/simd_kernels_impl.h"
+#include "engine/backend/cpu/quant_kernels_avx2_impl.h"
 
 }  // namespace
 
 namespace internal {
-constinit const KernelTable kAvx512KernelTable = MakeKernelTable<Avx512>(Isa::kAvx512);
+constinit const KernelTable kAvx512KernelTable = WithQuantKernels(MakeKernelTable<Avx512>(Isa::kAvx512));
 }  // namespace internal
 
 }  // namespace modserve::backend::cpu

@@ -1,8 +1,10 @@
 // Portable instantiation of the CPU kernels (one float per "vector"), compiled with the baseline
 // flags: the fallback for CPUs without AVX2, and the third leg of the dispatch tests.
+#include <cmath>
 #include <cstdint>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/common/quant.h"
 #include "engine/common/dtype.h"
 
 namespace modserve::backend::cpu {
@@ -36,11 +38,12 @@ struct Scalar {
 };
 
 #include "engine/backend/cpu/simd_kernels_impl.h"
+#include "engine/backend/cpu/quant_kernels_scalar_impl.h"
 
 }  // namespace
 
 namespace internal {
-constinit const KernelTable kScalarKernelTable = MakeKernelTable<Scalar>(Isa::kScalar);
+constinit const KernelTable kScalarKernelTable = WithQuantKernels(MakeKernelTable<Scalar>(Isa::kScalar));
 }  // namespace internal
 
 }  // namespace modserve::backend::cpu

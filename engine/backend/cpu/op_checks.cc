@@ -7,6 +7,7 @@ namespace modserve::backend::cpu {
 namespace {
 
 bool IsWeightDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+bool IsMatrixDType(DType t) { return IsWeightDType(t) || DTypeIsQuantized(t); }
 
 void CheckTensor(Device device, const TensorView& t, DType dtype, int ndim, const char* name) {
   MODSERVE_CHECK(t.data != nullptr || t.numel() == 0) << name << " has no data";
@@ -21,12 +22,21 @@ void CheckWeight(Device device, const TensorView& t, int ndim, const char* name)
   CheckTensor(device, t, t.dtype, ndim, name);
 }
 
+// Embedding tables and Gemm weights may also be block-quantized: whole blocks per row.
+void CheckMatrix(Device device, const TensorView& t, const char* name) {
+  MODSERVE_CHECK(IsMatrixDType(t.dtype)) << name << " dtype " << DTypeName(t.dtype);
+  CheckTensor(device, t, t.dtype, 2, name);
+  MODSERVE_CHECK_EQ(t.dim(1) % DTypeBlockElems(t.dtype), 0)
+      << name << " " << t.ShapeString() << " rows are not whole " << DTypeName(t.dtype)
+      << " blocks";
+}
+
 }  // namespace
 
 void CheckEmbedArgs(Device device, const TensorView& ids, const TensorView& table,
                     const TensorView& out) {
   CheckTensor(device, ids, DType::kI32, 1, "ids");
-  CheckWeight(device, table, 2, "table");
+  CheckMatrix(device, table, "table");
   CheckTensor(device, out, DType::kF32, 2, "out");
   MODSERVE_CHECK_EQ(out.dim(0), ids.dim(0));
   MODSERVE_CHECK_EQ(out.dim(1), table.dim(1));
@@ -44,14 +54,17 @@ void CheckRmsNormArgs(Device device, const TensorView& x, const TensorView& weig
 void CheckGemmArgs(Device device, const TensorView& x, const TensorView& w, const TensorView& bias,
                    const TensorView& out) {
   CheckTensor(device, x, DType::kF32, 2, "x");
-  CheckWeight(device, w, 2, "w");
+  CheckMatrix(device, w, "w");
   CheckTensor(device, out, DType::kF32, 2, "out");
   MODSERVE_CHECK_EQ(x.dim(1), w.dim(1));
   MODSERVE_CHECK_EQ(out.dim(0), x.dim(0));
   MODSERVE_CHECK_EQ(out.dim(1), w.dim(0));
   if (!bias.empty()) {
-    // A bias may be stored as F32 whatever w is (routers and predictors often mix dtypes).
-    CheckTensor(device, bias, bias.dtype == DType::kF32 ? DType::kF32 : w.dtype, 1, "bias");
+    // A bias may be stored as F32 whatever w is (routers and predictors often mix dtypes); a
+    // quantized matrix has no per-element dtype to share, so its bias is always F32.
+    CheckTensor(device, bias,
+                bias.dtype == DType::kF32 || DTypeIsQuantized(w.dtype) ? DType::kF32 : w.dtype, 1,
+                "bias");
     MODSERVE_CHECK_EQ(bias.dim(0), w.dim(0));
   }
   MODSERVE_CHECK(out.data != x.data || x.numel() == 0) << "Gemm out must not alias x";

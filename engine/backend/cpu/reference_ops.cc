@@ -9,6 +9,7 @@
 #include "engine/backend/cpu/op_checks.h"
 #include "engine/backend/cpu/scalar_convert.h"
 #include "engine/common/logging.h"
+#include "engine/common/quant.h"
 
 namespace modserve::backend::cpu::reference {
 namespace {
@@ -24,6 +25,19 @@ void EmbedT(const TensorView& ids, const TensorView& table, const TensorView& ou
   for (int64_t i = 0; i < n; ++i) {
     MODSERVE_CHECK(id[i] >= 0 && id[i] < vocab) << "token id " << id[i] << " vocab " << vocab;
     for (int64_t c = 0; c < d; ++c) o[i * d + c] = ToF32(t[id[i] * d + c]);
+  }
+}
+
+// Block-quantized tables: each looked-up row is dequantized exactly.
+void EmbedQuantized(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  const int64_t n = ids.dim(0), vocab = table.dim(0), d = table.dim(1);
+  const int32_t* id = ids.as<int32_t>();
+  const size_t row_bytes = DTypeRowBytes(table.dtype, d);
+  float* o = out.as<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    MODSERVE_CHECK(id[i] >= 0 && id[i] < vocab) << "token id " << id[i] << " vocab " << vocab;
+    quant::DequantizeRow(table.dtype, static_cast<const char*>(table.data) + id[i] * row_bytes, d,
+                         o + i * d);
   }
 }
 
@@ -58,6 +72,28 @@ void GemmT(const TensorView& x, const TensorView& w, const TensorView& bias,
       for (int64_t c = 0; c < k; ++c) sum += xp[i * k + c] * ToF32(wp[r * k + c]);
       if (bp != nullptr) sum += ToF32(bp[r]);
       if (bp32 != nullptr) sum += bp32[r];
+      o[i * m + r] = sum;
+    }
+  }
+}
+
+// Block-quantized w: each weight row is dequantized to f32, then the same f32 dot product as
+// GemmT; the bias is F32.
+void GemmQuantized(const TensorView& x, const TensorView& w, const TensorView& bias,
+                   const TensorView& out) {
+  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
+  const float* xp = x.as<float>();
+  const float* bp = bias.empty() ? nullptr : bias.as<float>();
+  const size_t row_bytes = DTypeRowBytes(w.dtype, k);
+  float* o = out.as<float>();
+  std::vector<float> w_row(k);
+  for (int64_t r = 0; r < m; ++r) {
+    quant::DequantizeRow(w.dtype, static_cast<const char*>(w.data) + r * row_bytes, k,
+                         w_row.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      for (int64_t c = 0; c < k; ++c) sum += xp[i * k + c] * w_row[c];
+      if (bp != nullptr) sum += bp[r];
       o[i * m + r] = sum;
     }
   }
@@ -176,12 +212,13 @@ void Embed(const TensorView& ids, const TensorView& table, const TensorView& out
       return EmbedT<f16_t>(ids, table, out);
     case DType::kBF16:
       return EmbedT<bf16_t>(ids, table, out);
-    case DType::kI32:
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+      return EmbedQuantized(ids, table, out);
+    case DType::kI32:
       break;
   }
   MODSERVE_CHECK(false) << "Embed table dtype " << DTypeName(table.dtype);
@@ -217,12 +254,13 @@ void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias, cons
       return GemmT<f16_t>(x, w, bias, out);
     case DType::kBF16:
       return GemmT<bf16_t>(x, w, bias, out);
-    case DType::kI32:
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+      return GemmQuantized(x, w, bias, out);
+    case DType::kI32:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);

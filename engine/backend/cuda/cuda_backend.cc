@@ -175,6 +175,8 @@ CudaBackend::~CudaBackend() {
   // The scratch DeviceBuffers free themselves after this body.
 }
 
+// Block-quantized weights (Q8_0 .. Q6_K) are not implemented on the GPU: they are refused here, and
+// Transformer::Create names the tensor and its type.
 bool CudaBackend::Supports(OpKind op, DType dtype) const {
   const bool storage = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
   switch (op) {
@@ -267,6 +269,8 @@ absl::Status CudaBackend::Synchronize() {
 
 void CudaBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
   cpu::CheckEmbedArgs(kDev, ids, table, out);
+  MODSERVE_CHECK(!DTypeIsQuantized(table.dtype))
+      << "cuda backend: Embed table dtype " << DTypeName(table.dtype) << " (Supports() is false)";
   MakeCurrent();
   Record(kernels::Embed(stream_, ids.as<int32_t>(), ids.dim(0), table.data, table.dtype,
                         table.dim(0), table.dim(1), out.as<float>()),
@@ -285,6 +289,8 @@ void CudaBackend::RmsNorm(const RmsNormParams& params, const TensorView& x,
 void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                        const TensorView& out) {
   cpu::CheckGemmArgs(kDev, x, w, bias, out);
+  MODSERVE_CHECK(!DTypeIsQuantized(w.dtype))
+      << "cuda backend: Gemm w dtype " << DTypeName(w.dtype) << " (Supports() is false)";
   MakeCurrent();
   const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   if (n == 0 || m == 0) return;

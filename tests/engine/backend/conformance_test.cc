@@ -19,6 +19,7 @@
 #include "engine/backend/cpu/reference_ops.h"
 #include "engine/backend/registry.h"
 #include "engine/common/dtype.h"
+#include "engine/common/quant.h"
 #include "engine/common/tensor_view.h"
 #include "gtest/gtest.h"
 #include "tests/engine/backend/host_tensor.h"
@@ -429,6 +430,210 @@ TEST_P(BackendConformanceTest, ScatterCombineMatchesReferenceForEveryMode) {
   }
 }
 
+// ---- block-quantized weights ----------------------------------------------------------------
+constexpr DType kQuantDTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K,
+                                  DType::kQ6_K};
+
+// Overwrites the f16 at p with a random finite value of magnitude ~10^[lo, hi], sign random.
+void PutRandomHalf(std::mt19937& rng, uint8_t* p, float lo, float hi, bool allow_negative) {
+  std::uniform_real_distribution<float> e(lo, hi);
+  float v = std::pow(10.0f, e(rng));
+  if (allow_negative && (rng() & 1)) v = -v;
+  const f16_t h = F32ToF16(v);
+  std::memcpy(p, &h.bits, 2);
+}
+
+// A [m, k] quantized matrix whose rows cover the cases the kernels must get right: rows
+// quantized from Gaussian floats at scales 1e-4 .. 1e3, all-zero rows, all-negative rows (the
+// Q4_1/Q4_K minimums carry them), single spikes, and rows of random bytes with random f16 scales
+// (every level, Q6_K scale -128, Q8_0 level -128, Q4_K 6-bit scales up to 63, negative minimums).
+HostTensor RandomQuantized(std::mt19937& rng, DType t, int64_t m, int64_t k) {
+  HostTensor w(t, {m, k});
+  const size_t row_bytes = DTypeRowBytes(t, k), block_bytes = DTypeBlockBytes(t);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(k);
+  for (int64_t r = 0; r < m; ++r) {
+    uint8_t* dst = w.storage.data() + r * row_bytes;
+    const int kind = static_cast<int>(r % 6);
+    if (kind == 5) {  // raw random blocks
+      for (size_t b = 0; b < row_bytes; ++b) dst[b] = static_cast<uint8_t>(rng());
+      for (size_t off = 0; off < row_bytes; off += block_bytes) {
+        uint8_t* blk = dst + off;
+        switch (t) {
+          case DType::kQ8_0:
+          case DType::kQ4_0:
+            PutRandomHalf(rng, blk, -4.0f, 0.0f, true);
+            break;
+          case DType::kQ4_1:
+            PutRandomHalf(rng, blk, -4.0f, 0.0f, true);
+            PutRandomHalf(rng, blk + 2, -3.0f, 1.0f, true);
+            break;
+          case DType::kQ4_K:
+            PutRandomHalf(rng, blk, -5.0f, -1.0f, false);
+            PutRandomHalf(rng, blk + 2, -5.0f, -1.0f, true);  // negative dmin: a valid file may
+            break;
+          case DType::kQ6_K:
+            PutRandomHalf(rng, blk + 208, -5.0f, -2.0f, true);
+            blk[192] = 0x80;  // scale -128 once per block
+            break;
+          case DType::kF32:
+          case DType::kF16:
+          case DType::kBF16:
+          case DType::kI32:
+            ADD_FAILURE() << "not a quantized dtype";
+            break;
+        }
+      }
+      continue;
+    }
+    const float scale = std::pow(10.0f, -4.0f + 7.0f * static_cast<float>(rng() % 1000) / 1000);
+    for (int64_t c = 0; c < k; ++c) {
+      switch (kind) {
+        case 0:
+        case 1:
+          row[c] = scale * normal(rng);
+          break;
+        case 2:
+          row[c] = 0.0f;
+          break;
+        case 3:
+          row[c] = -scale * (1.0f + std::fabs(normal(rng)));
+          break;
+        default:
+          row[c] = c % 37 == 3 ? 30.0f * scale : 0.01f * scale * normal(rng);
+          break;
+      }
+    }
+    const absl::Status status = quant::QuantizeRow(t, row.data(), k, dst);
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  return w;
+}
+
+// Activations with one outlier block per row (x100) and an all-zero row, so the per-block
+// 8-bit rounding of x sees both extremes.
+HostTensor QuantGemmInput(std::mt19937& rng, int64_t n, int64_t k) {
+  HostTensor x = Random(rng, DType::kF32, {n, k});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = static_cast<int64_t>(rng() % (k / 32));
+    for (int64_t j = 0; j < 32; ++j) x.f32()[i * k + 32 * b + j] *= 100.0f;
+  }
+  if (n > 2) std::fill(x.f32() + k, x.f32() + 2 * k, 0.0f);
+  return x;
+}
+
+// The worst case of rounding x to 8 bits per 32-block: each element moves by at most half a
+// step (max |x| of its block / 254), so |got - want| <= sum_j |w_j| * step_j / 2 exactly, plus the
+// f32 rounding of a sum of k products in a different order (kAccumOrderRelTol of sum |w_j x_j|).
+// A wrong nibble, scale or offset breaks this bound by orders of magnitude.
+void ExpectWithinActivationRounding(const HostTensor& got, const HostTensor& want,
+                                    const HostTensor& x, const std::vector<float>& w_f32,
+                                    int64_t m, const std::string& what) {
+  const int64_t n = x.dims[0], k = x.dims[1];
+  int failures = 0;
+  for (int64_t i = 0; i < n && failures < 5; ++i) {
+    std::vector<double> half_step(k / 32);
+    for (int64_t b = 0; b < k / 32; ++b) {
+      double amax = 0.0;
+      for (int64_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(double{x.f32()[i * k + 32 * b + j]}));
+      half_step[b] = amax / 254.0;
+    }
+    for (int64_t r = 0; r < m && failures < 5; ++r) {
+      double rounding = 0.0, magnitude = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double wv = std::fabs(double{w_f32[r * k + c]});
+        rounding += wv * half_step[c / 32];
+        magnitude += wv * std::fabs(double{x.f32()[i * k + c]});
+      }
+      const double bound = rounding * (1 + 1e-5) + kAccumOrderRelTol * magnitude + 1e-30;
+      const double err = std::fabs(double{got.At(i * m + r)} - want.At(i * m + r));
+      if (!(err <= bound)) {
+        ADD_FAILURE() << what << ": out[" << i << ", " << r << "] = " << got.At(i * m + r)
+                      << ", reference " << want.At(i * m + r) << ", |err| " << err
+                      << " > bound " << bound;
+        ++failures;
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, QuantizedEmbedMatchesReferenceExactly) {
+  int ran = 0;
+  for (DType dt : kQuantDTypes) {
+    if (!backend_->Supports(OpKind::kEmbed, dt)) continue;
+    ++ran;
+    const int64_t d = DTypeBlockElems(dt) == 32 ? 96 : 512;
+    for (int64_t n : kRowCounts) {
+      std::mt19937 rng(n * 13 + static_cast<int>(dt));
+      HostTensor table = RandomQuantized(rng, dt, 41, d);
+      std::vector<int32_t> ids(n);
+      for (auto& id : ids) id = static_cast<int32_t>(rng() % 41);
+      HostTensor ids_t = Ints(ids);
+      HostTensor want(DType::kF32, {n, d});
+      cpu::reference::Embed(ids_t.view(), table.view(), want.view());
+      TensorView out = Upload(want);
+      backend_->Embed(Upload(ids_t), Upload(table), out);
+      ExpectClose(Download(out, want), want, 0.0,
+                  "Embed " + std::string(DTypeName(dt)) + " n=" + std::to_string(n));
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << backend_->name() << " runs no block-quantized Embed table";
+}
+
+TEST_P(BackendConformanceTest, QuantizedGemmMatchesReference) {
+  // k: odd block counts, a partial 8-block chunk, a whole one; m: the router (1), odd sizes;
+  // n: every decode batch 1..17, then prefill sizes up to 128.
+  const std::vector<int64_t> k32 = {32, 96, 288, 576, 2080};
+  const std::vector<int64_t> k256 = {256, 768, 2304};
+  const std::vector<int64_t> ns = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 31, 33, 64, 128};
+  // The CPU backend's own scalar kernels: the SIMD ones must match them to f32 rounding.
+  std::unique_ptr<cpu::CpuBackend> scalar;
+  if (GetParam().rfind("cpu", 0) == 0) {
+    auto created = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kScalar});
+    ASSERT_TRUE(created.ok()) << created.status();
+    scalar = std::move(created).value();
+  }
+  int ran = 0;
+  for (DType dt : kQuantDTypes) {
+    if (!backend_->Supports(OpKind::kGemm, dt)) continue;
+    ++ran;
+    const std::vector<int64_t>& ks = DTypeBlockElems(dt) == 32 ? k32 : k256;
+    for (size_t ki = 0; ki < ks.size(); ++ki) {
+      const int64_t k = ks[ki];
+      for (int64_t m : {1, 7, 37}) {
+        for (int64_t n : ns) {
+          if (n > 17 && (m != 37 || ki % 2 == 1)) continue;  // prefill sizes on fewer shapes
+          const bool with_bias = (n + m) % 2 == 1;
+          std::mt19937 rng(static_cast<uint32_t>(n * 7919 + m * 31 + k + 1000 * static_cast<int>(dt)));
+          HostTensor x = QuantGemmInput(rng, n, k);
+          HostTensor w = RandomQuantized(rng, dt, m, k);
+          HostTensor bias = with_bias ? Random(rng, DType::kF32, {m}) : HostTensor();
+          TensorView no_bias;
+          HostTensor want(DType::kF32, {n, m});
+          cpu::reference::Gemm(x.view(), w.view(), with_bias ? bias.view() : no_bias,
+                               want.view());
+          TensorView out = Upload(want);
+          backend_->Gemm(Upload(x), Upload(w), with_bias ? Upload(bias) : no_bias, out);
+          const HostTensor got = Download(out, want);
+          std::vector<float> w_f32(m * k);
+          quant::DequantizeRow(dt, w.storage.data(), m * k, w_f32.data());
+          const std::string what = "Gemm " + std::string(DTypeName(dt)) + " n=" +
+                                   std::to_string(n) + " m=" + std::to_string(m) +
+                                   " k=" + std::to_string(k) + (with_bias ? " +bias" : "");
+          ExpectWithinActivationRounding(got, want, x, w_f32, m, what);
+          if (scalar != nullptr) {
+            HostTensor same = want;
+            scalar->Gemm(x.view(), w.view(), with_bias ? bias.view() : no_bias, same.view());
+            // Same integer sums on every ISA; only the f32 additions are reordered.
+            ExpectClose(got, same, kAccumOrderRelTol, what + " vs the scalar kernels");
+          }
+        }
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << backend_->name() << " runs no block-quantized Gemm weight";
+}
+
 TEST_P(BackendConformanceTest, SupportsEveryStorageDTypeForWeightOps) {
   for (DType dt : kStorageDTypes) {
     for (OpKind op : {OpKind::kEmbed, OpKind::kRmsNorm, OpKind::kGemm, OpKind::kRopeAndAppendKv,
@@ -438,6 +643,18 @@ TEST_P(BackendConformanceTest, SupportsEveryStorageDTypeForWeightOps) {
   }
   EXPECT_TRUE(backend_->Supports(OpKind::kSwiGlu, DType::kF32));
   EXPECT_FALSE(backend_->Supports(OpKind::kGemm, DType::kI32));
+  // Block-quantized types are only ever Embed tables and Gemm weights; the CPU backend runs all
+  // of them, another backend may refuse them (Transformer::Create then names the tensor).
+  for (DType dt : kQuantDTypes) {
+    for (OpKind op : {OpKind::kRmsNorm, OpKind::kRopeAndAppendKv, OpKind::kAttention,
+                      OpKind::kSwiGlu, OpKind::kAdd}) {
+      EXPECT_FALSE(backend_->Supports(op, dt)) << OpKindName(op) << " " << DTypeName(dt);
+    }
+    if (backend_->device() == Device::kCpu) {
+      EXPECT_TRUE(backend_->Supports(OpKind::kEmbed, dt)) << DTypeName(dt);
+      EXPECT_TRUE(backend_->Supports(OpKind::kGemm, dt)) << DTypeName(dt);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,

@@ -43,6 +43,7 @@ struct HostTensor {
     return v;
   }
   float* f32() { return reinterpret_cast<float*>(storage.data()); }
+  const float* f32() const { return reinterpret_cast<const float*>(storage.data()); }
   int32_t* i32() { return reinterpret_cast<int32_t*>(storage.data()); }
   // Element i as f32, whatever the dtype.
   float At(int64_t i) const {
