@@ -1,28 +1,33 @@
 // CPU kernel benchmark: machine read bandwidth, decode Gemm weight-read GB/s (n = 1, 4, 16) and
-// prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention.
-// Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads] [scalar|avx2|avx512]
-// [decode|attention] (the last: only that benchmark).
+// prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention, and the
+// same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
+// Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
+// [best|scalar|avx2|avx512] [decode|attention|quant|quant-decode|quant-prefill|quant-compute]
+// (the last: only that benchmark; quant-compute is one core's kernel throughput in CPU time).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
+#include <sys/mman.h>
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <sys/mman.h>
-
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
+#include "engine/common/quant.h"
 #include "engine/common/tensor_view.h"
 
 namespace modserve::backend::cpu {
@@ -147,6 +152,130 @@ void BenchPrefillGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k) {
               static_cast<long long>(k), sec * 1e3, 2.0 * n * m * k / sec / 1e9);
 }
 
+// A [m, k] matrix of `dtype` quantized from N(0, 0.02) values (the scale of real weights).
+HugeBuffer<uint8_t> QuantizedWeights(DType dtype, int64_t m, int64_t k, std::mt19937& rng) {
+  const size_t row_bytes = DTypeRowBytes(dtype, k);
+  HugeBuffer<uint8_t> w(row_bytes * m);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> row(k);
+  for (int64_t r = 0; r < m; ++r) {
+    for (float& v : row) v = dist(rng);
+    const absl::Status status = quant::QuantizeRow(dtype, row.data(), k, w.data() + r * row_bytes);
+    MODSERVE_CHECK(status.ok()) << status;
+  }
+  return w;
+}
+
+// Decode Gemm with quantized w: bytes moved = the quantized weight bytes (x and out are
+// ~0.1% of them). Copies of one quantized matrix (>= 1 GiB in all) keep every call in DRAM.
+void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, double bandwidth,
+                      const char* label) {
+  std::mt19937 rng(5);
+  HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
+  const size_t w_bytes = DTypeRowBytes(dtype, k) * m;
+  const int copies = static_cast<int>(std::max<size_t>(2, (size_t{1} << 30) / w_bytes));
+  std::vector<HugeBuffer<uint8_t>> weights;
+  for (int c = 0; c < copies; ++c) {
+    weights.emplace_back(w_bytes);
+    std::memcpy(weights.back().data(), first.data(), w_bytes);
+  }
+  for (int64_t n : {1, 4, 16}) {
+    std::vector<float> x(n * k), out(n * m);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (float& v : x) v = dist(rng);
+    TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
+    for (int c = 0; c < copies; ++c) {
+      backend.Gemm(xv, TensorView(weights[c].data(), dtype, {m, k}), TensorView(), ov);
+    }
+    int calls = 0;
+    const auto t0 = Clock::now();
+    while (Seconds(t0, Clock::now()) < 0.5 || calls < copies) {
+      backend.Gemm(xv, TensorView(weights[calls % copies].data(), dtype, {m, k}), TensorView(), ov);
+      ++calls;
+    }
+    const double sec = Seconds(t0, Clock::now()) / calls;
+    const double gbs = w_bytes / sec / 1e9;
+    std::printf(
+        "  decode %-4s m=%-5lld k=%-5lld n=%-3lld %8.1f us  %7.2f MB  %6.1f GB/s  %5.1f%% of read "
+        "bw  %s\n",
+        std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m), static_cast<long long>(k),
+        static_cast<long long>(n), sec * 1e6, w_bytes / 1e6, gbs, 100.0 * gbs / bandwidth, label);
+  }
+}
+
+void BenchQuantPrefill(CpuBackend& backend, DType dtype, int64_t m, int64_t k, int64_t n) {
+  std::mt19937 rng(6);
+  HugeBuffer<uint8_t> w = QuantizedWeights(dtype, m, k, rng);
+  std::vector<float> x(n * k), out(n * m);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : x) v = dist(rng);
+  TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
+  TensorView wv(w.data(), dtype, {m, k});
+  backend.Gemm(xv, wv, TensorView(), ov);
+  int calls = 0;
+  const auto t0 = Clock::now();
+  while (Seconds(t0, Clock::now()) < 1.0 || calls < 2) {
+    backend.Gemm(xv, wv, TensorView(), ov);
+    ++calls;
+  }
+  const double sec = Seconds(t0, Clock::now()) / calls;
+  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=%-4lld %8.2f ms  %6.1f GFLOP/s\n",
+              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m),
+              static_cast<long long>(k), static_cast<long long>(n), sec * 1e3,
+              2.0 * n * m * k / sec / 1e9);
+}
+
+// Kernel throughput on one thread with w resident in L2 (m * k small), timed in CPU time of the
+// process, so that other processes on the machine barely change it: how many quantized bytes per
+// second one core can consume. Decode is memory-bound only if this is well above the read
+// bandwidth per core. Run with num_threads = 1.
+void BenchQuantCompute(CpuBackend& backend, DType dtype, int64_t k, int64_t n) {
+  const int64_t m = std::max<int64_t>(16, (int64_t{256} << 10) / DTypeRowBytes(dtype, k));
+  std::mt19937 rng(7);
+  HugeBuffer<uint8_t> w = QuantizedWeights(dtype, m, k, rng);
+  std::vector<float> x(n * k), out(n * m);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : x) v = dist(rng);
+  TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
+  TensorView wv(w.data(), dtype, {m, k});
+  backend.Gemm(xv, wv, TensorView(), ov);
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  // Best of 5 runs of 0.1 s: CPU time still picks up cache misses caused by other processes.
+  double sec = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    int calls = 0;
+    const double t0 = cpu_now();
+    while (cpu_now() - t0 < 0.1) {
+      backend.Gemm(xv, wv, TensorView(), ov);
+      ++calls;
+    }
+    sec = std::min(sec, (cpu_now() - t0) / calls);
+  }
+  const double w_bytes = static_cast<double>(DTypeRowBytes(dtype, k) * m);
+  std::printf(
+      "  compute %-4s k=%-5lld n=%-3lld m=%-5lld %7.2f GB/s of w per core-second  %6.2f ns "
+      "per row per 256 elements\n",
+      std::string(DTypeName(dtype)).c_str(), static_cast<long long>(k), static_cast<long long>(n),
+      static_cast<long long>(m), w_bytes / sec / 1e9, sec * 1e9 / m / (k / 256.0));
+}
+
+// "model name" from /proc/cpuinfo, or "unknown CPU".
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
 // TinyLlama attention: 32 q heads, 4 kv heads, head_dim 64, BF16 KV, pages of 16 shuffled.
 void BenchDecodeAttention(CpuBackend& backend, int64_t batch, int32_t context) {
   const int n_heads = 32, n_kv = 4, hd = 64, bs = 16;
@@ -185,7 +314,7 @@ void BenchDecodeAttention(CpuBackend& backend, int64_t batch, int32_t context) {
 int Main(int argc, char** argv) {
   CpuBackendOptions options;
   if (argc > 1) options.num_threads = std::atoi(argv[1]);
-  if (argc > 2) {
+  if (argc > 2 && std::string(argv[2]) != "" && std::string(argv[2]) != "best") {
     const std::string isa = argv[2];
     options.isa = isa == "scalar" ? Isa::kScalar : isa == "avx2" ? Isa::kAvx2 : Isa::kAvx512;
   }
@@ -195,7 +324,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   CpuBackend& backend = **created;
-  std::printf("cpu backend: isa %s, %d threads, avx512_bf16 %s\n",
+  std::printf("cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s\n", CpuModel().c_str(),
               std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
               CpuHasAvx512Bf16() ? "present (unused)" : "absent");
   const double bw = MeasureReadBandwidth(backend.num_threads());
@@ -206,6 +335,34 @@ int Main(int argc, char** argv) {
   const std::string only = argc > 3 ? argv[3] : "";
   if (only == "attention") {
     for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, batch, 1024);
+    return 0;
+  }
+  if (only == "quant-compute") {
+    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+      for (int64_t n : {1, 4, 16, 64}) BenchQuantCompute(backend, t, 2048, n);
+    }
+    return 0;
+  }
+  if (only.rfind("quant", 0) == 0) {
+    const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K};
+    const std::pair<int64_t, int64_t> tiny[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+    if (only != "quant-prefill") {
+      for (DType t : types) {
+        for (auto [m, k] : tiny) BenchQuantDecode(backend, t, m, k, bw, "TinyLlama");
+      }
+      // SmolLM2-135M: Q4_1 layers (d_model 576, d_ff 1536) and the tied Q8_0 LM head.
+      for (auto [m, k] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}}) {
+        BenchQuantDecode(backend, DType::kQ4_1, m, k, bw, "SmolLM2");
+      }
+      BenchQuantDecode(backend, DType::kQ8_0, 49152, 576, bw, "SmolLM2 LM head");
+    }
+    if (only != "quant-decode") {
+      for (DType t : types) {
+        for (auto [m, k] : tiny) BenchQuantPrefill(backend, t, m, k, 512);
+      }
+      BenchQuantPrefill(backend, DType::kQ4_1, 1536, 576, 512);
+      BenchQuantPrefill(backend, DType::kQ8_0, 49152, 576, 64);
+    }
     return 0;
   }
   const bool decode_only = only == "decode";
@@ -228,9 +385,12 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::printf("usage: kernel_bench [THREADS (0 = every core)] [scalar|avx2|avx512] "
-                "[decode|attention]\nCPU kernels in isolation: decode and prefill GEMMs, paged "
-                "decode attention; GB/s against the measured read bandwidth.\n");
+    std::printf(
+        "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512] "
+        "[decode|attention|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
+        "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
+        "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
+        "quantized-GEMM throughput in CPU time, weights in L2.\n");
     return 0;
   }
   return modserve::backend::cpu::Main(argc, argv);

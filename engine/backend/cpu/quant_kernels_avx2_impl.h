@@ -36,25 +36,15 @@ inline uint32_t LoadU32(const uint8_t* p) {
 }
 inline float HalfToFloat(uint16_t bits) { return _cvtsh_ss(bits); }
 
-// The f16 at p + j * stride for j < count as 8 f32 lanes (0 beyond count). Assembled in
-// general-purpose registers: the vector ports are the scarce ones here.
-inline __m256 GatherHalves(const uint8_t* p, int64_t stride, int count) {
-  uint64_t lo = 0, hi = 0;
-  for (int j = 0; j < count && j < 4; ++j)
-    lo |= static_cast<uint64_t>(LoadU16(p + j * stride)) << (16 * j);
-  for (int j = 4; j < count; ++j)
-    hi |= static_cast<uint64_t>(LoadU16(p + j * stride)) << (16 * (j - 4));
-  return _mm256_cvtph_ps(_mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo)));
-}
-
-// Lane j of the result = the sum of the 8 i32 lanes of v[j].
-inline __m256i SumLanes8(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4, __m256i v5,
-                         __m256i v6, __m256i v7) {
-  // Per 128-bit half: [v0 v0 v1 v1], then [v0 v1 v2 v3] of that half's lanes.
-  const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-  const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+// The 8 f16 at p + j * stride (j < 8) as f32 lanes. Eight 32-bit loads (the 2 bytes after each
+// f16 are part of the same block, so they are always readable) and an unpack tree: cheaper on
+// Zen 3 than eight vpinsrw, which each take the vector load pipe for 3 cycles in its model.
+template <int64_t kStride>
+inline __m256 GatherHalves8(const uint8_t* p) {
+  auto ld = [&](int j) { return _mm_cvtsi32_si128(static_cast<int>(LoadU32(p + j * kStride))); };
+  const __m128i a = _mm_unpacklo_epi16(ld(0), ld(1)), b = _mm_unpacklo_epi16(ld(2), ld(3));
+  const __m128i c = _mm_unpacklo_epi16(ld(4), ld(5)), d = _mm_unpacklo_epi16(ld(6), ld(7));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_unpacklo_epi32(a, b), _mm_unpacklo_epi32(c, d)));
 }
 
 inline float HorizontalSum(__m256 v) {
@@ -144,134 +134,170 @@ void QuantizeActs(const float* x, int64_t row_begin, int64_t row_end, ActLayout 
   }
 }
 
-// ---- Q8_0 ------------------------------------------------------------------------------------
-// Signed weights times signed activations: vpmaddubsw needs one unsigned operand, so it gets
-// |w| and the activation takes w's sign (|w| <= 128 and |a| <= 127 keep pair sums below 2^15).
-inline __m256i DotQ8Block(const int8_t* w, const int8_t* a) {
-  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+// ---- per-type pieces ---------------------------------------------------------------------------
+// Each weight type T provides, for one 256-element chunk of a weight row (8 blocks of 32, or one
+// K-quant super-block): Pair, the unpacked weights of elements [64p, 64p + 64) (p < 4), loaded
+// once and used for every x row; PairDot, that pair against one x row's 64 activations, as i32
+// lanes; Finish, which reduces hadd(P0, P1) and hadd(P2, P3) to one vector whose lane j is
+// 32-element block j of the chunk; Scales, the chunk's f32 scales (shared by the x rows); and
+// Apply, which scales a row's 8 block sums into its f32 accumulator. The 32-element types also
+// have Tail for the at most 7 blocks past the last whole chunk.
+
+inline __m256i Ones16() { return _mm256_set1_epi16(1); }
+
+// vphaddd(a, b) for vectors whose lanes all fit in i16 (|lane| < 2^15): vpackssdw, then vpmaddwd
+// by ones. Same result at about half the cost on Zen 3, where vphaddd is 3-4 uops.
+inline __m256i HaddSmall(__m256i a, __m256i b) {
+  return _mm256_madd_epi16(_mm256_packs_epi32(a, b), Ones16());
+}
+inline __m256i LoadI(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-float DotQ8_0(const QuantizedActs& a, int64_t i, const uint8_t* wrow) {
-  const int64_t nb = a.k / 32;
-  const BlockQ8_0* w = reinterpret_cast<const BlockQ8_0*>(wrow);
-  const int8_t* q = a.q + i * a.k;
-  const float* da = a.d + i * nb;
-  __m256 acc = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    const __m256i s = SumLanes8(
-        DotQ8Block(w[b].qs, q + 32 * b), DotQ8Block(w[b + 1].qs, q + 32 * b + 32),
-        DotQ8Block(w[b + 2].qs, q + 32 * b + 64), DotQ8Block(w[b + 3].qs, q + 32 * b + 96),
-        DotQ8Block(w[b + 4].qs, q + 32 * b + 128), DotQ8Block(w[b + 5].qs, q + 32 * b + 160),
-        DotQ8Block(w[b + 6].qs, q + 32 * b + 192), DotQ8Block(w[b + 7].qs, q + 32 * b + 224));
-    const __m256 scale =
-        _mm256_mul_ps(GatherHalves(reinterpret_cast<const uint8_t*>(&w[b].d), sizeof(BlockQ8_0), 8),
-                      _mm256_loadu_ps(da + b));
-    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc);
+// hadd(P0, P1), hadd(P2, P3) of vectors that each hold two blocks' i32 partials (one block per
+// 64-bit pair of lanes in each 128-bit half, as vphaddd of two blocks' madd results leaves them)
+// -> lane j = block j.
+inline __m256i FinishByHalves(__m256i s0, __m256i s1) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(s0, s1, 0x20),
+                          _mm256_permute2x128_si256(s0, s1, 0x31));
+}
+
+// Q8_0: vpmaddubsw needs one unsigned operand, so it gets |w| and the activation takes w's sign
+// (|w| <= 128 and |a| <= 127 keep each pair sum below 2^15).
+struct Q8_0K {
+  static constexpr int64_t kBlockBytes = sizeof(BlockQ8_0);
+  static constexpr int64_t kChunkBytes = 8 * kBlockBytes;
+  struct Pair {
+    __m256i w0, w1, abs0, abs1;
+  };
+  static Pair LoadPair(const uint8_t* chunk, int p) {
+    const __m256i w0 = LoadI(chunk + 2 * p * kBlockBytes + 2);
+    const __m256i w1 = LoadI(chunk + (2 * p + 1) * kBlockBytes + 2);
+    return {w0, w1, _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1)};
   }
-  float sum = HorizontalSum(acc);
-  for (; b < nb; ++b) {  // at most 7 blocks when k is not a multiple of 256
-    sum += HalfToFloat(w[b].d.bits) * da[b] *
-           static_cast<float>(HorizontalSumI32(DotQ8Block(w[b].qs, q + 32 * b)));
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    const __m256i v0 =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs0, _mm256_sign_epi8(LoadI(a), w.w0)), Ones16());
+    const __m256i v1 = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(w.abs1, _mm256_sign_epi8(LoadI(a + 32), w.w1)), Ones16());
+    return _mm256_hadd_epi32(v0, v1);
   }
-  return sum;
-}
+  static __m256i Merge(__m256i a, __m256i b) { return _mm256_hadd_epi32(a, b); }
+  static __m256i Finish(__m256i s0, __m256i s1) { return FinishByHalves(s0, s1); }
+  struct Scales {
+    __m256 dw;
+  };
+  static Scales LoadScales(const uint8_t* chunk) { return {GatherHalves8<kBlockBytes>(chunk)}; }
+  static __m256 Apply(const Scales& sc, __m256i isum, const float* da, const float* /*ds*/,
+                      const int16_t* /*sum16*/, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(sc.dw, _mm256_loadu_ps(da)), _mm256_cvtepi32_ps(isum),
+                           acc);
+  }
+  static float Tail(const uint8_t* blocks, int64_t count, const int8_t* a, const float* da,
+                    const float* /*ds*/) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < count; ++b) {
+      const uint8_t* blk = blocks + b * kBlockBytes;
+      const __m256i w = LoadI(blk + 2);
+      const __m256i v = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(LoadI(a + 32 * b), w)),
+          Ones16());
+      sum += HalfToFloat(LoadU16(blk)) * da[b] * static_cast<float>(HorizontalSumI32(v));
+    }
+    return sum;
+  }
+};
 
-// ---- Q4_0 / Q4_1 -----------------------------------------------------------------------------
-// Two blocks side by side: [qs(b) | qs(b+1)] gives the low nibbles (first halves of both blocks)
-// and the high nibbles (second halves); the pair-interleaved activations match them byte for
-// byte. Unsigned levels 0..15 times |a| <= 127: each i16 lane of the two products' sum stays below
-// 2 * 2 * 15 * 127 < 2^15. Result: i32 lanes 0..3 hold block b's partial sums, 4..7 block b+1's.
-template <size_t kBlockBytes, size_t kQsOffset>
-inline __m256i DotQ4Pair(const uint8_t* blk, const int8_t* a) {
-  const __m256i raw = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBlockBytes + kQsOffset)), 1);
-  const __m256i m4 = _mm256_set1_epi8(15);
-  const __m256i lo = _mm256_and_si256(raw, m4);
-  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-  const __m256i p = _mm256_add_epi16(
-      _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
-      _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32))));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-// A lone last block (odd block count) with natural-order activations: its i32 sum.
-template <size_t kQsOffset>
-inline int32_t DotQ4Single(const uint8_t* blk, const int8_t* a) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQsOffset));
-  const __m256i m4 = _mm256_set1_epi8(15);
-  const __m256i w = _mm256_and_si256(
-      _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), m4);
-  const __m256i p =
-      _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
-  return HorizontalSumI32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
+// Q4_0 / Q4_1: two blocks side by side, [qs(b) | qs(b+1)], give the low nibbles (first halves of
+// both blocks) and the high nibbles (second halves); the pair-interleaved activations match them
+// byte for byte. Levels stay unsigned (0..15): the two products' i16 sum is below
+// 2 * 2 * 15 * 127 < 2^15. PairDot's lanes 0..3 hold block 2p, lanes 4..7 block 2p + 1; three
+// vphaddd levels leave lane order [0 2 4 6 1 3 5 7], which Finish undoes.
 template <bool kHasMin>
-float DotQ4(const QuantizedActs& a, int64_t i, const uint8_t* wrow) {
-  constexpr size_t kBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  constexpr size_t kQs = kHasMin ? 4 : 2;
-  const int64_t nb = a.k / 32;
-  const int8_t* q = a.q + i * a.k;
-  const float* da = a.d + i * nb;
-  const float* ds = a.ds + i * nb;
-  // Three vphaddd levels over 4 pair vectors leave lane order [0 2 4 6 1 3 5 7].
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  __m256 acc = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) {
-    const uint8_t* blk = wrow + b * kBytes;
-    const int8_t* qa = q + 32 * b;
-    const __m256i h =
-        _mm256_hadd_epi32(_mm256_hadd_epi32(DotQ4Pair<kBytes, kQs>(blk, qa),
-                                            DotQ4Pair<kBytes, kQs>(blk + 2 * kBytes, qa + 64)),
-                          _mm256_hadd_epi32(DotQ4Pair<kBytes, kQs>(blk + 4 * kBytes, qa + 128),
-                                            DotQ4Pair<kBytes, kQs>(blk + 6 * kBytes, qa + 192)));
-    const __m256 s = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(h, order));
-    const __m256 dw = GatherHalves(blk, kBytes, 8);
-    const __m256 va = _mm256_loadu_ps(da + b), vs = _mm256_loadu_ps(ds + b);
+struct Q4K32 {
+  static constexpr int64_t kBlockBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  static constexpr int64_t kQs = kHasMin ? 4 : 2;
+  static constexpr int64_t kChunkBytes = 8 * kBlockBytes;
+  struct Pair {
+    __m256i lo, hi;
+  };
+  static Pair LoadPair(const uint8_t* chunk, int p) {
+    const uint8_t* blk = chunk + 2 * p * kBlockBytes;
+    const __m256i raw = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBlockBytes + kQs)), 1);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    return {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
+  }
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w.lo, LoadI(a)),
+                                              _mm256_maddubs_epi16(w.hi, LoadI(a + 32))),
+                             Ones16());
+  }
+  // Pair sums < 2^14, merged pairs < 2^15: both levels fit HaddSmall's i16 packing.
+  static __m256i Merge(__m256i a, __m256i b) { return HaddSmall(a, b); }
+  static __m256i Finish(__m256i s0, __m256i s1) {
+    return _mm256_permutevar8x32_epi32(HaddSmall(s0, s1),
+                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+  struct Scales {
+    __m256 dw, m;
+  };
+  static Scales LoadScales(const uint8_t* chunk) {
+    return {GatherHalves8<kBlockBytes>(chunk),
+            kHasMin ? GatherHalves8<kBlockBytes>(chunk + 2) : _mm256_setzero_ps()};
+  }
+  static __m256 Apply(const Scales& sc, __m256i isum, const float* da, const float* ds,
+                      const int16_t* /*sum16*/, __m256 acc) {
+    const __m256 s = _mm256_cvtepi32_ps(isum);
     if constexpr (kHasMin) {
-      acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, va), s, acc);
-      acc = _mm256_fmadd_ps(GatherHalves(blk + 2, kBytes, 8), vs, acc);
+      acc = _mm256_fmadd_ps(_mm256_mul_ps(sc.dw, _mm256_loadu_ps(da)), s, acc);
+      return _mm256_fmadd_ps(sc.m, _mm256_loadu_ps(ds), acc);
     } else {
-      acc =
-          _mm256_fmadd_ps(dw, _mm256_fmsub_ps(va, s, _mm256_mul_ps(_mm256_set1_ps(8.0f), vs)), acc);
+      // dw * (da * isum - 8 * ds): the -8 of every level, through the activation block sum.
+      return _mm256_fmadd_ps(
+          sc.dw,
+          _mm256_fmsub_ps(_mm256_loadu_ps(da), s,
+                          _mm256_mul_ps(_mm256_set1_ps(8.0f), _mm256_loadu_ps(ds))),
+          acc);
     }
   }
-  float sum = HorizontalSum(acc);
-  // Up to 7 remaining blocks: pairs, then perhaps a lone one.
-  for (; b < nb; b += 2) {
-    const uint8_t* blk = wrow + b * kBytes;
-    int32_t isum[2];
-    int count = 2;
-    if (b + 1 < nb) {
-      const __m256i p = DotQ4Pair<kBytes, kQs>(blk, q + 32 * b);
-      isum[0] = HorizontalSumI32(_mm256_blend_epi32(p, _mm256_setzero_si256(), 0xf0));
-      isum[1] = HorizontalSumI32(_mm256_blend_epi32(p, _mm256_setzero_si256(), 0x0f));
+  static float BlockValue(const uint8_t* blk, int32_t isum, float da, float ds) {
+    const float dw = HalfToFloat(LoadU16(blk));
+    if constexpr (kHasMin) {
+      return dw * da * static_cast<float>(isum) + HalfToFloat(LoadU16(blk + 2)) * ds;
     } else {
-      isum[0] = DotQ4Single<kQs>(blk, q + 32 * b);
-      count = 1;
-    }
-    for (int t = 0; t < count; ++t) {
-      const uint8_t* bt = blk + t * kBytes;
-      const float dw = HalfToFloat(LoadU16(bt));
-      if constexpr (kHasMin) {
-        sum +=
-            dw * da[b + t] * static_cast<float>(isum[t]) + HalfToFloat(LoadU16(bt + 2)) * ds[b + t];
-      } else {
-        sum += dw * (da[b + t] * static_cast<float>(isum[t]) - 8.0f * ds[b + t]);
-      }
+      return dw * (da * static_cast<float>(isum) - 8.0f * ds);
     }
   }
-  return sum;
-}
+  // Pairs (interleaved activations), then perhaps a lone block (natural order).
+  static float Tail(const uint8_t* blocks, int64_t count, const int8_t* a, const float* da,
+                    const float* ds) {
+    float sum = 0.0f;
+    int64_t b = 0;
+    for (; b + 2 <= count; b += 2) {
+      const __m256i v = PairDot(LoadPair(blocks + b * kBlockBytes, 0), a + 32 * b);
+      sum += BlockValue(blocks + b * kBlockBytes,
+                        HorizontalSumI32(_mm256_blend_epi32(v, _mm256_setzero_si256(), 0xf0)),
+                        da[b], ds[b]);
+      sum += BlockValue(blocks + (b + 1) * kBlockBytes,
+                        HorizontalSumI32(_mm256_blend_epi32(v, _mm256_setzero_si256(), 0x0f)),
+                        da[b + 1], ds[b + 1]);
+    }
+    if (b < count) {
+      const uint8_t* blk = blocks + b * kBlockBytes;
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs));
+      const __m256i w = _mm256_and_si256(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
+          _mm256_set1_epi8(15));
+      const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(w, LoadI(a + 32 * b)), Ones16());
+      sum += BlockValue(blk, HorizontalSumI32(v), da[b], ds[b]);
+    }
+    return sum;
+  }
+};
 
-// ---- Q4_K ------------------------------------------------------------------------------------
-// The 8 six-bit scales and minimums of a block as 8 bytes each (GGML's packing, quant.h).
+// The 8 six-bit scales and minimums of a Q4_K block, one byte each (GGML's packing, quant.h).
 inline void UnpackQ4KScales(const uint8_t* scales, uint64_t* sc, uint64_t* mn) {
   const uint32_t u0 = LoadU32(scales), u1 = LoadU32(scales + 4), u2 = LoadU32(scales + 8);
   const uint32_t sc_lo = u0 & 0x3f3f3f3fu, mn_lo = u1 & 0x3f3f3f3fu;
@@ -285,120 +311,200 @@ inline __m256 BytesToFloats(uint64_t bytes) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
 }
 
-float DotQ4_K(const QuantizedActs& a, int64_t i, const uint8_t* wrow) {
-  const int64_t nsb = a.k / 256, nb = a.k / 32;
-  const BlockQ4_K* w = reinterpret_cast<const BlockQ4_K*>(wrow);
-  const int8_t* q = a.q + i * a.k;
-  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const int8_t* qa = q + 256 * sb;
-    __m256i v[8];
-    for (int g = 0; g < 4; ++g) {
-      // 32 bytes: sub-block 2g in the low nibbles, 2g + 1 in the high ones. 15 * 127 * 2 < 2^15.
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[sb].qs + 32 * g));
-      const __m256i lo = _mm256_and_si256(raw, m4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      v[2 * g] = _mm256_madd_epi16(
-          _mm256_maddubs_epi16(lo,
-                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * g))),
-          ones);
-      v[2 * g + 1] = _mm256_madd_epi16(
-          _mm256_maddubs_epi16(
-              hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * g + 32))),
-          ones);
-    }
-    const __m256 s = _mm256_cvtepi32_ps(SumLanes8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
+// Q4_K: pair p is the 32 bytes qs[32p ..]: sub-block 2p in the low nibbles, 2p + 1 in the high
+// ones (15 * 127 * 2 < 2^15). Its minimums come back through the activation block sums.
+struct Q4_KK {
+  static constexpr int64_t kChunkBytes = sizeof(BlockQ4_K);
+  struct Pair {
+    __m256i lo, hi;
+  };
+  static Pair LoadPair(const uint8_t* chunk, int p) {
+    const __m256i raw = LoadI(chunk + offsetof(BlockQ4_K, qs) + 32 * p);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    return {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
+  }
+  // Lanes hold 4 products (< 2^13), 8 after PairDot, 16 after Merge (< 2^15): HaddSmall fits.
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    return HaddSmall(_mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, LoadI(a)), Ones16()),
+                     _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, LoadI(a + 32)), Ones16()));
+  }
+  static __m256i Merge(__m256i a, __m256i b) { return HaddSmall(a, b); }
+  static __m256i Finish(__m256i s0, __m256i s1) { return FinishByHalves(s0, s1); }
+  struct Scales {
+    __m256 d_sc, dmin_mn;  // per sub-block: d * sc[s], dmin * mn[s]
+  };
+  static Scales LoadScales(const uint8_t* chunk) {
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(chunk);
     uint64_t sc, mn;
-    UnpackQ4KScales(w[sb].scales, &sc, &mn);
-    const __m256 d = _mm256_set1_ps(HalfToFloat(w[sb].d.bits));
-    const __m256 dmin = _mm256_set1_ps(HalfToFloat(w[sb].dmin.bits));
-    const __m256 va = _mm256_loadu_ps(a.d + i * nb + 8 * sb);
-    const __m256 vs = _mm256_loadu_ps(a.ds + i * nb + 8 * sb);
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(d, BytesToFloats(sc)), va), s, acc);
-    acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, BytesToFloats(mn)), vs, acc);
+    UnpackQ4KScales(blk->scales, &sc, &mn);
+    return {_mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->d.bits)), BytesToFloats(sc)),
+            _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->dmin.bits)), BytesToFloats(mn))};
   }
-  return HorizontalSum(acc);
-}
+  static __m256 Apply(const Scales& sc, __m256i isum, const float* da, const float* ds,
+                      const int16_t* /*sum16*/, __m256 acc) {
+    acc =
+        _mm256_fmadd_ps(_mm256_mul_ps(sc.d_sc, _mm256_loadu_ps(da)), _mm256_cvtepi32_ps(isum), acc);
+    return _mm256_fnmadd_ps(sc.dmin_mn, _mm256_loadu_ps(ds), acc);
+  }
+};
 
-// ---- Q6_K ------------------------------------------------------------------------------------
-// Levels stay unsigned (0..63; 63 * 127 * 2 < 2^15) and vpmaddwd multiplies the i16 pair sums by
-// the sub-block scales directly, so each 32-element chunk ends as one scaled i32 sum; the -32
-// comes back as 32 * sum over the chunk's two sub-blocks of scale * (activation sum of 16).
-float DotQ6_K(const QuantizedActs& a, int64_t i, const uint8_t* wrow) {
-  const int64_t nsb = a.k / 256, nb = a.k / 32;
-  const BlockQ6_K* w = reinterpret_cast<const BlockQ6_K*>(wrow);
-  const int8_t* q = a.q + i * a.k;
-  const int16_t* sum16 = a.sum16 + i * 2 * nb;
-  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
-  // Per chunk c (sub-blocks 2c, 2c + 1): byte shuffles that spread i16 scale 2c' over the low
-  // 128-bit half and 2c' + 1 over the high half, c' = c % 4 within the 8 scales held per half.
-  const __m256i spread[4] = {
-      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-                       2, 3, 2, 3, 2, 3),
-      _mm256_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
-                       6, 7, 6, 7, 6, 7),
-      _mm256_setr_epi8(8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10,
-                       11, 10, 11, 10, 11, 10, 11, 10, 11),
-      _mm256_setr_epi8(12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14,
-                       15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15)};
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const BlockQ6_K& blk = w[sb];
-    const int8_t* qa = q + 256 * sb;
-    // Scales 0..15 as i16; sc_lo holds 0..7 in both halves, sc_hi 8..15.
-    const __m256i sc16 =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
-    const __m256i sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
-    const __m256i sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-    __m256i v[8];
-    for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h));
-      const __m256i ql1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
-      // Chunk r of this half: low 4 bits from ql0/ql1 (low nibbles for r < 2), high 2 bits from
-      // bits 2r..2r+1 of qh, moved to bits 4..5.
-      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4),
-                                         _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                         _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                         _mm256_and_si256(qh, m30));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-      const __m256i scales = h == 0 ? sc_lo : sc_hi;
-      const __m256i qs[4] = {q0, q1, q2, q3};
-      for (int r = 0; r < 4; ++r) {
-        const __m256i p = _mm256_maddubs_epi16(
-            qs[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 128 * h + 32 * r)));
-        v[4 * h + r] = _mm256_madd_epi16(p, _mm256_shuffle_epi8(scales, spread[r]));
-      }
-    }
-    // Lane c: sum over the chunk's two sub-blocks of scale * activation sum of 16.
-    const __m256i corr = _mm256_madd_epi16(
-        sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sum16 + 16 * sb)));
-    const __m256i isum = _mm256_sub_epi32(SumLanes8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]),
-                                          _mm256_slli_epi32(corr, 5));
-    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk.d.bits)),
-                                       _mm256_loadu_ps(a.d + i * nb + 8 * sb));
-    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
+// Q6_K: pair p is 32-element chunks 2p, 2p + 1 = r, r + 1 of half h = p / 2 (quant.h's element
+// numbering). Levels stay unsigned (0..63; 63 * 127 * 2 < 2^15) and vpmaddwd multiplies the i16
+// pair sums by the 16-element sub-block scales directly, so each 32-element chunk ends as one
+// scaled i32 sum; the -32 comes back as 32 * (scale * activation sum of 16) over its two
+// sub-blocks.
+struct Q6_KK {
+  static constexpr int64_t kChunkBytes = sizeof(BlockQ6_K);
+  struct Pair {
+    __m256i q0, q1, s0, s1;
+  };
+  // Byte shuffles that spread i16 scale 2j over the low 128-bit half and 2j + 1 over the high
+  // one, j < 4, within a vector holding 8 scales in each half.
+  static __m256i Spread(int j) {
+    const char b0 = static_cast<char>(4 * j), b1 = static_cast<char>(4 * j + 1);
+    const char b2 = static_cast<char>(4 * j + 2), b3 = static_cast<char>(4 * j + 3);
+    return _mm256_setr_epi8(b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b2, b3,
+                            b2, b3, b2, b3, b2, b3, b2, b3, b2, b3, b2, b3, b2, b3);
   }
-  return HorizontalSum(acc);
-}
+  static Pair LoadPair(const uint8_t* chunk, int p) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(chunk);
+    const int h = p / 2;
+    const __m256i ql0 = LoadI(blk->ql + 64 * h), ql1 = LoadI(blk->ql + 64 * h + 32);
+    const __m256i qh = LoadI(blk->qh + 32 * h);
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    // Scales 0..15 as i16, then the 8 of this half in both 128-bit halves.
+    const __m256i sc16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales)));
+    const __m256i sc = _mm256_permute2x128_si256(sc16, sc16, h == 0 ? 0x00 : 0x11);
+    if (p % 2 == 0) {  // r = 0, 1: low nibbles; qh bits 0..1 and 2..3 moved to bits 4..5
+      return {_mm256_or_si256(_mm256_and_si256(ql0, m4),
+                              _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+              _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                              _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+              _mm256_shuffle_epi8(sc, Spread(0)), _mm256_shuffle_epi8(sc, Spread(1))};
+    }
+    // r = 2, 3: high nibbles; qh bits 4..5 and 6..7.
+    return {
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+        _mm256_shuffle_epi8(sc, Spread(2)), _mm256_shuffle_epi8(sc, Spread(3))};
+  }
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    return _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w.q0, LoadI(a)), w.s0),
+                             _mm256_madd_epi16(_mm256_maddubs_epi16(w.q1, LoadI(a + 32)), w.s1));
+  }
+  static __m256i Merge(__m256i a, __m256i b) { return _mm256_hadd_epi32(a, b); }
+  static __m256i Finish(__m256i s0, __m256i s1) { return FinishByHalves(s0, s1); }
+  struct Scales {
+    __m256 d;
+    __m256i sc16;  // the 16 sub-block scales as i16
+  };
+  static Scales LoadScales(const uint8_t* chunk) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(chunk);
+    return {_mm256_set1_ps(HalfToFloat(blk->d.bits)),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales)))};
+  }
+  static __m256 Apply(const Scales& sc, __m256i isum, const float* da, const float* /*ds*/,
+                      const int16_t* sum16, __m256 acc) {
+    // Lane c: sc[2c] * sum16[2c] + sc[2c + 1] * sum16[2c + 1] (|.| < 2^20; times 32 < 2^25).
+    const __m256i corr = _mm256_madd_epi16(sc.sc16, LoadI(sum16));
+    const __m256i total = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));
+    return _mm256_fmadd_ps(_mm256_mul_ps(sc.d, _mm256_loadu_ps(da)), _mm256_cvtepi32_ps(total),
+                           acc);
+  }
+};
 
 // ---- the Gemm loops --------------------------------------------------------------------------
-template <float (*Dot)(const QuantizedActs&, int64_t, const uint8_t*), size_t kBytesPer256>
+// res[x] = dot(weight row, activation row x0 + x) for x < NX. Per chunk, each weight pair is
+// unpacked once and multiplied into all NX rows, whose partial reductions (two vectors per row)
+// and accumulators stay in registers.
+template <class T, int NX>
+void RowDot(const QuantizedActs& a, int64_t x0, const uint8_t* wrow, float* res) {
+  const int64_t k = a.k, nb = k / 32, num_chunks = k / 256;
+  __m256 acc[NX];
+  for (int x = 0; x < NX; ++x) acc[x] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const uint8_t* wc = wrow + c * T::kChunkBytes;
+    // Two chunks ahead of the one in use: rows are consumed far faster than the hardware
+    // prefetcher ramps up on a VM.
+    __builtin_prefetch(wc + 2 * T::kChunkBytes, 0, 3);
+    __builtin_prefetch(wc + 2 * T::kChunkBytes + 64, 0, 3);
+    __m256i s0[NX], s1[NX];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const typename T::Pair w = T::LoadPair(wc, p);
+#pragma GCC unroll 4
+      for (int x = 0; x < NX; ++x) {
+        const __m256i v = T::PairDot(w, a.q + (x0 + x) * k + 256 * c + 64 * p);
+        if (p == 0) s0[x] = v;
+        if (p == 1) s0[x] = T::Merge(s0[x], v);
+        if (p == 2) s1[x] = v;
+        if (p == 3) s1[x] = T::Merge(s1[x], v);
+      }
+    }
+    const typename T::Scales sc = T::LoadScales(wc);
+#pragma GCC unroll 4
+    for (int x = 0; x < NX; ++x) {
+      const int64_t row = x0 + x;
+      acc[x] = T::Apply(sc, T::Finish(s0[x], s1[x]), a.d + row * nb + 8 * c,
+                        a.ds + row * nb + 8 * c, a.sum16 + row * 2 * nb + 16 * c, acc[x]);
+    }
+  }
+  for (int x = 0; x < NX; ++x) res[x] = HorizontalSum(acc[x]);
+  if constexpr (requires { T::Tail; }) {
+    const int64_t tail = nb - 8 * num_chunks;
+    if (tail > 0) {
+      const uint8_t* wt = wrow + num_chunks * T::kChunkBytes;
+      for (int x = 0; x < NX; ++x) {
+        const int64_t row = x0 + x, b0 = 8 * num_chunks;
+        res[x] +=
+            T::Tail(wt, tail, a.q + row * k + 32 * b0, a.d + row * nb + b0, a.ds + row * nb + b0);
+      }
+    }
+  }
+}
+
+// x rows per RowDot call. Four rows keep 8 partial-sum and 4 accumulator registers live beside
+// the unpacked pair.
+inline constexpr int kRowsPerTile = 4;
+
+template <class T>
+void RowTile(const QuantizedActs& a, int64_t x0, int nx, const uint8_t* wrow, float* res) {
+  switch (nx) {
+    case 4:
+      return RowDot<T, 4>(a, x0, wrow, res);
+    case 3:
+      return RowDot<T, 3>(a, x0, wrow, res);
+    case 2:
+      return RowDot<T, 2>(a, x0, wrow, res);
+    default:
+      return RowDot<T, 1>(a, x0, wrow, res);
+  }
+}
+
+template <class T>
 void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
           float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
-  const size_t row_bytes = static_cast<size_t>(a.k / 256) * kBytesPer256 +
-                           static_cast<size_t>(a.k % 256 / 32) * (kBytesPer256 / 8);
+  const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
-  // Weight rows outer: each is read from memory once and stays in L1 for every x row.
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* wr = wp + r * row_bytes;
+  float res[kRowsPerTile];
+  auto tile = [&](int64_t r, int64_t i) {
+    const int nx = static_cast<int>(QMin(kRowsPerTile, x_end - i));
+    RowTile<T>(a, i, nx, wp + r * row_bytes, res);
     const float b = bias != nullptr ? bias[r] : 0.0f;
-    for (int64_t i = x_begin; i < x_end; ++i) out[i * ldo + r] = Dot(a, i, wr) + b;
+    for (int x = 0; x < nx; ++x) out[(i + x) * ldo + r] = res[x] + b;
+  };
+  if (x_end - x_begin <= kGemmSmallNMax) {
+    // Decode: weight rows outer, so each is read from memory once for all x rows.
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) tile(r, i);
+    }
+    return;
+  }
+  // Prefill: an x tile's activations stay in L1 while the block's weight rows stream from L2.
+  for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) {
+    for (int64_t r = row_begin; r < row_end; ++r) tile(r, i);
   }
 }
 
@@ -407,10 +513,10 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 // Adds the AVX2 quantized kernels to a kernel table.
 constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.quantize_acts = &qavx2::QuantizeActs;
-  t.gemm_q8_0 = &qavx2::Gemm<&qavx2::DotQ8_0, 8 * sizeof(quant::BlockQ8_0)>;
-  t.gemm_q4_0 = &qavx2::Gemm<&qavx2::DotQ4<false>, 8 * sizeof(quant::BlockQ4_0)>;
-  t.gemm_q4_1 = &qavx2::Gemm<&qavx2::DotQ4<true>, 8 * sizeof(quant::BlockQ4_1)>;
-  t.gemm_q4_k = &qavx2::Gemm<&qavx2::DotQ4_K, sizeof(quant::BlockQ4_K)>;
-  t.gemm_q6_k = &qavx2::Gemm<&qavx2::DotQ6_K, sizeof(quant::BlockQ6_K)>;
+  t.gemm_q8_0 = &qavx2::Gemm<qavx2::Q8_0K>;
+  t.gemm_q4_0 = &qavx2::Gemm<qavx2::Q4K32<false>>;
+  t.gemm_q4_1 = &qavx2::Gemm<qavx2::Q4K32<true>>;
+  t.gemm_q4_k = &qavx2::Gemm<qavx2::Q4_KK>;
+  t.gemm_q6_k = &qavx2::Gemm<qavx2::Q6_KK>;
   return t;
 }
