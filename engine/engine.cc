@@ -5,7 +5,9 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "engine/backend/registry.h"
 #include "engine/common/logging.h"
 #include "engine/common/status_macros.h"
@@ -39,13 +41,48 @@ struct Engine::Sequence {
   bool finished = false;  // done: its last token was sampled, or it failed
 };
 
+absl::StatusOr<FaultInjection> ParseFaultInjection(absl::string_view spec) {
+  FaultInjection f;
+  for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(part, '=');
+    const auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("fault injection '", part, "': ", why));
+    };
+    if (kv.first == "sampler" || kv.first == "detokenizer") {
+      double rate;
+      if (!absl::SimpleAtod(kv.second, &rate) || !(rate >= 0.0 && rate <= 1.0)) {
+        return bad("the rate must be a number in [0, 1]");
+      }
+      (kv.first == "sampler" ? f.sampler_rate : f.detokenizer_rate) = rate;
+    } else if (kv.first == "backend_step") {
+      if (!absl::SimpleAtoi(kv.second, &f.backend_fault_step) || f.backend_fault_step < 1) {
+        return bad("the step must be an integer >= 1");
+      }
+    } else if (kv.first == "seed") {
+      if (!absl::SimpleAtoi(kv.second, &f.seed)) return bad("the seed must be an integer");
+    } else {
+      return bad("expected sampler=, detokenizer=, backend_step= or seed=");
+    }
+  }
+  return f;
+}
+
+absl::StatusOr<std::optional<DType>> ParseKvDtype(absl::string_view name) {
+  if (name == "auto") return std::optional<DType>();
+  if (name == "f32") return std::optional<DType>(DType::kF32);
+  if (name == "f16") return std::optional<DType>(DType::kF16);
+  if (name == "bf16") return std::optional<DType>(DType::kBF16);
+  return absl::InvalidArgumentError(
+      absl::StrCat("KV cache dtype '", name, "' is not one of auto, f32, f16, bf16"));
+}
+
 Engine::Engine(EngineOptions options, LoadedModel model)
     : options_(std::move(options)), model_(std::move(model)) {}
 
 Engine::~Engine() = default;
 
 int64_t Engine::kv_bytes_per_token_layer() const {
-  return 2 * config().n_kv_heads * config().head_dim * static_cast<int64_t>(DTypeBytes(options_.kv_dtype));
+  return 2 * config().n_kv_heads * config().head_dim * static_cast<int64_t>(DTypeBytes(kv_dtype_));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
@@ -57,13 +94,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   } else if (!absl::IsNotFound(tok.status())) {
     return tok.status();
   }
+  const DType layer_dtype = e->model_.weights().layers.front().q_proj.dtype;
+  e->kv_dtype_ = options.kv_dtype.value_or(
+      layer_dtype == DType::kBF16 || layer_dtype == DType::kF16 ? layer_dtype : DType::kF32);
+  if (e->kv_dtype_ != DType::kF32 && e->kv_dtype_ != DType::kF16 &&
+      e->kv_dtype_ != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_dtype ", std::string(DTypeName(e->kv_dtype_)),
+                                                   " is not F32, F16 or BF16"));
+  }
   backend::BackendOptions bo;
   bo.num_threads = options.num_threads;
   MODSERVE_ASSIGN_OR_RETURN(e->backend_, backend::CreateBackend(options.backend, bo));
   const ModelConfig& cfg = e->config();
   const int64_t page_bytes = KvCacheManager::BytesPerPage(
       static_cast<int32_t>(cfg.n_kv_heads), options.block_size, static_cast<int32_t>(cfg.head_dim),
-      options.kv_dtype);
+      e->kv_dtype_);
   const int64_t num_pages = options.kv_cache_bytes / std::max<int64_t>(1, page_bytes);
   if (num_pages < cfg.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -83,7 +128,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   to.max_seqs = options.max_seqs;
   to.block_size = options.block_size;
   to.num_pages = static_cast<int32_t>(num_pages);
-  to.kv_dtype = options.kv_dtype;
+  to.kv_dtype = e->kv_dtype_;
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));

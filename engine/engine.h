@@ -41,6 +41,14 @@ struct FaultInjection {
   std::function<void()> on_backend_fault;
 };
 
+// "sampler=P,detokenizer=P,backend_step=N,seed=S" (any subset, any order) as a FaultInjection;
+// InvalidArgument naming the part that does not parse or is out of range.
+absl::StatusOr<FaultInjection> ParseFaultInjection(absl::string_view spec);
+
+// "auto" (unset), "f32", "f16" or "bf16", as EngineOptions::kv_dtype takes it; InvalidArgument
+// for anything else.
+absl::StatusOr<std::optional<DType>> ParseKvDtype(absl::string_view name);
+
 struct EngineOptions {
   std::string model_dir;  // a checkpoint directory
   std::string backend = "cpu";
@@ -49,7 +57,9 @@ struct EngineOptions {
   int32_t max_seqs = 16;           // sequences in one forward pass
   int64_t kv_cache_bytes = int64_t{256} << 20;
   int32_t block_size = 16;         // tokens per KV page
-  DType kv_dtype = DType::kF32;
+  // Storage of K and V: F32, F16 or BF16; unset = auto (the 16-bit type of the layer weights,
+  // or F32 when they are F32 or quantized).
+  std::optional<DType> kv_dtype = DType::kF32;
   uint64_t seed = 0;               // seeds the generator of per-request seeds
   FaultInjection faults;
 };
@@ -149,6 +159,8 @@ class Engine {
   KvCacheStats kv_stats() const { return kv_->GetStats(); }
   // Bytes one token's K and V take at one layer.
   int64_t kv_bytes_per_token_layer() const;
+  // The KV storage type in use (EngineOptions::kv_dtype, resolved).
+  DType kv_dtype() const { return kv_dtype_; }
 
   // Registers a request and returns its sequence id. InvalidArgument for bad sampling
   // parameters, threshold or token ids (prompt and stop ids must lie in the model's vocabulary
@@ -204,6 +216,7 @@ class Engine {
   bool InjectFault(double rate, SequenceId seq_id, int64_t index, uint64_t salt) const;
   absl::Status CheckTokenId(absl::string_view what, TokenId id) const;
 
+  DType kv_dtype_ = DType::kF32;
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;
   int64_t num_steps_ = 0;  // forward passes attempted (the backend fault counts them)

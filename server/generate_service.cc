@@ -503,6 +503,7 @@ grpc::ServerUnaryReactor* GenerateService::GetModelInfo(grpc::CallbackServerCont
   response->set_max_num_seqs(o.max_seqs);
   response->set_max_batch_tokens(o.max_batch_tokens);
   response->set_kv_cache_bytes(o.kv_cache_bytes);
+  response->set_kv_cache_dtype(std::string(DTypeName(engine_->kv_dtype())));
   response->set_kv_bytes_per_token_dense(c.n_layers * engine_->kv_bytes_per_token_layer());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

@@ -56,6 +56,10 @@ ABSL_FLAG(int32_t, max_queue, 256, "requests waiting for admission; more get RES
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight requests may run before they are ended");
 ABSL_FLAG(uint64_t, seed, 0, "seeds the per-request seeds of requests that set none");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache storage: auto (the weights' 16-bit type, else f32), f32, f16 or bf16");
+ABSL_FLAG(std::string, inject_faults, "",
+          "for fault-injection tests only: sampler=P,detokenizer=P,backend_step=N,seed=S");
 
 int main(int argc, char** argv) {
   modserve::cli::SetUsage(
@@ -84,6 +88,20 @@ int main(int argc, char** argv) {
   eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   eo.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   eo.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<std::optional<modserve::DType>> kv_dtype =
+      modserve::engine::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) {
+    std::cerr << "modserve: --kv_cache_dtype: " << kv_dtype.status().message() << std::endl;
+    return 2;
+  }
+  eo.kv_dtype = *kv_dtype;
+  absl::StatusOr<modserve::engine::FaultInjection> faults =
+      modserve::engine::ParseFaultInjection(absl::GetFlag(FLAGS_inject_faults));
+  if (!faults.ok()) {
+    std::cerr << "modserve: --inject_faults: " << faults.status().message() << std::endl;
+    return 2;
+  }
+  eo.faults = *faults;
 
   modserve::server::ServerOptions so;
   so.host = absl::GetFlag(FLAGS_host);

@@ -181,6 +181,11 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
     }
     sp.stop_strings.push_back(st.stop(i));
   }
+  if (static_cast<size_t>(st.stop_token_ids_size()) > engine::kMaxStopTokenIds) {
+    return Invalid("stopping.stop_token_ids", absl::StrCat(st.stop_token_ids_size(),
+                                                           " ids; at most ",
+                                                           engine::kMaxStopTokenIds));
+  }
   MODSERVE_RETURN_IF_ERROR(
       CheckTokenIds("stopping.stop_token_ids", st.stop_token_ids(), config.vocab_size));
   sp.stop_token_ids.assign(st.stop_token_ids().begin(), st.stop_token_ids().end());

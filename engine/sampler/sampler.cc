@@ -92,6 +92,11 @@ absl::Status Validate(const SamplingParams& params) {
   if (params.max_new_tokens < 1) {
     return FieldError("max_new_tokens", params.max_new_tokens, "[1, inf)");
   }
+  if (params.stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: stop_token_ids has ",
+                                                   params.stop_token_ids.size(),
+                                                   " ids; at most ", kMaxStopTokenIds));
+  }
   for (size_t i = 0; i < params.stop_token_ids.size(); ++i) {
     if (params.stop_token_ids[i] < 0) {
       return FieldError(absl::StrCat("stop_token_ids[", i, "]"), params.stop_token_ids[i],

@@ -41,6 +41,8 @@ struct SamplingParams {
 
 inline constexpr float kGreedyTemperature = 1e-5f;
 inline constexpr int32_t kMaxTopLogprobs = 20;
+// Stop ids a request may list (beyond the model's EOS): they are hashed on the engine thread.
+inline constexpr size_t kMaxStopTokenIds = 256;
 
 // InvalidArgument naming the field and its allowed range, or OK. Token ids are checked against
 // the vocabulary later (Sampler::Sample), since the vocabulary is not known here.

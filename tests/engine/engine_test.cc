@@ -277,6 +277,43 @@ TEST(EngineTest, ABiasMayHaveAnotherDtypeThanItsWeight) {
   }
 }
 
+TEST(EngineTest, AutoKvDtypeFollowsTheWeights) {
+  EngineOptions eo;
+  eo.num_threads = 1;
+  eo.kv_cache_bytes = 8 << 20;
+  eo.kv_dtype = std::nullopt;
+  eo.model_dir = kDemo;  // BF16 weights
+  auto bf16 = Engine::Create(eo);
+  ASSERT_THAT(bf16, IsOk());
+  EXPECT_EQ((*bf16)->kv_dtype(), DType::kBF16);
+  EXPECT_EQ((*bf16)->kv_bytes_per_token_layer(), 2 * 2 * 32 * 2);
+  eo.model_dir =
+      std::string(MODSERVE_SOURCE_DIR) + "/tests/testdata/checkpoints/router_sigmoid_blockout_ln_bias";
+  auto f32 = Engine::Create(eo);  // F32 weights
+  ASSERT_THAT(f32, IsOk());
+  EXPECT_EQ((*f32)->kv_dtype(), DType::kF32);
+  EXPECT_THAT(ParseKvDtype("bf16"), IsOk());
+  EXPECT_EQ(*ParseKvDtype("f16"), DType::kF16);
+  EXPECT_FALSE(ParseKvDtype("auto")->has_value());
+  EXPECT_THAT(ParseKvDtype("int8"), StatusIs(absl::StatusCode::kInvalidArgument, "'int8'"));
+}
+
+TEST(EngineTest, FaultSpecsParseAndBadOnesNameThePart) {
+  auto f = ParseFaultInjection("sampler=0.25,backend_step=7,seed=9");
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->sampler_rate, 0.25);
+  EXPECT_EQ(f->detokenizer_rate, 0.0);
+  EXPECT_EQ(f->backend_fault_step, 7);
+  EXPECT_EQ(f->seed, 9u);
+  EXPECT_THAT(ParseFaultInjection(""), IsOk());
+  EXPECT_THAT(ParseFaultInjection("sampler=2"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'sampler=2'"));
+  EXPECT_THAT(ParseFaultInjection("backend_step=0"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "backend_step=0"));
+  EXPECT_THAT(ParseFaultInjection("disk=1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "expected sampler="));
+}
+
 TEST(EngineTest, PromptLogprobsArriveWithTheFirstTokenAndInTheResult) {
   std::unique_ptr<Engine> engine = MakeEngine(kDemo);
   Request r = Greedy({1, 50, 60, 70, 80}, 4);

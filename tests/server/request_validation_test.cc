@@ -97,6 +97,16 @@ TEST(RequestValidationTest, RefusalsNameTheField) {
                        "prompt_token_ids[2]: 160 is outside the vocabulary [0, 160)"));
 }
 
+TEST(RequestValidationTest, StopTokenIdsAreLimitedInNumber) {
+  v1::GenerateRequest req = Request();
+  for (size_t i = 0; i < engine::kMaxStopTokenIds; ++i) req.mutable_stopping()->add_stop_token_ids(3);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()), IsOk());
+  req.mutable_stopping()->add_stop_token_ids(3);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "stopping.stop_token_ids: 257 ids; at most 256"));
+}
+
 TEST(RequestValidationTest, PromptPlusMaxNewTokensBeyondContextIsOutOfRange) {
   v1::GenerateRequest req = Request();
   req.mutable_stopping()->set_max_new_tokens(62);

@@ -608,6 +608,7 @@ TEST(ServerTest, HealthServesOnceLoadedAndModelInfoDescribesTheCheckpoint) {
   EXPECT_EQ(info.max_seq_len(), kMaxSeqLen);
   EXPECT_THAT(Ids(info.routed_layers()), ::testing::ElementsAre(0, 2));
   EXPECT_FALSE(info.has_tokenizer());
+  EXPECT_EQ(info.kv_cache_dtype(), "F32");
 }
 
 }  // namespace
