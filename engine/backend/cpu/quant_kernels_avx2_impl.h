@@ -375,7 +375,9 @@ struct Q6_KK {
     // Scales 0..15 as i16, then the 8 of this half in both 128-bit halves.
     const __m256i sc16 =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales)));
-    const __m256i sc = _mm256_permute2x128_si256(sc16, sc16, h == 0 ? 0x00 : 0x11);
+    // The immediate must be a literal: some compilers do not fold a conditional into it.
+    const __m256i sc = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
+                              : _mm256_permute2x128_si256(sc16, sc16, 0x11);
     if (p % 2 == 0) {  // r = 0, 1: low nibbles; qh bits 0..1 and 2..3 moved to bits 4..5
       return {_mm256_or_si256(_mm256_and_si256(ql0, m4),
                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
