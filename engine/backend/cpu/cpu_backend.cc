@@ -304,11 +304,11 @@ void CpuBackend::GemmQuantized(const TensorView& x, const TensorView& w, const T
     MODSERVE_CHECK(act_scratch_ != nullptr) << "cannot allocate " << scratch_bytes << " bytes";
     act_scratch_bytes_ = scratch_bytes;
   }
-  const QuantizedActs acts = QuantizedActs::In(act_scratch_.get(), n, k);
+  const QuantizedActs acts =
+      QuantizedActs::In(act_scratch_.get(), n, k, ActLayoutFor(w.dtype, n));
   const float* xp = x.as<float>();
-  const ActLayout layout = ActLayoutFor(w.dtype);
   pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / k), [&](int64_t b, int64_t e) {
-    kernels_.quantize_acts(xp, b, e, layout, acts);
+    kernels_.quantize_acts(xp, b, e, acts);
   });
   const float* bias_f32 = bias.empty() ? nullptr : bias.as<float>();
   float* o = out.as<float>();

@@ -80,11 +80,13 @@ size_t QuantizedActs::Bytes(int64_t n, int64_t k) {
          AlignUp(rows * 2 * blocks * sizeof(int16_t));
 }
 
-QuantizedActs QuantizedActs::In(void* scratch, int64_t n, int64_t k) {
+QuantizedActs QuantizedActs::In(void* scratch, int64_t n, int64_t k, ActLayout layout) {
   const size_t rows = static_cast<size_t>(n), blocks = static_cast<size_t>(k / 32);
   char* p = static_cast<char*>(scratch);
   QuantizedActs a;
+  a.n = n;
   a.k = k;
+  a.layout = layout;
   a.q = reinterpret_cast<int8_t*>(p);
   p += AlignUp(rows * k);
   a.d = reinterpret_cast<float*>(p);

@@ -45,31 +45,32 @@ using GemmLargeNFn = void (*)(const float* x, int64_t x_begin, int64_t x_end, in
 // last block stays in natural order.
 enum class ActLayout : uint8_t { kNatural, kPairInterleaved };
 struct QuantizedActs {
-  int8_t* q;        // [n, k] int8
-  float* d;         // [n, k / 32] f32
-  float* ds;        // [n, k / 32] f32
-  int16_t* sum16;   // [n, k / 16] i16
-  int64_t k = 0;    // elements per row, a multiple of 32
+  int8_t* q;       // [n, k] int8
+  float* d;        // [n, k / 32] f32
+  float* ds;       // [n, k / 32] f32
+  int16_t* sum16;  // [n, k / 16] i16
+  int64_t n = 0;   // rows of the whole Gemm call (kernels pick decode or prefill code by it)
+  int64_t k = 0;   // elements per row, a multiple of 32
+  ActLayout layout = ActLayout::kNatural;
   // Bytes of scratch for n rows of k (each array 64-byte aligned within it).
   static size_t Bytes(int64_t n, int64_t k);
-  // Views `n` rows of k into `scratch` (64-byte aligned, Bytes(n, k) long).
-  static QuantizedActs In(void* scratch, int64_t n, int64_t k);
+  // Views `n` rows of k in `layout` into `scratch` (64-byte aligned, Bytes(n, k) long).
+  static QuantizedActs In(void* scratch, int64_t n, int64_t k, ActLayout layout);
 };
 
-// Quantizes rows [row_begin, row_end) of x [n, k] f32 into `acts` (same rows), in `layout`.
+// Quantizes rows [row_begin, row_end) of x [n, k] f32 into `acts` (same rows, acts.layout).
 using QuantizeActsFn = void (*)(const float* x, int64_t row_begin, int64_t row_end,
-                                ActLayout layout, const QuantizedActs& acts);
+                                const QuantizedActs& acts);
 // Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), with x given
-// as `acts` (quantized by the table's quantize_acts in the layout ActLayoutFor(dtype)).
+// as `acts` (quantized by the table's quantize_acts in the layout ActLayoutFor(dtype, acts.n)).
 // w [m, k] in the block layout of the function's dtype; bias null or [m] f32; out [n, ldo] f32.
 using QuantGemmFn = void (*)(const QuantizedActs& acts, int64_t x_begin, int64_t x_end,
                              const void* w, const float* bias, float* out, int64_t ldo,
                              int64_t row_begin, int64_t row_end);
 
-constexpr ActLayout ActLayoutFor(DType w) {
-  return w == DType::kQ4_0 || w == DType::kQ4_1 ? ActLayout::kPairInterleaved
-                                                 : ActLayout::kNatural;
-}
+// The layout the kernels want for a Gemm of n rows: the Q4_0/Q4_1 decode kernels read two blocks
+// side by side; every prefill kernel (n > kGemmSmallNMax, below) reads natural order.
+constexpr ActLayout ActLayoutFor(DType w, int64_t n);
 
 struct KernelTable {
   Isa isa;
@@ -120,6 +121,12 @@ extern const KernelTable kAvx512KernelTable;
 // Decode/prefill threshold: GemmSmallN up to this many x rows, GemmLargeN above. Up to ~16 rows
 // the small-n kernel is still bound by reading w once; beyond that packing w pays for itself.
 inline constexpr int64_t kGemmSmallNMax = 16;
+
+constexpr ActLayout ActLayoutFor(DType w, int64_t n) {
+  return (w == DType::kQ4_0 || w == DType::kQ4_1) && n <= kGemmSmallNMax
+             ? ActLayout::kPairInterleaved
+             : ActLayout::kNatural;
+}
 
 }  // namespace modserve::backend::cpu
 

@@ -77,9 +77,9 @@ void NonFiniteBlock(int64_t i, int64_t b, int64_t nb, ActLayout layout, const Qu
   acts.sum16[i * 2 * nb + 2 * b + 1] = 0;
 }
 
-void QuantizeActs(const float* x, int64_t row_begin, int64_t row_end, ActLayout layout,
-                  const QuantizedActs& acts) {
+void QuantizeActs(const float* x, int64_t row_begin, int64_t row_end, const QuantizedActs& acts) {
   const int64_t k = acts.k, nb = k / 32;
+  const ActLayout layout = acts.layout;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t i = row_begin; i < row_end; ++i) {
@@ -417,6 +417,308 @@ struct Q6_KK {
   }
 };
 
+// x rows per RowDot call. Four rows keep 8 partial-sum and 4 accumulator registers live beside
+// the unpacked pair.
+inline constexpr int kRowsPerTile = 4;
+
+// ---- prefill: packed 8-row panels ------------------------------------------------------------
+// For many x rows the decode kernels' per-row reductions dominate. Prefill instead repacks 8
+// weight rows at a time (a panel) so that 32-bit lane r of a vector holds 4 consecutive levels
+// of weight row r: a vpmaddubsw against 4 activation bytes broadcast to every lane then yields
+// partial dot products for all 8 rows at once, and a block's sum for the 8 rows ends in lane r
+// with no horizontal reduction; scales and offsets are stored as 8-row vectors. The panel covers
+// kPanelBlocks blocks of k at a time (k-chunks), so it stays in L1 while every x tile of the call
+// streams past it; that reuse pays for the packing (a transpose per block of 8 rows).
+inline constexpr int64_t kPanelRows = 8;
+// 64 blocks = 2048 elements: 16 KiB of levels plus 8 KiB of scales, on the stack and in L1.
+inline constexpr int64_t kPanelBlocks = 64;
+
+struct Panel {
+  // lv[b][j]: levels of elements 4j .. 4j + 3 of block b for the 8 rows, 4 bytes per row.
+  alignas(32) uint8_t lv[kPanelBlocks][8][32];
+  // Per block and 16-element half: w = scale * level + offset for each row (both halves alike
+  // except for Q6_K, whose sub-blocks are 16 elements).
+  alignas(32) float scale[kPanelBlocks][2][8];
+  alignas(32) float offset[kPanelBlocks][2][8];
+};
+
+// rows[r] (r < 8): 32 levels of row r; transposed in place so that rows[j] lane r = the old
+// rows[r] dword j.
+inline void Transpose8x8(__m256i rows[8]) {
+  __m256i t[8], u[8];
+  for (int r = 0; r < 8; r += 2) {
+    t[r] = _mm256_unpacklo_epi32(rows[r], rows[r + 1]);
+    t[r + 1] = _mm256_unpackhi_epi32(rows[r], rows[r + 1]);
+  }
+  for (int r = 0; r < 8; r += 4) {
+    u[r] = _mm256_unpacklo_epi64(t[r], t[r + 2]);
+    u[r + 1] = _mm256_unpackhi_epi64(t[r], t[r + 2]);
+    u[r + 2] = _mm256_unpacklo_epi64(t[r + 1], t[r + 3]);
+    u[r + 3] = _mm256_unpackhi_epi64(t[r + 1], t[r + 3]);
+  }
+  // u[j] (j < 4) holds dword j of rows 0..3 in its low half and dword j + 4 in its high half;
+  // u[j + 4] the same for rows 4..7. The 128-bit halves are swapped into place.
+  for (int j = 0; j < 4; ++j) {
+    rows[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+    rows[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+  }
+}
+
+// Levels, scales and offsets of one 32-element block of one weight row, per type. `unit` points
+// at the row's data for the block: the block itself for the 32-element types, the super-block
+// for the K-quants (`sub` is then the block's index within it).
+struct Q8_0Pack {
+  static constexpr int64_t kBlocksPerUnit = 1, kUnitBytes = sizeof(BlockQ8_0);
+  static __m256i Levels(const uint8_t* unit, int /*sub*/, float sc[2], float off[2]) {
+    sc[0] = sc[1] = HalfToFloat(LoadU16(unit));
+    off[0] = off[1] = 0.0f;
+    return LoadI(unit + 2);
+  }
+};
+template <bool kHasMin>
+struct Q4Pack {
+  static constexpr int64_t kBlocksPerUnit = 1;
+  static constexpr int64_t kUnitBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  static __m256i Levels(const uint8_t* unit, int /*sub*/, float sc[2], float off[2]) {
+    const float d = HalfToFloat(LoadU16(unit));
+    sc[0] = sc[1] = d;
+    off[0] = off[1] = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : -8.0f * d;
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + (kHasMin ? 4 : 2)));
+    return _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
+        _mm256_set1_epi8(15));
+  }
+};
+struct Q4_KPack {
+  static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ4_K);
+  static __m256i Levels(const uint8_t* unit, int sub, float sc[2], float off[2]) {
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(unit);
+    uint64_t scs, mns;
+    UnpackQ4KScales(blk->scales, &scs, &mns);
+    sc[0] = sc[1] = HalfToFloat(blk->d.bits) * static_cast<float>((scs >> (8 * sub)) & 0xff);
+    off[0] = off[1] = -HalfToFloat(blk->dmin.bits) * static_cast<float>((mns >> (8 * sub)) & 0xff);
+    const __m256i raw = LoadI(blk->qs + 32 * (sub / 2));
+    return _mm256_and_si256(sub % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+  }
+};
+struct Q6_KPack {
+  static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ6_K);
+  static __m256i Levels(const uint8_t* unit, int sub, float sc[2], float off[2]) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
+    const float d = HalfToFloat(blk->d.bits);
+    sc[0] = d * static_cast<float>(blk->scales[2 * sub]);
+    sc[1] = d * static_cast<float>(blk->scales[2 * sub + 1]);
+    off[0] = -32.0f * sc[0];
+    off[1] = -32.0f * sc[1];
+    // quant.h's numbering: 32-element chunk `sub` is r = sub % 4 of half h = sub / 4.
+    const int h = sub / 4, r = sub % 4;
+    const __m256i ql = LoadI(blk->ql + 64 * h + 32 * (r & 1));
+    const __m256i qh = LoadI(blk->qh + 32 * h);
+    const __m256i lo =
+        _mm256_and_si256(r < 2 ? ql : _mm256_srli_epi16(ql, 4), _mm256_set1_epi8(15));
+    // Bits 2r .. 2r + 1 of qh moved to bits 4 .. 5.
+    const __m256i hi2 = r == 0   ? _mm256_slli_epi16(qh, 4)
+                        : r == 1 ? _mm256_slli_epi16(qh, 2)
+                        : r == 2 ? qh
+                                 : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
+  }
+};
+
+// Packs blocks [b0, b0 + count) of weight rows 0 .. num_rows - 1 of `w` (num_rows <= 8; missing
+// rows are zero, so they contribute nothing, and their outputs are never stored).
+template <class P>
+void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, int64_t count,
+               Panel* panel) {
+  for (int64_t bi = 0; bi < count; ++bi) {
+    const int64_t b = b0 + bi;
+    const int64_t unit = b / P::kBlocksPerUnit;
+    const int sub = static_cast<int>(b % P::kBlocksPerUnit);
+    __m256i rows[8];
+    for (int r = 0; r < 8; ++r) {
+      if (r >= num_rows) {
+        rows[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) panel->scale[bi][h][r] = panel->offset[bi][h][r] = 0.0f;
+        continue;
+      }
+      float sc[2], off[2];
+      rows[r] = P::Levels(w + r * row_bytes + unit * P::kUnitBytes, sub, sc, off);
+      for (int h = 0; h < 2; ++h) {
+        panel->scale[bi][h][r] = sc[h];
+        panel->offset[bi][h][r] = off[h];
+      }
+    }
+    Transpose8x8(rows);
+    for (int j = 0; j < 8; ++j) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(panel->lv[bi][j]), rows[j]);
+    }
+  }
+}
+
+inline __m256i Broadcast4(const int8_t* p) {
+  return _mm256_set1_epi32(static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(p))));
+}
+
+// acc[x] lane r += dot of panel row r with activation row x0 + x over the panel's `count` blocks,
+// which are blocks b0 .. b0 + count - 1 of the full rows.
+// kKind 0: levels 0..15, one scale per block (Q4_0, Q4_1, Q4_K): a lane's 16 products summed in
+//   i16 stay below 8 * 2 * 15 * 127 < 2^15.
+// kKind 1: signed levels (Q8_0): |w| times the activation with w's sign; each vpmaddubsw goes to
+//   i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second).
+// kKind 2: levels 0..63 (Q6_K), a scale per 16-element half: two vpmaddubsw per i16 sum
+//   (4 * 63 * 127 < 2^15).
+// Keeps v in a register as an opaque value: stops GCC from re-associating a chain of integer adds
+// into a tree, which would hold every product live at once and spill them.
+inline void Opaque(__m256i& v) { __asm__("" : "+x"(v)); }
+
+template <int kKind, int NX>
+void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
+              __m256 acc_io[]) {
+  const int64_t k = a.k, nb = k / 32;
+  const __m256i ones = Ones16();
+  // Locals, so that the stores to the accumulators cannot alias the activations.
+  const int8_t* q[NX];
+  const float* da[NX];
+  const float* ds[NX];
+  const int16_t* sum16[NX];
+  __m256 acc[NX];
+  for (int x = 0; x < NX; ++x) {
+    q[x] = a.q + (x0 + x) * k + 32 * b0;
+    da[x] = a.d + (x0 + x) * nb + b0;
+    ds[x] = a.ds + (x0 + x) * nb + b0;
+    sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
+    acc[x] = acc_io[x];
+  }
+  for (int64_t bi = 0; bi < count; ++bi) {
+    if constexpr (kKind == 0) {
+      __m256i s16[NX];
+      for (int x = 0; x < NX; ++x) s16[x] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = LoadI(p.lv[bi][j]);
+#pragma GCC unroll 4
+        for (int x = 0; x < NX; ++x) {
+          s16[x] =
+              _mm256_add_epi16(s16[x], _mm256_maddubs_epi16(w, Broadcast4(q[x] + 32 * bi + 4 * j)));
+          Opaque(s16[x]);
+        }
+      }
+      const __m256 sc = _mm256_load_ps(p.scale[bi][0]), off = _mm256_load_ps(p.offset[bi][0]);
+#pragma GCC unroll 4
+      for (int x = 0; x < NX; ++x) {
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[x], ones));
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])), isum, acc[x]);
+        acc[x] = _mm256_fmadd_ps(off, _mm256_set1_ps(ds[x][bi]), acc[x]);
+      }
+    } else if constexpr (kKind == 1) {
+      __m256i s32[NX];
+      for (int x = 0; x < NX; ++x) s32[x] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = LoadI(p.lv[bi][j]);
+        const __m256i aw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 4
+        for (int x = 0; x < NX; ++x) {
+          const __m256i prod =
+              _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Broadcast4(q[x] + 32 * bi + 4 * j), w));
+          s32[x] = _mm256_add_epi32(s32[x], _mm256_madd_epi16(prod, ones));
+          Opaque(s32[x]);
+        }
+      }
+      const __m256 sc = _mm256_load_ps(p.scale[bi][0]);
+#pragma GCC unroll 4
+      for (int x = 0; x < NX; ++x) {
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])),
+                                 _mm256_cvtepi32_ps(s32[x]), acc[x]);
+      }
+    } else {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256i s32[NX];
+        for (int x = 0; x < NX; ++x) s32[x] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+          const __m256i w0 = LoadI(p.lv[bi][j]), w1 = LoadI(p.lv[bi][j + 1]);
+#pragma GCC unroll 4
+          for (int x = 0; x < NX; ++x) {
+            const int8_t* qx = q[x] + 32 * bi + 4 * j;
+            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, Broadcast4(qx)),
+                                               _mm256_maddubs_epi16(w1, Broadcast4(qx + 4)));
+            s32[x] = _mm256_add_epi32(s32[x], _mm256_madd_epi16(t, ones));
+            Opaque(s32[x]);
+          }
+        }
+        const __m256 sc = _mm256_load_ps(p.scale[bi][h]), off = _mm256_load_ps(p.offset[bi][h]);
+#pragma GCC unroll 4
+        for (int x = 0; x < NX; ++x) {
+          const float dx = da[x][bi];
+          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(dx)),
+                                   _mm256_cvtepi32_ps(s32[x]), acc[x]);
+          acc[x] = _mm256_fmadd_ps(
+              off, _mm256_set1_ps(dx * static_cast<float>(sum16[x][2 * bi + h])), acc[x]);
+        }
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) acc_io[x] = acc[x];
+}
+
+// Prefill: per panel of 8 weight rows and k-chunk, pack once, then every x tile of 4 rows.
+template <class P, int kKind>
+void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const uint8_t* w,
+                int64_t row_bytes, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                int64_t row_end) {
+  const int64_t nb = a.k / 32;
+  Panel panel;
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelRows) {
+    const int num_rows = static_cast<int>(QMin(kPanelRows, row_end - r0));
+    alignas(32) float bias_rows[8] = {};
+    for (int r = 0; r < num_rows; ++r) bias_rows[r] = bias != nullptr ? bias[r0 + r] : 0.0f;
+    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+      const int64_t count = QMin(kPanelBlocks, nb - b0);
+      PackPanel<P>(w + r0 * row_bytes, row_bytes, num_rows, b0, count, &panel);
+      for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) {
+        const int nx = static_cast<int>(QMin(kRowsPerTile, x_end - i));
+        // The first k-chunk starts from the bias; later ones from what the earlier ones wrote.
+        __m256 acc[kRowsPerTile];
+        alignas(32) float tmp[8];
+        for (int x = 0; x < nx; ++x) {
+          if (b0 == 0) {
+            acc[x] = _mm256_load_ps(bias_rows);
+          } else if (num_rows == 8) {
+            acc[x] = _mm256_loadu_ps(out + (i + x) * ldo + r0);
+          } else {
+            for (int r = 0; r < 8; ++r) tmp[r] = r < num_rows ? out[(i + x) * ldo + r0 + r] : 0.0f;
+            acc[x] = _mm256_load_ps(tmp);
+          }
+        }
+        switch (nx) {
+          case 4:
+            PanelDot<kKind, 4>(panel, count, a, i, b0, acc);
+            break;
+          case 3:
+            PanelDot<kKind, 3>(panel, count, a, i, b0, acc);
+            break;
+          case 2:
+            PanelDot<kKind, 2>(panel, count, a, i, b0, acc);
+            break;
+          default:
+            PanelDot<kKind, 1>(panel, count, a, i, b0, acc);
+            break;
+        }
+        for (int x = 0; x < nx; ++x) {
+          if (num_rows == 8) {
+            _mm256_storeu_ps(out + (i + x) * ldo + r0, acc[x]);
+          } else {
+            _mm256_store_ps(tmp, acc[x]);
+            for (int r = 0; r < num_rows; ++r) out[(i + x) * ldo + r0 + r] = tmp[r];
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- the Gemm loops --------------------------------------------------------------------------
 // res[x] = dot(weight row, activation row x0 + x) for x < NX. Per chunk, each weight pair is
 // unpacked once and multiplied into all NX rows, whose partial reductions (two vectors per row)
@@ -467,10 +769,6 @@ void RowDot(const QuantizedActs& a, int64_t x0, const uint8_t* wrow, float* res)
   }
 }
 
-// x rows per RowDot call. Four rows keep 8 partial-sum and 4 accumulator registers live beside
-// the unpacked pair.
-inline constexpr int kRowsPerTile = 4;
-
 template <class T>
 void RowTile(const QuantizedActs& a, int64_t x0, int nx, const uint8_t* wrow, float* res) {
   switch (nx) {
@@ -485,11 +783,15 @@ void RowTile(const QuantizedActs& a, int64_t x0, int nx, const uint8_t* wrow, fl
   }
 }
 
-template <class T>
+template <class T, class P, int kKind>
 void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
           float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
   const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
+  if (a.n > kGemmSmallNMax) {
+    return GemmPacked<P, kKind>(a, x_begin, x_end, wp, row_bytes, bias, out, ldo, row_begin,
+                                row_end);
+  }
   float res[kRowsPerTile];
   auto tile = [&](int64_t r, int64_t i) {
     const int nx = static_cast<int>(QMin(kRowsPerTile, x_end - i));
@@ -497,16 +799,9 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
     const float b = bias != nullptr ? bias[r] : 0.0f;
     for (int x = 0; x < nx; ++x) out[(i + x) * ldo + r] = res[x] + b;
   };
-  if (x_end - x_begin <= kGemmSmallNMax) {
-    // Decode: weight rows outer, so each is read from memory once for all x rows.
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) tile(r, i);
-    }
-    return;
-  }
-  // Prefill: an x tile's activations stay in L1 while the block's weight rows stream from L2.
-  for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) {
-    for (int64_t r = row_begin; r < row_end; ++r) tile(r, i);
+  // Decode: weight rows outer, so each is read from memory once for all x rows.
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) tile(r, i);
   }
 }
 
@@ -515,10 +810,10 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 // Adds the AVX2 quantized kernels to a kernel table.
 constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.quantize_acts = &qavx2::QuantizeActs;
-  t.gemm_q8_0 = &qavx2::Gemm<qavx2::Q8_0K>;
-  t.gemm_q4_0 = &qavx2::Gemm<qavx2::Q4K32<false>>;
-  t.gemm_q4_1 = &qavx2::Gemm<qavx2::Q4K32<true>>;
-  t.gemm_q4_k = &qavx2::Gemm<qavx2::Q4_KK>;
-  t.gemm_q6_k = &qavx2::Gemm<qavx2::Q6_KK>;
+  t.gemm_q8_0 = &qavx2::Gemm<qavx2::Q8_0K, qavx2::Q8_0Pack, 1>;
+  t.gemm_q4_0 = &qavx2::Gemm<qavx2::Q4K32<false>, qavx2::Q4Pack<false>, 0>;
+  t.gemm_q4_1 = &qavx2::Gemm<qavx2::Q4K32<true>, qavx2::Q4Pack<true>, 0>;
+  t.gemm_q4_k = &qavx2::Gemm<qavx2::Q4_KK, qavx2::Q4_KPack, 0>;
+  t.gemm_q6_k = &qavx2::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>;
   return t;
 }

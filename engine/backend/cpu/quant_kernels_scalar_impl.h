@@ -20,9 +20,9 @@ inline int64_t ActIndex(ActLayout layout, int64_t nb, int64_t b, int j) {
   return base + half + (j < 16 ? j : 32 + (j - 16));
 }
 
-void QuantizeActs(const float* x, int64_t row_begin, int64_t row_end, ActLayout layout,
-                  const QuantizedActs& acts) {
+void QuantizeActs(const float* x, int64_t row_begin, int64_t row_end, const QuantizedActs& acts) {
   const int64_t k = acts.k, nb = k / 32;
+  const ActLayout layout = acts.layout;
   for (int64_t i = row_begin; i < row_end; ++i) {
     const float* xi = x + i * k;
     int8_t* q = acts.q + i * k;
@@ -87,10 +87,8 @@ float DotQ4(const QuantizedActs& a, int64_t i, const void* w) {
     const uint8_t* qs = blk + (kHasMin ? 4 : 2);
     int32_t isum = 0;
     for (int j = 0; j < 16; ++j) {
-      isum +=
-          (qs[j] & 15) * q[ActIndex(ActLayoutFor(kHasMin ? DType::kQ4_1 : DType::kQ4_0), nb, b, j)];
-      isum += (qs[j] >> 4) *
-              q[ActIndex(ActLayoutFor(kHasMin ? DType::kQ4_1 : DType::kQ4_0), nb, b, 16 + j)];
+      isum += (qs[j] & 15) * q[ActIndex(a.layout, nb, b, j)];
+      isum += (qs[j] >> 4) * q[ActIndex(a.layout, nb, b, 16 + j)];
     }
     const float dw = F16ToF32(dh), da = a.d[i * nb + b], ds = a.ds[i * nb + b];
     if (kHasMin) {
