@@ -1,8 +1,10 @@
-// Field-by-field checks; engine::Validate runs last as a backstop for anything added later.
+// Field-by-field checks in one place for every API; engine::Validate runs last as a backstop for
+// anything added later.
 #include "server/request_validation.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -12,23 +14,23 @@
 namespace modserve::server {
 namespace {
 
-absl::Status Invalid(std::string_view field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", what));
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
-absl::Status CheckTokenIds(std::string_view field,
-                           const google::protobuf::RepeatedField<int32_t>& ids,
+absl::Status CheckTokenIds(absl::string_view field, const std::vector<int64_t>& ids,
                            int64_t vocab_size) {
-  for (int i = 0; i < ids.size(); ++i) {
+  for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size) {
-      return Invalid(absl::StrCat(std::string(field), "[", i, "]"),
+      return Invalid(absl::StrCat(field, "[", i, "]"),
                      absl::StrCat(ids[i], " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckRange(std::string_view field, float value, float lo, bool lo_open, float hi) {
+absl::Status CheckRange(absl::string_view field, double value, double lo, bool lo_open,
+                        double hi) {
   const bool above_lo = lo_open ? value > lo : value >= lo;
   if (!std::isfinite(value) || !above_lo || value > hi) {
     return Invalid(field,
@@ -37,9 +39,10 @@ absl::Status CheckRange(std::string_view field, float value, float lo, bool lo_o
   return absl::OkStatus();
 }
 
-absl::Status CheckPromptLength(int64_t num_tokens, const RequestLimits& limits) {
+absl::Status CheckPromptLength(absl::string_view field, int64_t num_tokens,
+                               const RequestLimits& limits) {
   if (limits.max_prompt_tokens > 0 && num_tokens > limits.max_prompt_tokens) {
-    return absl::OutOfRangeError(absl::StrCat("prompt: ", num_tokens,
+    return absl::OutOfRangeError(absl::StrCat(field, ": ", num_tokens,
                                               " tokens exceeds --max_prompt_tokens=",
                                               limits.max_prompt_tokens));
   }
@@ -47,6 +50,199 @@ absl::Status CheckPromptLength(int64_t num_tokens, const RequestLimits& limits) 
 }
 
 }  // namespace
+
+const FieldNames& GrpcFieldNames() {
+  static constexpr FieldNames kNames{
+      .request_id = "request_id",
+      .prompt = "prompt",
+      .prompt_token_ids = "prompt_token_ids",
+      .temperature = "sampling.temperature",
+      .top_k = "sampling.top_k",
+      .top_p = "sampling.top_p",
+      .min_p = "sampling.min_p",
+      .repetition_penalty = "sampling.repetition_penalty",
+      .presence_penalty = "sampling.presence_penalty",
+      .frequency_penalty = "sampling.frequency_penalty",
+      .max_new_tokens = "stopping.max_new_tokens",
+      .stop = "stopping.stop",
+      .stop_token_ids = "stopping.stop_token_ids",
+      .top_logprobs = "top_logprobs",
+      .threshold = "routing.threshold",
+  };
+  return kNames;
+}
+
+absl::StatusOr<engine::LoopRequest> ValidateGeneration(const GenerationFields& f,
+                                                       const FieldNames& names,
+                                                       const engine::ModelConfig& config,
+                                                       const engine::Tokenizer* tokenizer,
+                                                       absl::Time deadline,
+                                                       const RequestLimits& limits) {
+  engine::LoopRequest out;
+  out.deadline = deadline;
+  if (f.request_id.size() > kMaxRequestIdBytes) {
+    return Invalid(names.request_id, absl::StrCat(f.request_id.size(), " bytes is longer than ",
+                                                  kMaxRequestIdBytes));
+  }
+  out.request_id = f.request_id;
+  engine::Request& r = out.request;
+
+  if (f.prompt_text.has_value() == f.prompt_ids.has_value()) {
+    return Invalid(names.prompt, absl::StrCat("set exactly one of ", names.prompt, " and ",
+                                              names.prompt_token_ids));
+  }
+  if (f.prompt_text.has_value()) {
+    if (f.prompt_text->empty()) return Invalid(names.prompt, "is empty");
+    if (tokenizer == nullptr) {
+      return Invalid(names.prompt, absl::StrCat("the model has no tokenizer; send token ids (",
+                                                names.prompt_token_ids, ") instead"));
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        tokenizer->Encode(*f.prompt_text, f.add_special_tokens);
+    if (!ids.ok()) {
+      if (absl::IsInvalidArgument(ids.status())) {
+        return Invalid(names.prompt, ids.status().message());
+      }
+      return ids.status();
+    }
+    if (ids->empty()) return Invalid(names.prompt, "tokenizes to no tokens");
+    MODSERVE_RETURN_IF_ERROR(
+        CheckPromptLength(names.prompt, static_cast<int64_t>(ids->size()), limits));
+    for (int32_t id : *ids) {
+      // A tokenizer larger than the model's embedding table is a checkpoint mismatch, but
+      // the request is what names the offending text.
+      if (id < 0 || id >= config.vocab_size) {
+        return Invalid(names.prompt, absl::StrCat("tokenizes to id ", id,
+                                                  ", outside the model's vocabulary [0, ",
+                                                  config.vocab_size, ")"));
+      }
+    }
+    r.prompt = *std::move(ids);
+  } else {
+    const std::vector<int64_t>& ids = *f.prompt_ids;
+    if (ids.empty()) return Invalid(names.prompt_token_ids, "is empty");
+    MODSERVE_RETURN_IF_ERROR(
+        CheckPromptLength(names.prompt, static_cast<int64_t>(ids.size()), limits));
+    MODSERVE_RETURN_IF_ERROR(CheckTokenIds(names.prompt_token_ids, ids, config.vocab_size));
+    r.prompt.assign(ids.begin(), ids.end());
+  }
+
+  // Unset, the temperature is greedy.
+  engine::SamplingParams& sp = r.sampling;
+  sp.temperature = 0.0f;
+  if (f.temperature) {
+    if (!std::isfinite(*f.temperature) || *f.temperature < 0.0) {
+      return Invalid(names.temperature, absl::StrCat(*f.temperature, " is not >= 0"));
+    }
+    sp.temperature = static_cast<float>(*f.temperature);
+  }
+  if (f.top_k) {
+    if (*f.top_k < 0) return Invalid(names.top_k, absl::StrCat(*f.top_k, " is < 0"));
+    // Any k at or past the vocabulary keeps every token: saturate rather than overflow int32.
+    sp.top_k = static_cast<int32_t>(
+        std::min<int64_t>(*f.top_k, std::numeric_limits<int32_t>::max()));
+  }
+  if (f.top_p) {
+    MODSERVE_RETURN_IF_ERROR(CheckRange(names.top_p, *f.top_p, 0.0, true, 1.0));
+    sp.top_p = static_cast<float>(*f.top_p);
+  }
+  if (f.min_p) {
+    MODSERVE_RETURN_IF_ERROR(CheckRange(names.min_p, *f.min_p, 0.0, false, 1.0));
+    sp.min_p = static_cast<float>(*f.min_p);
+  }
+  if (f.repetition_penalty) {
+    if (!std::isfinite(*f.repetition_penalty) || *f.repetition_penalty <= 0.0) {
+      return Invalid(names.repetition_penalty,
+                     absl::StrCat(*f.repetition_penalty, " is not > 0"));
+    }
+    sp.repetition_penalty = static_cast<float>(*f.repetition_penalty);
+  }
+  if (f.presence_penalty) {
+    MODSERVE_RETURN_IF_ERROR(
+        CheckRange(names.presence_penalty, *f.presence_penalty, -2.0, false, 2.0));
+    sp.presence_penalty = static_cast<float>(*f.presence_penalty);
+  }
+  if (f.frequency_penalty) {
+    MODSERVE_RETURN_IF_ERROR(
+        CheckRange(names.frequency_penalty, *f.frequency_penalty, -2.0, false, 2.0));
+    sp.frequency_penalty = static_cast<float>(*f.frequency_penalty);
+  }
+  if (f.seed) sp.seed = *f.seed;
+
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+  int64_t max_new = limits.max_new_tokens > 0
+                        ? std::min(kDefaultMaxNewTokens, limits.max_new_tokens)
+                        : kDefaultMaxNewTokens;
+  if (f.max_new_tokens) {
+    if (*f.max_new_tokens < 1) {
+      return Invalid(names.max_new_tokens, absl::StrCat(*f.max_new_tokens, " is < 1"));
+    }
+    // Refused rather than clamped: a client asking for more than it can get should know.
+    if (limits.max_new_tokens > 0 && *f.max_new_tokens > limits.max_new_tokens) {
+      return absl::OutOfRangeError(absl::StrCat(names.max_new_tokens, ": ", *f.max_new_tokens,
+                                                " exceeds --max_new_tokens=",
+                                                limits.max_new_tokens));
+    }
+    max_new = *f.max_new_tokens;
+  } else if (f.max_new_tokens_fill_context) {
+    max_new = config.max_seq_len - prompt_len;
+    if (limits.max_new_tokens > 0) max_new = std::min<int64_t>(max_new, limits.max_new_tokens);
+    if (max_new < 1) {
+      return absl::OutOfRangeError(absl::StrCat("prompt (", prompt_len,
+                                                " tokens) leaves no room in the model's "
+                                                "max_seq_len ",
+                                                config.max_seq_len));
+    }
+  }
+  if (f.stop.size() > kMaxStopStrings) {
+    return Invalid(names.stop,
+                   absl::StrCat(f.stop.size(), " stop strings; at most ", kMaxStopStrings));
+  }
+  for (size_t i = 0; i < f.stop.size(); ++i) {
+    const std::string field = absl::StrCat(names.stop, "[", i, "]");
+    if (f.stop[i].empty()) return Invalid(field, "is empty");
+    if (f.stop[i].size() > kMaxStopStringBytes) {
+      return Invalid(field,
+                     absl::StrCat(f.stop[i].size(), " bytes; at most ", kMaxStopStringBytes));
+    }
+    sp.stop_strings.push_back(f.stop[i]);
+  }
+  // Checked before the per-id loop: the engine thread hashes every stop id.
+  if (f.stop_token_ids.size() > engine::kMaxStopTokenIds) {
+    return Invalid(names.stop_token_ids, absl::StrCat(f.stop_token_ids.size(), " ids; at most ",
+                                                      engine::kMaxStopTokenIds));
+  }
+  MODSERVE_RETURN_IF_ERROR(
+      CheckTokenIds(names.stop_token_ids, f.stop_token_ids, config.vocab_size));
+  sp.stop_token_ids.assign(f.stop_token_ids.begin(), f.stop_token_ids.end());
+  sp.ignore_eos = f.ignore_eos;
+
+  if (f.top_logprobs < 0 || f.top_logprobs > engine::kMaxTopLogprobs) {
+    return Invalid(names.top_logprobs, absl::StrCat(f.top_logprobs, " is not in [0, ",
+                                                    engine::kMaxTopLogprobs, "]"));
+  }
+  sp.top_logprobs = static_cast<int32_t>(f.top_logprobs);
+
+  if (f.threshold) {
+    const double tau = *f.threshold;
+    if (!(tau > 0.0 && tau < 1.0)) {
+      return Invalid(names.threshold, absl::StrCat(tau, " is not in (0, 1)"));
+    }
+    r.threshold = tau;
+  }
+
+  // In int64: a JSON max_tokens may be far beyond int32.
+  const int64_t total = prompt_len + max_new;
+  if (total > config.max_seq_len) {
+    return absl::OutOfRangeError(absl::StrCat("prompt (", prompt_len, " tokens) + ",
+                                              names.max_new_tokens, " (", max_new, ") = ", total,
+                                              " exceeds the model's max_seq_len ",
+                                              config.max_seq_len));
+  }
+  sp.max_new_tokens = static_cast<int32_t>(max_new);
+  MODSERVE_RETURN_IF_ERROR(engine::Validate(sp));
+  return out;
+}
 
 absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& request,
                                                   const engine::ModelConfig& config,
@@ -60,159 +256,38 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
                                                   const engine::Tokenizer* tokenizer,
                                                   absl::Time deadline,
                                                   const RequestLimits& limits) {
-  engine::LoopRequest out;
-  out.deadline = deadline;
-  if (request.request_id().size() > kMaxRequestIdBytes) {
-    return Invalid("request_id", absl::StrCat(request.request_id().size(), " bytes is longer than ",
-                                              kMaxRequestIdBytes));
-  }
-  out.request_id = request.request_id();
-  engine::Request& r = out.request;
-
+  GenerationFields f;
+  f.request_id = request.request_id();
   switch (request.input_case()) {
-    case v1::GenerateRequest::kPrompt: {
-      if (request.prompt().empty()) return Invalid("prompt", "is empty");
-      if (tokenizer == nullptr) {
-        return Invalid("prompt", "the model has no tokenizer; send prompt_token_ids instead");
-      }
-      absl::StatusOr<std::vector<int32_t>> ids =
-          tokenizer->Encode(request.prompt(), /*add_special_tokens=*/true);
-      if (!ids.ok()) {
-        if (absl::IsInvalidArgument(ids.status())) {
-          return Invalid("prompt", std::string(ids.status().message()));
-        }
-        return ids.status();
-      }
-      if (ids->empty()) return Invalid("prompt", "tokenizes to no tokens");
-      MODSERVE_RETURN_IF_ERROR(CheckPromptLength(static_cast<int64_t>(ids->size()), limits));
-      for (int32_t id : *ids) {
-        // A tokenizer larger than the model's embedding table is a checkpoint mismatch, but
-        // the request is what names the offending text.
-        if (id < 0 || id >= config.vocab_size) {
-          return Invalid("prompt", absl::StrCat("tokenizes to id ", id,
-                                                ", outside the model's vocabulary [0, ",
-                                                config.vocab_size, ")"));
-        }
-      }
-      r.prompt = *std::move(ids);
+    case v1::GenerateRequest::kPrompt:
+      f.prompt_text = request.prompt();
       break;
-    }
-    case v1::GenerateRequest::kPromptTokenIds: {
-      const auto& ids = request.prompt_token_ids().ids();
-      if (ids.empty()) return Invalid("prompt_token_ids", "is empty");
-      MODSERVE_RETURN_IF_ERROR(CheckPromptLength(ids.size(), limits));
-      MODSERVE_RETURN_IF_ERROR(CheckTokenIds("prompt_token_ids", ids, config.vocab_size));
-      r.prompt.assign(ids.begin(), ids.end());
+    case v1::GenerateRequest::kPromptTokenIds:
+      f.prompt_ids.emplace(request.prompt_token_ids().ids().begin(),
+                           request.prompt_token_ids().ids().end());
       break;
-    }
     case v1::GenerateRequest::INPUT_NOT_SET:
-      return Invalid("prompt", "set exactly one of prompt and prompt_token_ids");
+      break;
   }
-
-  // Unset sampling, or an unset temperature, is greedy.
-  engine::SamplingParams& sp = r.sampling;
-  sp.temperature = 0.0f;
   if (request.has_sampling()) {
     const v1::SamplingParams& s = request.sampling();
-    if (s.has_temperature()) {
-      if (!std::isfinite(s.temperature()) || s.temperature() < 0.0f) {
-        return Invalid("sampling.temperature", absl::StrCat(s.temperature(), " is not >= 0"));
-      }
-      sp.temperature = s.temperature();
-    }
-    if (s.has_top_k()) {
-      if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(s.top_k(), " is < 0"));
-      sp.top_k = s.top_k();
-    }
-    if (s.has_top_p()) {
-      MODSERVE_RETURN_IF_ERROR(CheckRange("sampling.top_p", s.top_p(), 0.0f, true, 1.0f));
-      sp.top_p = s.top_p();
-    }
-    if (s.has_min_p()) {
-      MODSERVE_RETURN_IF_ERROR(CheckRange("sampling.min_p", s.min_p(), 0.0f, false, 1.0f));
-      sp.min_p = s.min_p();
-    }
-    if (s.has_repetition_penalty()) {
-      if (!std::isfinite(s.repetition_penalty()) || s.repetition_penalty() <= 0.0f) {
-        return Invalid("sampling.repetition_penalty",
-                       absl::StrCat(s.repetition_penalty(), " is not > 0"));
-      }
-      sp.repetition_penalty = s.repetition_penalty();
-    }
-    if (s.has_presence_penalty()) {
-      MODSERVE_RETURN_IF_ERROR(
-          CheckRange("sampling.presence_penalty", s.presence_penalty(), -2.0f, false, 2.0f));
-      sp.presence_penalty = s.presence_penalty();
-    }
-    if (s.has_frequency_penalty()) {
-      MODSERVE_RETURN_IF_ERROR(
-          CheckRange("sampling.frequency_penalty", s.frequency_penalty(), -2.0f, false, 2.0f));
-      sp.frequency_penalty = s.frequency_penalty();
-    }
-    if (s.has_seed()) sp.seed = s.seed();
+    if (s.has_temperature()) f.temperature = s.temperature();
+    if (s.has_top_k()) f.top_k = s.top_k();
+    if (s.has_top_p()) f.top_p = s.top_p();
+    if (s.has_min_p()) f.min_p = s.min_p();
+    if (s.has_repetition_penalty()) f.repetition_penalty = s.repetition_penalty();
+    if (s.has_presence_penalty()) f.presence_penalty = s.presence_penalty();
+    if (s.has_frequency_penalty()) f.frequency_penalty = s.frequency_penalty();
+    if (s.has_seed()) f.seed = s.seed();
   }
-
-  sp.max_new_tokens = limits.max_new_tokens > 0
-                          ? std::min(kDefaultMaxNewTokens, limits.max_new_tokens)
-                          : kDefaultMaxNewTokens;
   const v1::StoppingCriteria& st = request.stopping();
-  if (st.has_max_new_tokens()) {
-    if (st.max_new_tokens() < 1) {
-      return Invalid("stopping.max_new_tokens", absl::StrCat(st.max_new_tokens(), " is < 1"));
-    }
-    // Refused rather than clamped: a client asking for more than it can get should know.
-    if (limits.max_new_tokens > 0 && st.max_new_tokens() > limits.max_new_tokens) {
-      return absl::OutOfRangeError(absl::StrCat("stopping.max_new_tokens: ", st.max_new_tokens(),
-                                                " exceeds --max_new_tokens=",
-                                                limits.max_new_tokens));
-    }
-    sp.max_new_tokens = st.max_new_tokens();
-  }
-  if (st.stop_size() > kMaxStopStrings) {
-    return Invalid("stopping.stop",
-                   absl::StrCat(st.stop_size(), " stop strings; at most ", kMaxStopStrings));
-  }
-  for (int i = 0; i < st.stop_size(); ++i) {
-    const std::string field = absl::StrCat("stopping.stop[", i, "]");
-    if (st.stop(i).empty()) return Invalid(field, "is empty");
-    if (st.stop(i).size() > kMaxStopStringBytes) {
-      return Invalid(field,
-                     absl::StrCat(st.stop(i).size(), " bytes; at most ", kMaxStopStringBytes));
-    }
-    sp.stop_strings.push_back(st.stop(i));
-  }
-  if (static_cast<size_t>(st.stop_token_ids_size()) > engine::kMaxStopTokenIds) {
-    return Invalid("stopping.stop_token_ids", absl::StrCat(st.stop_token_ids_size(),
-                                                           " ids; at most ",
-                                                           engine::kMaxStopTokenIds));
-  }
-  MODSERVE_RETURN_IF_ERROR(
-      CheckTokenIds("stopping.stop_token_ids", st.stop_token_ids(), config.vocab_size));
-  sp.stop_token_ids.assign(st.stop_token_ids().begin(), st.stop_token_ids().end());
-  sp.ignore_eos = st.ignore_eos();
-
-  if (request.top_logprobs() < 0 || request.top_logprobs() > engine::kMaxTopLogprobs) {
-    return Invalid("top_logprobs", absl::StrCat(request.top_logprobs(), " is not in [0, ",
-                                                engine::kMaxTopLogprobs, "]"));
-  }
-  sp.top_logprobs = request.top_logprobs();
-
-  if (request.routing().has_threshold()) {
-    const double tau = request.routing().threshold();
-    if (!(tau > 0.0 && tau < 1.0)) {
-      return Invalid("routing.threshold", absl::StrCat(tau, " is not in (0, 1)"));
-    }
-    r.threshold = tau;
-  }
-
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + sp.max_new_tokens;
-  if (total > config.max_seq_len) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "prompt (", r.prompt.size(), " tokens) + stopping.max_new_tokens (", sp.max_new_tokens,
-        ") = ", total, " exceeds the model's max_seq_len ", config.max_seq_len));
-  }
-  MODSERVE_RETURN_IF_ERROR(engine::Validate(sp));
-  return out;
+  if (st.has_max_new_tokens()) f.max_new_tokens = st.max_new_tokens();
+  f.stop.assign(st.stop().begin(), st.stop().end());
+  f.stop_token_ids.assign(st.stop_token_ids().begin(), st.stop_token_ids().end());
+  f.ignore_eos = st.ignore_eos();
+  f.top_logprobs = request.top_logprobs();
+  if (request.routing().has_threshold()) f.threshold = request.routing().threshold();
+  return ValidateGeneration(f, GrpcFieldNames(), config, tokenizer, deadline, limits);
 }
 
 }  // namespace modserve::server
