@@ -15,8 +15,9 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 runtime_pkgs=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-core1.0
   libprometheus-cpp-pull1.0 libsentencepiece0 libpcre2-8-0 libicu72 ca-certificates)
+# libboost-dev: Boost.Beast (header-only) for the HTTP port.
 build_pkgs=(build-essential cmake ninja-build pkg-config git
-  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev libboost-dev
   prometheus-cpp-dev libsentencepiece-dev libpcre2-dev libicu-dev nlohmann-json3-dev
   zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev)
 # libopenblas0-pthread: Debian's torch calls the generic libblas, 25x slower than OpenBLAS.
