@@ -30,25 +30,40 @@ grpc::Status CallGate::Authenticate(const grpc::CallbackServerContext& context) 
   return auth_->Check(context.client_metadata());
 }
 
+absl::Status CallGate::CheckToken(absl::Span<const absl::string_view> authorization) const {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->CheckAuthorization(authorization);
+  if (!s.ok() && metrics_ != nullptr) metrics_->CountFailure(s.code());
+  return s;
+}
+
+absl::Status CallGate::AcquireGeneration() {
+  int32_t n = num_generations_.load();
+  do {
+    if (max_concurrent_streams_ > 0 && n >= max_concurrent_streams_) {
+      if (metrics_ != nullptr) metrics_->CountFailure(absl::StatusCode::kResourceExhausted);
+      return absl::ResourceExhaustedError(
+          absl::StrCat(n, " generation requests in flight (gRPC and HTTP); at most "
+                          "--max_concurrent_streams=",
+                       max_concurrent_streams_));
+    }
+  } while (!num_generations_.compare_exchange_weak(n, n + 1));
+  return absl::OkStatus();
+}
+
 grpc::Status CallGate::AdmitGeneration(const grpc::CallbackServerContext& context) {
   grpc::Status status = Authenticate(context);
-  if (status.ok()) {
-    int32_t n = num_generations_.load();
-    do {
-      if (max_concurrent_streams_ > 0 && n >= max_concurrent_streams_) {
-        status = grpc::Status(
-            grpc::StatusCode::RESOURCE_EXHAUSTED,
-            absl::StrCat(n, " Generate/GenerateStream calls in flight; at most "
-                            "--max_concurrent_streams=",
-                         max_concurrent_streams_));
-        break;
-      }
-    } while (!num_generations_.compare_exchange_weak(n, n + 1));
+  if (!status.ok()) {
+    if (metrics_ != nullptr) {
+      metrics_->CountFailure(static_cast<absl::StatusCode>(status.error_code()));
+    }
+    return status;
   }
-  if (!status.ok() && metrics_ != nullptr) {
-    metrics_->CountFailure(static_cast<absl::StatusCode>(status.error_code()));
+  const absl::Status slot = AcquireGeneration();  // counts its own refusal
+  if (!slot.ok()) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(slot.message()));
   }
-  return status;
+  return grpc::Status::OK;
 }
 
 void CallGate::ReleaseGeneration() { --num_generations_; }

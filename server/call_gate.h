@@ -1,6 +1,7 @@
-// Per-call admission for the ModServe service: the bearer token (when one is configured) on every
-// method, and the --max_concurrent_streams bound on Generate and GenerateStream calls in flight.
-// It never reads the request body (request_validation.h does) and does not guard grpc.health.v1.
+// Per-call admission for the ModServe service and the HTTP API: the bearer token (when one is
+// configured) on every method, and the --max_concurrent_streams bound on generation requests in
+// flight (gRPC Generate and GenerateStream calls and HTTP completions together). It never reads
+// the request body (request_validation.h does) and does not guard health checks.
 #ifndef MODSERVE_SERVER_CALL_GATE_H_
 #define MODSERVE_SERVER_CALL_GATE_H_
 
@@ -33,6 +34,13 @@ class CallGate {
   // modserve_request_failure_total.
   grpc::Status AdmitGeneration(const grpc::CallbackServerContext& context);
   void ReleaseGeneration();
+
+  // The HTTP API's halves of the same: the token in the Authorization header values (OK when no
+  // token is configured; Unauthenticated otherwise), and a generation slot (ResourceExhausted
+  // naming --max_concurrent_streams; OK holds a slot for ReleaseGeneration). Refusals are
+  // counted in modserve_request_failure_total.
+  absl::Status CheckToken(absl::Span<const absl::string_view> authorization) const;
+  absl::Status AcquireGeneration();
 
   // Generate and GenerateStream calls admitted and not yet released.
   int32_t num_generations() const { return num_generations_.load(); }

@@ -47,6 +47,26 @@ ABSL_FLAG(int32_t, max_message_bytes, 4 << 20,
 ABSL_FLAG(int32_t, stream_interval, 1,
           "tokens per stream message after the first, which is sent at once (1 = every token as "
           "it is sampled; more cut per-token gRPC work at the price of burstier streams)");
+ABSL_FLAG(int32_t, http_port, -1,
+          "OpenAI-compatible HTTP port (/v1/completions, /v1/chat/completions, /v1/models, "
+          "/health); 0 picks a free one; -1 = off. Same token, TLS, limits and metrics as gRPC");
+ABSL_FLAG(std::string, http_host, "", "address of the HTTP port; empty = --host");
+ABSL_FLAG(int32_t, http_threads, 2, "HTTP I/O threads");
+ABSL_FLAG(int64_t, http_max_body_bytes, int64_t{4} << 20,
+          "largest HTTP request body; larger ones get 413");
+ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
+          "an HTTP request's headers must arrive within this (also the keep-alive idle time); "
+          "slower clients get 408 and are closed");
+ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
+          "an HTTP request's body must arrive within this after its headers (else 408)");
+ABSL_FLAG(absl::Duration, http_write_timeout, absl::Seconds(30),
+          "an HTTP client that does not read a response write for this long is disconnected "
+          "(and its request cancelled)");
+ABSL_FLAG(int32_t, http_max_connections, 1024, "open HTTP connections; more are closed at once");
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model's name in the HTTP API; empty = the --model directory or file name");
+ABSL_FLAG(std::string, chat_template, "",
+          "Jinja chat template file for /v1/chat/completions, instead of the model's own");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = every core");
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
 ABSL_FLAG(int32_t, max_num_seqs, 16, "sequences in the running batch");
@@ -63,7 +83,7 @@ ABSL_FLAG(std::string, inject_faults, "",
 
 int main(int argc, char** argv) {
   modserve::cli::SetUsage(
-      "modserve --model DIR [--port N] [--metrics_port N] [--health_port N] "
+      "modserve --model DIR [--port N] [--http_port N] [--metrics_port N] [--health_port N] "
       "[--tls_cert_file F --tls_key_file F [--tls_client_ca_file F]] [--auth_token_file F]",
       __FILE__);
   absl::ParseCommandLine(argc, argv);
@@ -129,6 +149,22 @@ int main(int argc, char** argv) {
                  "network in cleartext"
               << std::endl;
   }
+  so.http_port = absl::GetFlag(FLAGS_http_port);
+  so.http_host = absl::GetFlag(FLAGS_http_host);
+  so.http.num_threads = absl::GetFlag(FLAGS_http_threads);
+  so.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
+  so.http.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
+  so.http.body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
+  so.http.write_timeout = absl::GetFlag(FLAGS_http_write_timeout);
+  so.http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  so.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  so.chat_template_file = absl::GetFlag(FLAGS_chat_template);
+  if (so.http.num_threads < 1 || so.http.max_body_bytes < 1 || so.http.max_connections < 1) {
+    std::cerr << "modserve: --http_threads, --http_max_body_bytes and --http_max_connections "
+                 "must be >= 1"
+              << std::endl;
+    return 2;
+  }
   so.loop.scheduler.max_num_seqs = eo.max_seqs;
   so.loop.scheduler.max_batch_tokens = eo.max_batch_tokens;
   so.loop.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
@@ -152,6 +188,11 @@ int main(int argc, char** argv) {
             << (so.tls.cert_file.empty() ? "; plaintext" : "; TLS")
             << (so.tls.client_ca_file.empty() ? "" : " with client certificates")
             << (so.auth_token_file.empty() ? "" : "; bearer token required") << std::endl;
+  if ((*server)->http_port() > 0) {
+    std::cout << "modserve http on " << (so.http_host.empty() ? so.host : so.http_host) << ":"
+              << (*server)->http_port() << " (model \"" << (*server)->served_model_name()
+              << "\")" << std::endl;
+  }
   if ((*server)->health_port() > 0) {
     std::cout << "modserve health on " << (so.health_host.empty() ? so.host : so.health_host)
               << ":" << (*server)->health_port() << std::endl;

@@ -166,14 +166,12 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::FromToke
   return std::unique_ptr<TokenAuthenticator>(new TokenAuthenticator(std::move(digests)));
 }
 
-grpc::Status TokenAuthenticator::Check(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+absl::Status TokenAuthenticator::CheckAuthorization(
+    absl::Span<const absl::string_view> values) const {
   constexpr absl::string_view kScheme = "bearer ";
   bool any_bearer = false;
   bool matched = false;
-  const auto [begin, end] = metadata.equal_range("authorization");
-  for (auto it = begin; it != end; ++it) {
-    absl::string_view value(it->second.data(), it->second.size());
+  for (absl::string_view value : values) {
     // RFC 6750: the scheme is case-insensitive; one or more spaces precede the token.
     if (value.size() <= kScheme.size() ||
         !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
@@ -190,10 +188,22 @@ grpc::Status TokenAuthenticator::Check(
     // Every accepted token is compared, whether or not an earlier one matched.
     for (const Digest& want : digests_) matched |= ConstantTimeEquals(d, want);
   }
-  if (matched) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      any_bearer ? "the bearer token is not valid"
-                                 : "missing 'authorization: Bearer <token>' metadata");
+  if (matched) return absl::OkStatus();
+  return absl::UnauthenticatedError(any_bearer ? "the bearer token is not valid"
+                                               : "missing 'authorization: Bearer <token>'");
+}
+
+grpc::Status TokenAuthenticator::Check(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+  std::vector<absl::string_view> values;
+  const auto [begin, end] = metadata.equal_range("authorization");
+  for (auto it = begin; it != end; ++it) values.emplace_back(it->second.data(), it->second.size());
+  const absl::Status s = CheckAuthorization(values);
+  if (s.ok()) return grpc::Status::OK;
+  // gRPC carries the header as metadata; say so.
+  std::string message(s.message());
+  if (absl::StartsWith(message, "missing")) message += " metadata";
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, message);
 }
 
 }  // namespace modserve::server

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -55,6 +56,8 @@ class TokenAuthenticator {
   // OK, or UNAUTHENTICATED when the metadata has no bearer token or none that matches. The message
   // says which, and never contains a presented or an accepted token.
   grpc::Status Check(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  // The same for the values of the HTTP Authorization header(s): OK or Unauthenticated.
+  absl::Status CheckAuthorization(absl::Span<const absl::string_view> values) const;
 
  private:
   using Digest = std::array<uint8_t, 32>;  // SHA-256

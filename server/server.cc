@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "engine/common/logging.h"
 #include "engine/common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -78,6 +80,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                   s->metrics_.get(), s->gate_.get(),
                                                   options.stream_interval);
 
+  if (options.http_port >= 0) {
+    MODSERVE_RETURN_IF_ERROR(s->StartHttp(options));
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -116,6 +122,77 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return s;
 }
 
+namespace {
+
+// The text of a special token of the model (config.json's id wins over the tokenizer's).
+std::optional<std::string> SpecialText(const engine::Tokenizer& tok, std::optional<int32_t> id) {
+  if (!id) return std::nullopt;
+  absl::StatusOr<std::string> text = tok.Decode({*id}, /*skip_special_tokens=*/false);
+  if (!text.ok()) return std::nullopt;
+  return *std::move(text);
+}
+
+// "models/demo" -> "demo"; "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ->
+// "SmolLM2-135M-Instruct.Q4_1".
+std::string DefaultModelName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (absl::EndsWith(name, ".gguf")) name.resize(name.size() - 5);
+  return name.empty() ? "model" : name;
+}
+
+}  // namespace
+
+absl::Status Server::StartHttp(const ServerOptions& options) {
+  served_model_name_ = options.served_model_name.empty()
+                           ? DefaultModelName(engine_->options().model_dir)
+                           : options.served_model_name;
+  // The chat template: --chat_template's file (which must parse), else the model's own (which
+  // only disables chat when it does not parse: completions still work).
+  absl::Status template_status;
+  const engine::Tokenizer* tok = engine_->tokenizer();
+  std::string source;
+  if (!options.chat_template_file.empty()) {
+    MODSERVE_ASSIGN_OR_RETURN(source,
+                              ReadCredentialFile("--chat_template", options.chat_template_file));
+  } else if (tok != nullptr) {
+    source = tok->chat_template();
+  }
+  if (!source.empty() && tok != nullptr) {
+    const engine::ModelConfig& c = engine_->config();
+    std::optional<int32_t> bos = c.bos_token_id ? c.bos_token_id : tok->bos_id();
+    std::optional<int32_t> eos =
+        c.eos_token_ids.empty() ? tok->eos_id() : std::optional<int32_t>(c.eos_token_ids[0]);
+    absl::StatusOr<ChatTemplate> t =
+        ChatTemplate::Create(source, SpecialText(*tok, bos), SpecialText(*tok, eos));
+    if (t.ok()) {
+      chat_template_.emplace(*std::move(t));
+    } else if (!options.chat_template_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--chat_template '", options.chat_template_file, "': ", t.status().message()));
+    } else {
+      template_status = t.status();
+      MODSERVE_LOG(WARNING) << "the model's chat template does not parse; /v1/chat/completions "
+                               "will refuse requests: "
+                            << t.status();
+    }
+  }
+  openai_ = std::make_unique<OpenAiService>(
+      engine_.get(), loop_.get(), metrics_.get(), gate_.get(),
+      chat_template_ ? &*chat_template_ : nullptr, served_model_name_, template_status);
+  HttpServerOptions http = options.http;
+  http.host = options.http_host.empty() ? options.host : options.http_host;
+  http.port = options.http_port;
+  http.tls = options.tls;
+  OpenAiService* api = openai_.get();
+  MODSERVE_ASSIGN_OR_RETURN(
+      http_, HttpServer::Start(http, [api](HttpRequest& r, std::shared_ptr<HttpExchange> x) {
+        api->Handle(r, std::move(x));
+      }));
+  return absl::OkStatus();
+}
+
 Server::~Server() { Shutdown(); }
 
 bool Server::Drain() {
@@ -133,6 +210,14 @@ void Server::Shutdown() {
   if (health_) health_->SetNotServing();
   // The loop stops first so every call in flight gets its Finish, which gRPC's Shutdown awaits.
   if (loop_) loop_->Stop();
+  if (http_) {
+    // Every HTTP request has had its OnDone; let the HTTP threads write those last replies.
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (openai_->num_requests_in_flight() > 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    http_->Stop();
+  }
   if (grpc_server_) {
     // Every Generate call has its Finish now; wait until gRPC has delivered them (OnDone), then
     // shut down without waiting for idle client connections to close, which gRPC would

@@ -1,10 +1,12 @@
 // Assembles a running modserve: engine, step loop, gRPC server (ModServe, health, reflection),
-// the optional health-only gRPC server, metrics endpoint, health monitor, TLS, token and limits;
-// and the SIGTERM drain. Flags live in main.cc, not here.
+// the optional health-only gRPC server, the optional OpenAI-compatible HTTP server on the same
+// loop, metrics endpoint, health monitor, TLS, token and limits; and the SIGTERM drain. Flags
+// live in main.cc, not here.
 #ifndef MODSERVE_SERVER_SERVER_H_
 #define MODSERVE_SERVER_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -13,9 +15,12 @@
 #include "engine/executor/step_loop.h"
 #include "grpcpp/grpcpp.h"
 #include "server/call_gate.h"
+#include "server/chat_template.h"
 #include "server/generate_service.h"
 #include "server/health.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/openai_service.h"
 #include "server/request_validation.h"
 #include "server/security.h"
 
@@ -42,6 +47,15 @@ struct ServerOptions {
   // Tokens a stream message carries after the first (which goes out at once): 1 sends each token
   // as it is sampled; more cut the per-token gRPC work, at the price of burstier streams.
   int32_t stream_interval = 1;
+  // The OpenAI-compatible HTTP API (openai_service.h) on the same loop, limits, token, TLS
+  // certificate and metrics. http_port -1 = off; 0 picks a free port. http.host/port/tls are
+  // taken from the fields here and above; the rest (threads, body limit, timeouts) from `http`.
+  std::string http_host;  // empty = host
+  int http_port = -1;
+  HttpServerOptions http;
+  std::string served_model_name;  // the API's model name; empty = the model's file name
+  // A Jinja chat template file used instead of the model's own (tokenizer_config.json or GGUF).
+  std::string chat_template_file;
   engine::StepLoopOptions loop;
   absl::Duration drain_timeout = absl::Seconds(30);
   // Health turns NOT_SERVING when the engine thread has not gone round its loop for this long.
@@ -62,6 +76,8 @@ class Server {
   int port() const { return port_; }
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   int health_port() const { return health_port_; }  // 0 when there is no health-only server
+  int http_port() const { return http_ ? http_->port() : 0; }  // 0 when HTTP is off
+  const std::string& served_model_name() const { return served_model_name_; }
   const CallGate& call_gate() const { return *gate_; }
   engine::StepLoop& loop() { return *loop_; }
   Metrics& metrics() { return *metrics_; }
@@ -74,6 +90,7 @@ class Server {
 
  private:
   Server() = default;
+  absl::Status StartHttp(const ServerOptions& options);
 
   ServerOptions options_;
   std::unique_ptr<engine::Engine> engine_;
@@ -81,6 +98,10 @@ class Server {
   std::unique_ptr<engine::StepLoop> loop_;
   std::unique_ptr<CallGate> gate_;
   std::unique_ptr<GenerateService> service_;
+  std::optional<ChatTemplate> chat_template_;
+  std::unique_ptr<OpenAiService> openai_;
+  std::unique_ptr<HttpServer> http_;  // destroyed before the loop it submits to
+  std::string served_model_name_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<grpc::Server> health_server_;
   std::unique_ptr<grpc::HealthCheckServiceInterface> health_fan_out_;

@@ -50,14 +50,15 @@ fi
 
 if [ "$want" = all ]; then
   # PyPI only for what Debian lacks: Hugging Face tokenizers (the reference BPE), safetensors
-  # (an independent reader the tests check our own writer against) and gguf (llama.cpp's own
-  # GGUF reader and dequantizers, the same check for GGUF files and block layouts).
+  # (an independent reader the tests check our own writer against), gguf (llama.cpp's own
+  # GGUF reader and dequantizers, the same check for GGUF files and block layouts) and openai
+  # (the OpenAI SDK, a third-party client of the HTTP API).
   # grpcio-tools for the Python client stubs comes with a protoc matching Debian's
   # python3-protobuf.
   if [ ! -x .venv/bin/python ]; then
     /usr/bin/python3 -m venv --system-site-packages .venv
   fi
-  if ! .venv/bin/python -c "import tokenizers, safetensors, gguf" 2>/dev/null; then
+  if ! .venv/bin/python -c "import tokenizers, safetensors, gguf, openai" 2>/dev/null; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -r tools/requirements.txt
   fi
 fi

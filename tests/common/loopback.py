@@ -14,7 +14,7 @@ import time
 import urllib.request
 
 # The lines `modserve` prints on stdout once each listener is up: "modserve <what> on HOST:PORT".
-_PORT_LINE = re.compile(r"modserve (listening|metrics|health) on \S+:(\d+)")
+_PORT_LINE = re.compile(r"modserve (listening|metrics|health|http) on \S+:(\d+)")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -86,7 +86,8 @@ def is_sanitized(binary):
 
 class Server:
     """One `modserve` process on --port 0 (and --metrics_port 0 unless `metrics` is False), with the
-    ports it prints. `extra` are more flags; a "--health_port" among them adds `health_port`.
+    ports it prints. `extra` are more flags; a "--health_port" among them adds `health_port`, an
+    "--http_port" `http_port` (the OpenAI-compatible HTTP API).
     `stderr` is where the server's log goes (default: discarded). A thread reads and drops later
     stdout lines, so the pipe never fills."""
 
@@ -97,7 +98,8 @@ class Server:
         self.proc = subprocess.Popen(args + list(extra), stdout=subprocess.PIPE, stderr=stderr,
                                      text=True)
         want = {"listening"} | ({"metrics"} if metrics else set()) | \
-            ({"health"} if "--health_port" in extra else set())
+            ({"health"} if "--health_port" in extra else set()) | \
+            ({"http"} if "--http_port" in extra else set())
         ports = {}
         for line in self.proc.stdout:
             m = _PORT_LINE.match(line)
@@ -108,6 +110,7 @@ class Server:
         self.port = ports.get("listening")
         self.metrics_port = ports.get("metrics")
         self.health_port = ports.get("health")
+        self.http_port = ports.get("http")
         if not want <= ports.keys():
             self.stop()
             raise RuntimeError(f"{binary} did not print its ports {sorted(want - ports.keys())} "
