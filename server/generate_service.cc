@@ -40,6 +40,20 @@ v1::FinishReason ToProto(engine::FinishReason reason) {
 
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 
+void AppendPromptLogprobs(absl::Span<const engine::PromptLogprob> prompt,
+                          google::protobuf::RepeatedPtrField<v1::PromptLogprob>* out) {
+  for (const engine::PromptLogprob& p : prompt) {
+    v1::PromptLogprob* lp = out->Add();
+    lp->set_token_id(p.token);
+    if (p.logprob) lp->set_logprob(*p.logprob);
+    for (const engine::TokenLogprob& t : p.top) {
+      v1::TopLogprob* alt = lp->add_top();
+      alt->set_token_id(t.id);
+      alt->set_logprob(t.logprob);
+    }
+  }
+}
+
 void AppendLogprob(int32_t token, float logprob, absl::Span<const engine::TokenLogprob> top,
                    int32_t top_logprobs,
                    google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out) {
@@ -203,6 +217,7 @@ class UnarySink final : public engine::GenerationSink,
                                               : absl::Span<const engine::TokenLogprob>(),
                     top_logprobs_, response_->mutable_logprobs());
     }
+    AppendPromptLogprobs(r.prompt_logprobs, response_->mutable_prompt_logprobs());
     FillFinal(*done, return_decisions_, response_);
     reactor_->Finish(grpc::Status::OK);
   }
@@ -365,6 +380,7 @@ void StreamGenerate::OnWriteDone(bool ok) {
 
 void AppendToken(const engine::TokenEvent& event, int32_t top_logprobs,
                  v1::GenerateStreamResponse* out) {
+  AppendPromptLogprobs(event.prompt_logprobs, out->mutable_prompt_logprobs());
   out->add_token_ids(event.token);
   out->mutable_text()->append(event.text);
   AppendLogprob(event.token, event.logprob, event.top_logprobs, top_logprobs,

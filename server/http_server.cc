@@ -385,12 +385,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     on_close_ = nullptr;  // complete: nothing to cancel any more
     if (!keep_alive_) return Close();
     phase_ = Phase::kIdle;
-    if (reading_) {
-      // The disconnect watch is still out: it finishes as the next request's first bytes.
-      ArmReadTimer(options_.header_timeout);
-      return;
+    if (!reading_ && buffer_.size() > 0) return ReadHeader();  // a pipelined request
+    // Idle until the next request's first bytes (the disconnect watch, if still out, is the
+    // read that gets them).
+    ArmReadTimer(options_.idle_timeout);
+    if (!reading_) {
+      reading_ = true;
+      AsyncReadSome();
     }
-    ReadHeader();
   }
 
   void RunOnClose() {

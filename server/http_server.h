@@ -35,10 +35,14 @@ struct HttpServerOptions {
   int64_t max_body_bytes = int64_t{4} << 20;
   int32_t max_header_bytes = 16 << 10;  // request line + headers; larger: 431
   // The request line and headers must arrive within header_timeout of the connection being
-  // ready for a request (accepted, or done with the previous one), the body within body_timeout
-  // after the headers; otherwise 408 (when part of a request came) and close.
+  // accepted (or of the first byte of a later request), the body within body_timeout after the
+  // headers; otherwise 408 (when part of a request came) and close.
   absl::Duration header_timeout = absl::Seconds(10);
   absl::Duration body_timeout = absl::Seconds(30);
+  // A keep-alive connection may idle this long between requests (then header_timeout runs
+  // from the next request's first byte). Longer than clients' own pool expiry (httpx: 5 s), so
+  // a client never sends on a connection the server is closing.
+  absl::Duration idle_timeout = absl::Seconds(30);
   // One write of the response may take this long; a client that stops reading is closed (and
   // its request cancelled through OnClose).
   absl::Duration write_timeout = absl::Seconds(30);

@@ -55,8 +55,10 @@ ABSL_FLAG(int32_t, http_threads, 2, "HTTP I/O threads");
 ABSL_FLAG(int64_t, http_max_body_bytes, int64_t{4} << 20,
           "largest HTTP request body; larger ones get 413");
 ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(10),
-          "an HTTP request's headers must arrive within this (also the keep-alive idle time); "
-          "slower clients get 408 and are closed");
+          "an HTTP request's headers must arrive within this of the connection (or of the "
+          "request's first byte); slower clients get 408 and are closed");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(30),
+          "how long a keep-alive HTTP connection may idle between requests");
 ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
           "an HTTP request's body must arrive within this after its headers (else 408)");
 ABSL_FLAG(absl::Duration, http_write_timeout, absl::Seconds(30),
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
   so.http.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
   so.http.header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
   so.http.body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
+  so.http.idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
   so.http.write_timeout = absl::GetFlag(FLAGS_http_write_timeout);
   so.http.max_connections = absl::GetFlag(FLAGS_http_max_connections);
   so.served_model_name = absl::GetFlag(FLAGS_served_model_name);

@@ -190,6 +190,8 @@ absl::Status CompletionFields(const json& body, const OpenAiModel& model,
     }
     out->logprobs = static_cast<int32_t>(*logprobs);
     common.top_logprobs = *logprobs;
+    // Echoed prompt tokens carry their logprobs too (what lm-eval's loglikelihood reads).
+    if (out->echo) common.prompt_logprobs = *logprobs;
   }
   MODSERVE_ASSIGN_OR_RETURN(std::optional<std::string> suffix, String(body, "suffix"));
   if (suffix && !suffix->empty()) return Bad("suffix", "is not supported by this server");
@@ -323,6 +325,7 @@ const FieldNames& OpenAiFieldNames(OpenAiEndpoint endpoint) {
       .stop = "stop",
       .stop_token_ids = "stop_token_ids",
       .top_logprobs = "logprobs",
+      .prompt_logprobs = "logprobs",
       .threshold = "routing_threshold",
   };
   static constexpr FieldNames kChat = [] {

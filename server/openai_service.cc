@@ -350,6 +350,19 @@ class OpenAiService::Job : public std::enable_shared_from_this<OpenAiService::Jo
     return n;
   }
 
+  // The echoed prompt's entries: each prompt token, its logprob (none for the first) and its
+  // alternatives.
+  static void AddPromptEntries(const std::vector<engine::PromptLogprob>& prompt,
+                               std::vector<int32_t>* tokens,
+                               std::vector<std::optional<float>>* lps,
+                               std::vector<std::vector<engine::TokenLogprob>>* tops) {
+    for (const engine::PromptLogprob& p : prompt) {
+      tokens->push_back(p.token);
+      lps->push_back(p.logprob);
+      tops->push_back(p.top);
+    }
+  }
+
   // Completions' logprobs object for `tokens` (text_offset from `offset`, advanced).
   json CompletionLogprobs(const std::vector<int32_t>& tokens,
                           const std::vector<std::optional<float>>& logprobs,
@@ -422,9 +435,16 @@ class OpenAiService::Job : public std::enable_shared_from_this<OpenAiService::Jo
           logprobs = {{"content", ChatLogprobContent(r.token_ids, r.logprobs, tops)},
                       {"refusal", nullptr}};
         } else {
-          std::vector<std::optional<float>> lps(r.logprobs.begin(), r.logprobs.end());
-          int64_t offset = echo_ ? Characters(c.prompt_text) : 0;
-          logprobs = CompletionLogprobs(r.token_ids, lps, tops, &offset);
+          // With echo, the prompt's tokens come first (the first without a logprob).
+          std::vector<int32_t> tokens;
+          std::vector<std::optional<float>> lps;
+          std::vector<std::vector<engine::TokenLogprob>> all_tops;
+          if (echo_) AddPromptEntries(r.prompt_logprobs, &tokens, &lps, &all_tops);
+          tokens.insert(tokens.end(), r.token_ids.begin(), r.token_ids.end());
+          lps.insert(lps.end(), r.logprobs.begin(), r.logprobs.end());
+          all_tops.insert(all_tops.end(), tops.begin(), tops.end());
+          int64_t offset = 0;
+          logprobs = CompletionLogprobs(tokens, lps, all_tops, &offset);
         }
       }
       if (chat) {
@@ -449,6 +469,7 @@ class OpenAiService::Job : public std::enable_shared_from_this<OpenAiService::Jo
     ++c.completion_tokens;
     json choice = {{"index", index}};
     std::string text = e.text;
+    const bool first_event = !c.started;
     if (!c.started) {
       c.started = true;
       if (echo_) {
@@ -471,8 +492,14 @@ class OpenAiService::Job : public std::enable_shared_from_this<OpenAiService::Jo
         logprobs = {{"content", ChatLogprobContent({e.token}, {e.logprob}, {e.top_logprobs})},
                     {"refusal", nullptr}};
       } else {
-        if (c.text_offset == 0 && echo_) c.text_offset = Characters(c.prompt_text);
-        logprobs = CompletionLogprobs({e.token}, {e.logprob}, {e.top_logprobs}, &c.text_offset);
+        std::vector<int32_t> tokens;
+        std::vector<std::optional<float>> lps;
+        std::vector<std::vector<engine::TokenLogprob>> tops;
+        if (first_event && echo_) AddPromptEntries(e.prompt_logprobs, &tokens, &lps, &tops);
+        tokens.push_back(e.token);
+        lps.push_back(e.logprob);
+        tops.push_back(e.top_logprobs);
+        logprobs = CompletionLogprobs(tokens, lps, tops, &c.text_offset);
       }
     } else if (chat && text.empty()) {
       return;  // nothing to show yet (held bytes of a character, or of a stop string)

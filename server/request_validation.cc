@@ -67,6 +67,7 @@ const FieldNames& GrpcFieldNames() {
       .stop = "stopping.stop",
       .stop_token_ids = "stopping.stop_token_ids",
       .top_logprobs = "top_logprobs",
+      .prompt_logprobs = "prompt_logprobs",
       .threshold = "routing.threshold",
   };
   return kNames;
@@ -222,6 +223,13 @@ absl::StatusOr<engine::LoopRequest> ValidateGeneration(const GenerationFields& f
                                                     engine::kMaxTopLogprobs, "]"));
   }
   sp.top_logprobs = static_cast<int32_t>(f.top_logprobs);
+  if (f.prompt_logprobs) {
+    if (*f.prompt_logprobs < 0 || *f.prompt_logprobs > engine::kMaxTopLogprobs) {
+      return Invalid(names.prompt_logprobs, absl::StrCat(*f.prompt_logprobs, " is not in [0, ",
+                                                         engine::kMaxTopLogprobs, "]"));
+    }
+    r.prompt_logprobs = static_cast<int32_t>(*f.prompt_logprobs);
+  }
 
   if (f.threshold) {
     const double tau = *f.threshold;
@@ -286,6 +294,7 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
   f.stop_token_ids.assign(st.stop_token_ids().begin(), st.stop_token_ids().end());
   f.ignore_eos = st.ignore_eos();
   f.top_logprobs = request.top_logprobs();
+  if (request.has_prompt_logprobs()) f.prompt_logprobs = request.prompt_logprobs();
   if (request.routing().has_threshold()) f.threshold = request.routing().threshold();
   return ValidateGeneration(f, GrpcFieldNames(), config, tokenizer, deadline, limits);
 }

@@ -60,6 +60,8 @@ struct GenerationFields {
   std::vector<int64_t> stop_token_ids;
   bool ignore_eos = false;
   int64_t top_logprobs = 0;
+  // Set: every prompt token's logprob, with this many alternatives (0..20).
+  std::optional<int64_t> prompt_logprobs;
   std::optional<double> threshold;
 };
 
@@ -79,6 +81,7 @@ struct FieldNames {
   const char* stop;
   const char* stop_token_ids;
   const char* top_logprobs;
+  const char* prompt_logprobs;
   const char* threshold;
 };
 

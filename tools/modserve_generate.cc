@@ -34,6 +34,13 @@ ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = every core");
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating after EOS");
 ABSL_FLAG(int32_t, top_logprobs, 0, "alternatives per token to report in --json (0..20)");
+ABSL_FLAG(int32_t, prompt_logprobs, -1,
+          "with --json: every prompt token's logprob under the model (raw logits: no penalties or "
+          "temperature) and this many alternatives (0..20), as prompt_logprobs; -1 = off");
+ABSL_FLAG(bool, echo, false,
+          "with --json: an `echo` object as OpenAI's echo gives it: the prompt's tokens, text and "
+          "logprobs (the first null) followed by the generated ones (implies --prompt_logprobs "
+          ">= 0)");
 ABSL_FLAG(bool, json, false, "print one JSON object instead of text");
 
 namespace {
@@ -91,6 +98,13 @@ int main(int argc, char** argv) {
   sp.top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
   if (absl::GetFlag(FLAGS_seed) >= 0) sp.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   if (absl::GetFlag(FLAGS_threshold) != -1.0) req.threshold = absl::GetFlag(FLAGS_threshold);
+  const bool echo = absl::GetFlag(FLAGS_echo);
+  req.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > modserve::engine::kMaxTopLogprobs) {
+    return Fail("--prompt_logprobs " + std::to_string(req.prompt_logprobs) +
+                " is not in [-1, 20]");
+  }
+  if (echo && req.prompt_logprobs < 0) req.prompt_logprobs = 0;
 
   auto results = e.Generate({req});
   if (!results.ok()) return Fail(results.status().ToString());
@@ -124,6 +138,35 @@ int main(int argc, char** argv) {
   j["kv_bytes_dense"] = r.kv_bytes_dense;
   j["usage"] = {{"prompt_tokens", r.prompt_tokens},
                 {"completion_tokens", static_cast<int>(r.token_ids.size())}};
+  if (req.prompt_logprobs >= 0) {
+    nlohmann::json prompt = nlohmann::json::array();
+    for (const auto& p : r.prompt_logprobs) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& a : p.top) top.push_back({{"id", a.id}, {"logprob", a.logprob}});
+      prompt.push_back({{"token_id", p.token},
+                        {"logprob", p.logprob ? nlohmann::json(*p.logprob) : nlohmann::json()},
+                        {"top", top}});
+    }
+    j["prompt_logprobs"] = prompt;
+  }
+  if (echo) {
+    nlohmann::json ids = nlohmann::json::array(), lps = nlohmann::json::array();
+    for (const auto& p : r.prompt_logprobs) {
+      ids.push_back(p.token);
+      lps.push_back(p.logprob ? nlohmann::json(*p.logprob) : nlohmann::json());
+    }
+    for (size_t i = 0; i < r.token_ids.size(); ++i) {
+      ids.push_back(r.token_ids[i]);
+      lps.push_back(r.logprobs[i]);
+    }
+    nlohmann::json out = {{"token_ids", ids}, {"logprobs", lps}};
+    if (e.tokenizer() != nullptr) {
+      auto prompt_text = text.empty() ? e.tokenizer()->Decode(req.prompt, false)
+                                      : absl::StatusOr<std::string>(text);
+      if (prompt_text.ok()) out["text"] = *prompt_text + r.text;
+    }
+    j["echo"] = out;
+  }
   std::cout << j.dump() << std::endl;
   return 0;
 }

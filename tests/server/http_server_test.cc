@@ -261,6 +261,23 @@ TEST(HttpServerTest, SlowLorisGets408AndOthersAreServedMeanwhile) {
   EXPECT_EQ(idle.ReadUntil([](const std::string&) { return true; }), "");
 }
 
+TEST(HttpServerTest, KeepAliveIdlesLongerThanTheHeaderTimeoutThenCloses) {
+  std::atomic<int> closes{0};
+  HttpServerOptions o = Options();
+  o.idle_timeout = absl::Milliseconds(900);  // three header timeouts
+  auto server = EchoServer(o, &closes);
+  RawClient c(server->port());
+  c.Send(Post("/a", "one"));
+  EXPECT_THAT(c.ReadResponses(1), HasSubstr("POST /a one"));
+  c.TakeReceived();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past header_timeout
+  c.Send(Post("/b", "two"));
+  EXPECT_THAT(c.ReadResponses(1), HasSubstr("POST /b two"));
+  c.TakeReceived();
+  EXPECT_TRUE(c.WaitClosed());  // past idle_timeout: closed, without a 408
+  EXPECT_EQ(c.ReadUntil([](const std::string&) { return true; }), "");
+}
+
 TEST(HttpServerTest, StreamsChunksWrittenFromOtherThreads) {
   std::atomic<int> closes{0};
   auto server = EchoServer(Options(), &closes);

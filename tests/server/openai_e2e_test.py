@@ -154,6 +154,38 @@ class OpenAiApiTest(unittest.TestCase):
                                               temperature=0, echo=True)
         self.assertTrue(echo.choices[0].text.startswith(PROMPT))
 
+    def test_echo_logprobs_equal_grpc_prompt_logprobs(self):
+        ids = self.grpc.tokenize(PROMPT, add_special_tokens=True)
+        want = self.grpc.generate(ids, max_new_tokens=1, prompt_logprobs=1, top_logprobs=1)
+        self.assertEqual([t for t, _ in want.prompt_logprobs], ids)
+        self.assertIsNone(want.prompt_logprobs[0][1])
+        # What lm-eval's local-completions sends for a loglikelihood request.
+        got = self.client.completions.create(model="demo", prompt=ids, max_tokens=1,
+                                             temperature=0, logprobs=1, echo=True, seed=1234)
+        lp = got.choices[0].logprobs
+        self.assertEqual(len(lp.token_logprobs), len(ids) + 1)
+        self.assertEqual(lp.token_logprobs[:len(ids)], [l for _, l in want.prompt_logprobs])
+        self.assertEqual(lp.token_logprobs[len(ids)], want.logprobs[0])
+        self.assertIsNone(lp.top_logprobs[0])
+        self.assertTrue(all(len(t) >= 1 for t in lp.top_logprobs[1:]))
+        # Streamed: the prompt's entries come with the first token.
+        first = next(iter(self.client.completions.create(
+            model="demo", prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True,
+            stream=True)))
+        self.assertEqual(first.choices[0].logprobs.token_logprobs,
+                         lp.token_logprobs)
+        # modserve-generate --prompt_logprobs (the offline engine, no server) agrees.
+        import subprocess
+        out = subprocess.run(
+            [os.path.join(os.path.dirname(BINARY), "modserve-generate"), "--model", MODEL,
+             "--prompt_ids", ",".join(map(str, ids)), "--max_new_tokens", "1",
+             "--prompt_logprobs", "1", "--echo", "--json", "--threads", "1"],
+            capture_output=True, text=True, check=True)
+        offline = json.loads(out.stdout)
+        self.assertEqual([p["logprob"] for p in offline["prompt_logprobs"]],
+                         [l for _, l in want.prompt_logprobs])
+        self.assertEqual(offline["echo"]["logprobs"], lp.token_logprobs)
+
     def test_chat_equals_grpc_greedy(self):
         messages = [{"role": "system", "content": "You are terse."},
                     {"role": "user", "content": "What is a computer?"}]

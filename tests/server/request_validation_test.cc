@@ -58,6 +58,7 @@ TEST(RequestValidationTest, EveryFieldIsCarriedOver) {
   req.mutable_stopping()->add_stop_token_ids(3);
   req.mutable_stopping()->set_ignore_eos(true);
   req.set_top_logprobs(4);
+  req.set_prompt_logprobs(2);
   req.mutable_routing()->set_threshold(0.25);
   const absl::Time deadline = absl::FromUnixSeconds(2000000000);
   auto r = ToLoopRequest(req, Config(), nullptr, deadline);
@@ -77,6 +78,7 @@ TEST(RequestValidationTest, EveryFieldIsCarriedOver) {
   EXPECT_THAT(p.stop_token_ids, ElementsAre(3));
   EXPECT_TRUE(p.ignore_eos);
   EXPECT_EQ(p.top_logprobs, 4);
+  EXPECT_EQ(r->request.prompt_logprobs, 2);
   EXPECT_EQ(r->request.threshold, 0.25);
   EXPECT_EQ(r->deadline, deadline);
 }
@@ -105,6 +107,23 @@ TEST(RequestValidationTest, StopTokenIdsAreLimitedInNumber) {
   EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "stopping.stop_token_ids: 257 ids; at most 256"));
+}
+
+TEST(RequestValidationTest, PromptLogprobsAreOffUnlessAskedAndBounded) {
+  auto off = ToLoopRequest(Request(), Config(), nullptr, absl::InfiniteFuture());
+  ASSERT_THAT(off, IsOk());
+  EXPECT_EQ(off->request.prompt_logprobs, -1);
+  v1::GenerateRequest req = Request();
+  req.set_prompt_logprobs(0);
+  auto zero = ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture());
+  ASSERT_THAT(zero, IsOk());
+  EXPECT_EQ(zero->request.prompt_logprobs, 0);
+  req.set_prompt_logprobs(21);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "prompt_logprobs: 21 is not in [0, 20]"));
+  req.set_prompt_logprobs(-1);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "prompt_logprobs: -1 is not in"));
 }
 
 TEST(RequestValidationTest, PromptPlusMaxNewTokensBeyondContextIsOutOfRange) {

@@ -52,6 +52,8 @@ class Generation:
     routing: List[RoutingLayer]
     kv_bytes: int
     kv_bytes_dense: int
+    # (token_id, logprob or None for the first) per prompt token, when prompt_logprobs was asked.
+    prompt_logprobs: List[tuple] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -79,6 +81,8 @@ def _generation(resp) -> Generation:
         routing=_routing(resp.routing),
         kv_bytes=resp.routing.kv_bytes,
         kv_bytes_dense=resp.routing.kv_bytes_dense,
+        prompt_logprobs=[(p.token_id, p.logprob if p.HasField("logprob") else None)
+                         for p in resp.prompt_logprobs],
     )
 
 
@@ -217,7 +221,8 @@ class Client:
                 top_p: Optional[float] = None, seed: Optional[int] = None,
                 stop: Sequence[str] = (), ignore_eos: bool = False,
                 threshold: Optional[float] = None, top_logprobs: int = 0,
-                request_id: str = "") -> modserve_pb2.GenerateRequest:
+                request_id: str = "",
+                prompt_logprobs: Optional[int] = None) -> modserve_pb2.GenerateRequest:
         """Builds a GenerateRequest; a str prompt is text, a sequence of ints is token ids.
         Unset temperature means greedy."""
         req = modserve_pb2.GenerateRequest(request_id=request_id, top_logprobs=top_logprobs)
@@ -238,6 +243,8 @@ class Client:
         req.stopping.ignore_eos = ignore_eos
         if threshold is not None:
             req.routing.threshold = threshold
+        if prompt_logprobs is not None:
+            req.prompt_logprobs = prompt_logprobs
         return req
 
     @classmethod
