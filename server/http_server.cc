@@ -121,9 +121,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     read_timer_.cancel();
     write_timer_.cancel();
     CloseSocket();
+    RunOnClose();  // before the count drops: a caller seeing the count sees the cancel done
     if (counted_) server_->num_connections.fetch_sub(1);
     counted_ = false;
-    RunOnClose();
   }
 
   void Post(std::function<void()> task) {

@@ -3389,7 +3389,8 @@ void AddGlobals(Frame *globals) {
         localtime_r(&now, &local);
         char buf[256];
         const size_t n = std::strftime(buf, sizeof(buf), format.c_str(), &local);
-        return Value::String(std::string(buf, n));
+        // A conversion the C library does not know may cut a multi-byte character.
+        return Value::String(engine::ReplaceInvalidUtf8(std::string_view(buf, n)));
       });
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
@@ -308,6 +309,108 @@ absl::Status ChatFields(const json& body, const OpenAiModel& model,
 }
 
 }  // namespace
+
+int HttpStatusFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      // A request that could never fit the KV cache will not fit on a retry either.
+      return absl::StrContains(status.message(), "--kv_cache_bytes") ? 400 : 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:  // Internal, Unknown, DataLoss (absl's enum reserves more values)
+      break;
+  }
+  return 500;
+}
+
+namespace {
+
+// The field a validation message starts with: "top_p: ..." and "messages[2].content: ...".
+std::optional<std::string> ParamOf(absl::string_view message) {
+  const size_t colon = message.find(": ");
+  if (colon == absl::string_view::npos || colon == 0) return std::nullopt;
+  const absl::string_view field = message.substr(0, colon);
+  for (char c : field) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '[' && c != ']' && c != '-') {
+      return std::nullopt;
+    }
+  }
+  if (field == "body") return std::nullopt;
+  return std::string(field);
+}
+
+json ErrorObject(const absl::Status& status) {
+  const int http = HttpStatusFor(status);
+  const bool internal = http == 500;
+  std::string type = "invalid_request_error";
+  json code = nullptr;
+  switch (http) {
+    case 401:
+      type = "authentication_error";
+      code = "invalid_api_key";
+      break;
+    case 403:
+      type = "permission_error";
+      break;
+    case 404:
+      type = "not_found_error";
+      if (absl::StartsWith(status.message(), "model:")) code = "model_not_found";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      code = "rate_limit_exceeded";
+      break;
+    case 499:
+      type = "cancelled";
+      break;
+    case 500:
+    case 501:
+    case 503:
+    case 504:
+      type = "server_error";
+      break;
+    default:
+      if (status.code() == absl::StatusCode::kOutOfRange &&
+          absl::StrContains(status.message(), "max_seq_len")) {
+        code = "context_length_exceeded";
+      }
+  }
+  const std::optional<std::string> param = internal ? std::nullopt : ParamOf(status.message());
+  return {{"error",
+           {{"message", internal ? std::string("internal server error (details are in the server "
+                                               "log)")
+                                 : std::string(status.message())},
+            {"type", type},
+            {"param", param ? json(*param) : json(nullptr)},
+            {"code", code}}}};
+}
+
+}  // namespace
+
+std::string ErrorJson(const absl::Status& status) {
+  // Replace rather than throw on invalid UTF-8: a reply must never fail.
+  return ErrorObject(status).dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 const FieldNames& OpenAiFieldNames(OpenAiEndpoint endpoint) {
   static constexpr FieldNames kCompletions{

@@ -2,7 +2,8 @@
 // checks naming the field as OpenAI spells it, OpenAI's defaults, the fields this server refuses
 // rather than ignores (n > 1, suffix, logit_bias, tools, non-text response formats), chat
 // messages through the model's template, then the rules every API shares
-// (request_validation.h). No I/O, no engine: it only reads the model's config and tokenizer.
+// (request_validation.h); and the other way, a status as OpenAI's error object. No I/O, no
+// engine: it only reads the model's config and tokenizer.
 #ifndef MODSERVE_SERVER_OPENAI_REQUEST_H_
 #define MODSERVE_SERVER_OPENAI_REQUEST_H_
 
@@ -60,6 +61,17 @@ struct OpenAiRequest {
 // serve the request at all (chat without a chat template, text without a tokenizer).
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
                                                  const OpenAiModel& model, absl::Time deadline);
+
+// absl status -> HTTP status, as the OpenAI API uses them: 400 for invalid requests (and
+// requests too long for the model or the cache), 401, 403, 404, 429 for limits a retry may clear
+// (the concurrent-request bound, a full queue), 499 when the client cancelled, 500, 501, 503
+// when draining or unhealthy, 504 for an expired deadline.
+int HttpStatusFor(const absl::Status& status);
+
+// OpenAI's error object: {"error": {"message", "type", "param", "code"}}, `param` being the
+// field a validation message starts with ("top_p: ..." -> "top_p"). Internal details are not
+// sent (the caller logs them).
+std::string ErrorJson(const absl::Status& status);
 
 // OpenAI's names for the shared rules' messages ("max_tokens", "top_p", "stop", ...).
 const FieldNames& OpenAiFieldNames(OpenAiEndpoint endpoint);

@@ -24,17 +24,6 @@
 
 namespace modserve::server {
 
-// absl status -> HTTP status, as the OpenAI API uses them: 400 for invalid requests (and
-// requests too long for the model or the cache), 401, 403, 404, 429 for limits a retry may clear
-// (the concurrent-request bound, a full queue), 499 when the client cancelled, 500, 501, 503
-// when draining or unhealthy, 504 for an expired deadline.
-int HttpStatusFor(const absl::Status& status);
-
-// OpenAI's error object: {"error": {"message", "type", "param", "code"}}, `param` being the
-// field a validation message starts with ("top_p: ..." -> "top_p"). Internal details are not
-// sent (the caller logs them).
-std::string ErrorJson(const absl::Status& status);
-
 // Thread contract: Handle runs on the HTTP threads (one connection's requests in order); every
 // pointer must outlive the service and every request in flight. `gate` and `chat_template` may
 // be null (no token, no limits; chat refused with a 400).

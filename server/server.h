@@ -77,6 +77,7 @@ class Server {
   int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   int health_port() const { return health_port_; }  // 0 when there is no health-only server
   int http_port() const { return http_ ? http_->port() : 0; }  // 0 when HTTP is off
+  int32_t http_num_connections() const { return http_ ? http_->num_connections() : 0; }
   const std::string& served_model_name() const { return served_model_name_; }
   const CallGate& call_gate() const { return *gate_; }
   engine::StepLoop& loop() { return *loop_; }

@@ -134,13 +134,13 @@ tsan() {
   cmake --preset tsan -B "$build" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="$fast" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$fast" >/dev/null
   cmake --build "$build" -j "$jobs" --target backend_thread_pool_test scheduler_test \
-    step_loop_test server_test security_test
+    step_loop_test server_test security_test http_server_test http_api_test
   report "tsan build" "$t0"
   t0=$(stamp)
   LD_LIBRARY_PATH="$PWD/build-ci-tsan-grpc/lib:$PWD/build-ci-tsan-abseil/lib" \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 \
-      -R "^(ThreadPoolTest|SchedulerTest|StepLoopTest|ServerTest|ServerSecurityTest)\\."
+      -R "^(ThreadPoolTest|SchedulerTest|StepLoopTest|ServerTest|ServerSecurityTest|HttpServerTest|HttpApiTest)\\."
   report "tsan tests" "$t0"
 }
 
