@@ -18,6 +18,8 @@ FuzzFn FindTarget(std::string_view name) {
       {"tokenizer_decode", FuzzTokenizerDecode},
       {"detokenizer", FuzzDetokenizer},
       {"request", FuzzRequest},
+      {"openai_request", FuzzOpenAiRequest},
+      {"jinja", FuzzJinja},
   };
   for (const Entry& e : kTargets) {
     if (e.name == name) return e.fn;

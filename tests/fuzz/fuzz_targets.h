@@ -69,6 +69,22 @@ int FuzzDetokenizer(const uint8_t* data, size_t size);
 // engine::Validate.
 int FuzzRequest(const uint8_t* data, size_t size);
 
+// First byte: flags (1: chat instead of completions; 2: no tokenizer; 4: the demo config with
+// max_seq_len 64; 8: no chat template; 16: --max_prompt_tokens=8 --max_new_tokens=8); the rest
+// is an HTTP request body for server::ParseOpenAiRequest with the demo model and SmolLM2's chat
+// template. A refusal must be InvalidArgument / NotFound / FailedPrecondition naming a field
+// ("top_p: ...", "messages[1].content: ..."), OutOfRange naming the limit, ResourceExhausted (the
+// template's bounds) or Internal (the tokenizer's), and its ErrorJson must be OpenAI's error
+// object carrying the message; an accepted request must be within every limit, in the
+// vocabulary, and pass engine::Validate.
+int FuzzOpenAiRequest(const uint8_t* data, size_t size);
+
+// The bytes are a Jinja template for server::jinja::Template::Parse; one that parses is rendered
+// with a fixed chat context under small RenderLimits. Parse errors are InvalidArgument naming
+// the template line; a render is valid UTF-8 within the output limit, or fails with
+// InvalidArgument or ResourceExhausted.
+int FuzzJinja(const uint8_t* data, size_t size);
+
 // Name -> function, for the replay test and for fuzz_main.cc. nullptr for an unknown name.
 FuzzFn FindTarget(std::string_view name);
 

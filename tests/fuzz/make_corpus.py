@@ -332,11 +332,86 @@ def request_corpus():
     put("bad_threshold_nan", req(routing__threshold=math.nan))
     put("bad_prompt_no_tokenizer", req(ids=None, prompt="hi"), NO_TOKENIZER)
     put("bad_two_fields", req(ids=[], request_id="y" * 200, top_logprobs=99))
+    put("valid_prompt_logprobs", req(prompt_logprobs=3))
+    put("valid_prompt_logprobs_zero", req(prompt_logprobs=0))
+    put("bad_prompt_logprobs", req(prompt_logprobs=21))
+
+
+# Flag byte of the `openai_request` target (tests/fuzz/fuzz_targets.h).
+OA_CHAT, OA_NO_TOKENIZER, OA_SHORT, OA_NO_TEMPLATE, OA_LIMITS = 1, 2, 4, 8, 16
+
+
+def openai_request_corpus():
+    """HTTP request bodies: valid completions and chat requests using every field, prompt lists,
+    and one per kind of refusal (types, unsupported fields, JSON, UTF-8, limits)."""
+    def put(name, body, flags=0):
+        write("openai_request", name, bytes([flags]) + (body if isinstance(body, bytes)
+                                                        else json.dumps(body).encode()))
+
+    every = {"model": "demo", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.7,
+             "top_p": 0.9, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1,
+             "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 7, "stop": ["\n", "x"],
+             "stop_token_ids": [2], "ignore_eos": True, "logprobs": 2, "echo": True,
+             "stream": True, "stream_options": {"include_usage": True}, "user": "u",
+             "routing_threshold": 0.3, "return_routing": True, "n": 1, "unknown": [1]}
+    put("valid_every_field", every)
+    put("valid_ids", {"prompt": [1, 17, 42], "max_tokens": 4})
+    put("valid_lists", {"prompt": [[1, 17], [42, 5, 6]], "echo": True, "logprobs": 1})
+    put("valid_texts", {"prompt": ["a b", "c"], "max_tokens": 2})
+    put("valid_lm_eval", {"model": "demo", "prompt": [[5, 6, 7, 8]], "temperature": 0,
+                          "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True})
+    put("valid_short_context", {"prompt": [1] * 48, "max_tokens": 16}, OA_SHORT)
+    put("valid_limits", {"prompt": [1, 2, 3], "max_tokens": 8}, OA_LIMITS)
+    chat = {"model": "demo", "messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": [
+                                              {"type": "text", "text": "Hi"},
+                                              {"type": "text", "text": "there"}]}],
+            "max_completion_tokens": 8, "logprobs": True, "top_logprobs": 2, "stream": True,
+            "stream_options": {"include_usage": False}, "tools": [], "add_generation_prompt": True,
+            "response_format": {"type": "text"}}
+    put("valid_chat", chat, OA_CHAT)
+    put("valid_chat_default_length", {"messages": [{"role": "user", "content": "x"}]}, OA_CHAT)
+    put("bad_json", b'{"prompt": "x",')
+    put("bad_not_object", b"[1, 2]")
+    put("bad_utf8", b'{"prompt": "ab\xff\xfe"}')
+    put("bad_utf8_truncated", b'{"prompt": "\xc3\x28"}')
+    put("bad_surrogate", b'{"prompt": "\\ud800"}')
+    put("bad_types", {"prompt": "x", "max_tokens": "8", "temperature": "hot"})
+    put("bad_n", {"prompt": "x", "n": 3})
+    put("bad_suffix", {"prompt": "x", "suffix": "y"})
+    put("bad_logit_bias", {"prompt": "x", "logit_bias": {"1": 5}})
+    put("bad_stream_options", {"prompt": "x", "stream_options": {"include_usage": True}})
+    put("bad_model", {"model": "gpt", "prompt": "x"})
+    put("bad_vocab", {"prompt": [1, 99999]})
+    put("bad_mixed", {"prompt": ["x", [1]]})
+    put("bad_too_long", {"prompt": [1] * 60, "max_tokens": 16}, OA_SHORT)
+    put("bad_limits", {"prompt": [1] * 9}, OA_LIMITS)
+    put("bad_no_tokenizer", {"prompt": "text"}, OA_NO_TOKENIZER)
+    put("bad_chat_no_template", {"messages": [{"role": "user", "content": "x"}]},
+        OA_CHAT | OA_NO_TEMPLATE)
+    put("bad_chat_content", {"messages": [{"role": "user", "content": 5}]}, OA_CHAT)
+    put("bad_chat_tools", {"messages": [{"role": "user", "content": "x"}],
+                           "tools": [{"type": "function"}]}, OA_CHAT)
+
+
+def jinja_corpus():
+    """The chat templates of tests/testdata/chat_templates and the feature templates of its
+    goldens (each small)."""
+    d = os.path.join(ROOT, "tests", "testdata", "chat_templates")
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".jinja"):
+            with open(os.path.join(d, name), "rb") as f:
+                write("jinja", name[:-len(".jinja")], f.read())
+    with open(os.path.join(d, "goldens.json")) as f:
+        cases = json.load(f)["cases"]
+    for c in cases:
+        if "template" in c:
+            write("jinja", "feature_" + c["name"], c["template"])
 
 
 def main():
     for target in ("checkpoint", "gguf", "config", "bpe_json", "tokenizer_encode", "tokenizer_decode",
-                   "detokenizer", "request"):
+                   "detokenizer", "request", "openai_request", "jinja"):
         shutil.rmtree(os.path.join(HERE, "corpus", target), ignore_errors=True)
         os.makedirs(os.path.join(HERE, "corpus", target))
     checkpoint_corpus()
@@ -345,6 +420,8 @@ def main():
     bpe_json_corpus()
     tokenizer_corpus()
     request_corpus()
+    openai_request_corpus()
+    jinja_corpus()
 
 
 if __name__ == "__main__":

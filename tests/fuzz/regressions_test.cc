@@ -52,7 +52,8 @@ TEST_P(FuzzCorpusTest, ReplaysEveryCommittedInput) {
 
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzCorpusTest,
                          ::testing::Values("checkpoint", "gguf", "config", "bpe_json", "tokenizer_encode",
-                                           "tokenizer_decode", "detokenizer", "request"));
+                                           "tokenizer_decode", "detokenizer", "request",
+                                           "openai_request", "jinja"));
 
 }  // namespace
 }  // namespace modserve::fuzz

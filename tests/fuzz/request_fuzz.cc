@@ -152,6 +152,9 @@ Verdict Judge(const v1::GenerateRequest& r, const engine::ModelConfig& config,
   }
   CheckIds("stopping.stop_token_ids", st.stop_token_ids(), config.vocab_size, &bad);
   if (r.top_logprobs() < 0 || r.top_logprobs() > 20) bad.push_back("top_logprobs");
+  if (r.has_prompt_logprobs() && (r.prompt_logprobs() < 0 || r.prompt_logprobs() > 20)) {
+    bad.push_back("prompt_logprobs");
+  }
   if (r.routing().has_threshold() &&
       !(r.routing().threshold() > 0.0 && r.routing().threshold() < 1.0)) {
     bad.push_back("routing.threshold");
@@ -273,6 +276,8 @@ int FuzzRequest(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(sp.ignore_eos == st.ignore_eos(), "ignore_eos");
   FUZZ_CHECK(sp.top_logprobs == request.top_logprobs(), "top_logprobs");
+  FUZZ_CHECK(r.prompt_logprobs == (request.has_prompt_logprobs() ? request.prompt_logprobs() : -1),
+             "prompt_logprobs");
   FUZZ_CHECK(r.threshold == (request.routing().has_threshold()
                                  ? std::optional<double>(request.routing().threshold())
                                  : std::nullopt),

@@ -17,7 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds="${1:-60}"
 shift || true
-all=(checkpoint gguf config bpe_json tokenizer_encode tokenizer_decode detokenizer request)
+all=(checkpoint gguf config bpe_json tokenizer_encode tokenizer_decode detokenizer request
+     openai_request jinja)
 if (($#)); then specs=("$@"); else specs=("${all[@]}"); fi
 targets=()
 declare -A secs
@@ -63,6 +64,8 @@ for t in "${targets[@]}"; do
     config|bpe_json|checkpoint) args+=(-dict=tests/fuzz/dict/json.dict) ;;
     gguf) args+=(-dict=tests/fuzz/dict/gguf.dict) ;;
     request) args+=(-dict=tests/fuzz/dict/request.dict) ;;
+    openai_request) args+=(-dict=tests/fuzz/dict/openai.dict) ;;
+    jinja) args+=(-dict=tests/fuzz/dict/jinja.dict) ;;
   esac
   case "$t" in
     bpe_json) args+=(-max_len=16384) ;;
