@@ -486,7 +486,10 @@ class ChoiceSink final : public engine::GenerationSink {
 // (Job is complete above; the sink's methods need it.)
 void ChoiceSink::OnToken(const engine::TokenEvent& event) { job_->OnToken(index_, event); }
 void ChoiceSink::OnDone(absl::StatusOr<engine::FinishedRequest> result) {
-  job_->OnDone(index_, std::move(result));
+  // The last call: let go of the job. The loop's request handle keeps this sink alive and the
+  // job keeps the handles, so holding on would keep the job (and its exchange) forever.
+  std::shared_ptr<OpenAiService::Job> job = std::move(job_);
+  job->OnDone(index_, std::move(result));
 }
 
 // ---------------------------------------------------------------------------------------------

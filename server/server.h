@@ -78,6 +78,10 @@ class Server {
   int health_port() const { return health_port_; }  // 0 when there is no health-only server
   int http_port() const { return http_ ? http_->port() : 0; }  // 0 when HTTP is off
   int32_t http_num_connections() const { return http_ ? http_->num_connections() : 0; }
+  // HTTP completions not yet answered and released (0 when HTTP is off).
+  int32_t http_requests_in_flight() const {
+    return openai_ ? openai_->num_requests_in_flight() : 0;
+  }
   const std::string& served_model_name() const { return served_model_name_; }
   const CallGate& call_gate() const { return *gate_; }
   engine::StepLoop& loop() { return *loop_; }

@@ -59,6 +59,15 @@ struct Harness {
     return c.ReadResponses(1);
   }
 
+  // Every HTTP request answered has let go of its state (its job, exchange and handles).
+  bool HttpReleased() {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (server->http_requests_in_flight() > 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return server->http_requests_in_flight() == 0;
+  }
+
   testing::EngineGate gate;
   std::unique_ptr<Server> server;
   std::unique_ptr<v1::ModServe::Stub> stub;
@@ -128,6 +137,7 @@ TEST(HttpApiTest, UnaryAndStreamEqualGrpc) {
   EXPECT_EQ(streamed.finish_reason, "length");
   ASSERT_EQ(streamed.logprobs.size(), 12u);
   for (int i = 0; i < 12; ++i) EXPECT_EQ(streamed.logprobs[i], want.logprobs(i).logprob());
+  EXPECT_TRUE(h.HttpReleased());
 }
 
 TEST(HttpApiTest, ConcurrentStreamsOverBothApisEqualTheirLoneResults) {
@@ -152,6 +162,7 @@ TEST(HttpApiTest, ConcurrentStreamsOverBothApisEqualTheirLoneResults) {
     EXPECT_EQ(http[i], lone[i]) << i;
     EXPECT_EQ(grpc_text[i], lone[i]) << i;
   }
+  EXPECT_TRUE(h.HttpReleased());
 }
 
 TEST(HttpApiTest, DisconnectFreesThePagesInTheNextIteration) {
@@ -172,6 +183,8 @@ TEST(HttpApiTest, DisconnectFreesThePagesInTheNextIteration) {
   h.gate.StepOnce();  // one iteration: the cancelled sequence is released in it
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
   EXPECT_EQ(h.server->loop().num_in_flight(), 0);
+  h.gate.Open();
+  EXPECT_TRUE(h.HttpReleased());
 }
 
 TEST(HttpApiTest, FullQueueIs429AndDrainingIs503) {
