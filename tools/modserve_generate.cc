@@ -42,6 +42,9 @@ ABSL_FLAG(bool, echo, false,
           "logprobs (the first null) followed by the generated ones (implies --prompt_logprobs "
           ">= 0)");
 ABSL_FLAG(bool, json, false, "print one JSON object instead of text");
+ABSL_FLAG(std::string, kv_cache_dtype, "f32",
+          "KV cache storage: auto (the layer weights' 16-bit type, else f32; modserve's default), "
+          "f32, f16 or bf16; give the server's to reproduce its numbers");
 
 namespace {
 
@@ -63,6 +66,10 @@ int main(int argc, char** argv) {
   opts.backend = absl::GetFlag(FLAGS_backend);
   opts.num_threads = absl::GetFlag(FLAGS_threads);
   opts.max_seqs = 1;
+  absl::StatusOr<std::optional<modserve::DType>> kv_dtype =
+      modserve::engine::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) return Fail("--kv_cache_dtype: " + std::string(kv_dtype.status().message()));
+  opts.kv_dtype = *kv_dtype;
   auto engine = Engine::Create(opts);
   if (!engine.ok()) return Fail(engine.status().ToString());
   Engine& e = **engine;

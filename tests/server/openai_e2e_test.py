@@ -179,7 +179,8 @@ class OpenAiApiTest(unittest.TestCase):
         out = subprocess.run(
             [os.path.join(os.path.dirname(BINARY), "modserve-generate"), "--model", MODEL,
              "--prompt_ids", ",".join(map(str, ids)), "--max_new_tokens", "1",
-             "--prompt_logprobs", "1", "--echo", "--json", "--threads", "1"],
+             "--prompt_logprobs", "1", "--echo", "--json", "--threads", "1",
+             "--kv_cache_dtype", "auto"],  # the server's default
             capture_output=True, text=True, check=True)
         offline = json.loads(out.stdout)
         self.assertEqual([p["logprob"] for p in offline["prompt_logprobs"]],
