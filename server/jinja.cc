@@ -3096,12 +3096,14 @@ absl::StatusOr<Value> Renderer::ApplyFilter(const Node *at, std::string_view nam
     if (name == "unique") {
       std::vector<Value> out;
       std::vector<Value> seen;
-      for (auto &[key, item] : keyed) {
+      for (auto &entry : keyed) {
+        // A named reference, not a structured binding: clang 14 cannot capture those.
+        const Value &key = entry.first;
         if (std::any_of(seen.begin(), seen.end(), [&](const Value &s) { return Equals(s, key); })) {
           continue;
         }
         seen.push_back(key);
-        out.push_back(item);
+        out.push_back(entry.second);
       }
       return Value::List(std::move(out));
     }

@@ -47,7 +47,7 @@ class Dict {
   void Set(std::string key, Value value);
   const Value *Find(std::string_view key) const;
   const std::vector<std::pair<std::string, Value>> &items() const { return items_; }
-  size_t size() const { return items_.size(); }
+  size_t size() const;  // defined below, where Value is complete
 
  private:
   std::vector<std::pair<std::string, Value>> items_;
@@ -168,6 +168,8 @@ class Template {
 
 // True when `status` came from the template's raise_exception() (its message is the template's).
 bool IsRaisedByTemplate(const absl::Status &status);
+
+inline size_t Dict::size() const { return items_.size(); }
 
 }  // namespace modserve::server::jinja
 
