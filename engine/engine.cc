@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -39,6 +40,12 @@ struct Engine::Sequence {
   std::optional<IncrementalDetokenizer> detok;
   GenerationResult result;
   bool finished = false;  // done: its last token was sampled, or it failed
+  // Prefix caching: the key of the last cached block of this sequence's chain (0: none yet),
+  // how many of its prompt blocks are in that chain, and whether it stopped caching (another
+  // sequence cached the same block first, or the chain's parent was evicted).
+  uint64_t prefix_key = 0;
+  int32_t num_prefix_blocks = 0;
+  bool prefix_stopped = false;
 };
 
 absl::StatusOr<FaultInjection> ParseFaultInjection(absl::string_view spec) {
@@ -132,6 +139,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
+  if (options.prefix_caching) e->kv_->EnablePrefixCache();
   e->sampler_ = std::make_unique<Sampler>(options.seed);
   if (const Tokenizer* tok = e->tokenizer_.get(); tok != nullptr) {
     for (TokenId id = 0; id < cfg.vocab_size; ++id) {
@@ -334,11 +342,96 @@ absl::StatusOr<TokenEvent> Engine::NextToken(SequenceId seq_id, Sequence& s,
   return ev;
 }
 
+uint64_t Engine::PrefixSalt(const Sequence& s) const {
+  if (!config().mod) return 0;
+  // The threshold decides the routing, hence the entries a prefix leaves: its bits key it.
+  uint64_t bits = 0;
+  static_assert(sizeof(bits) == sizeof(s.threshold));
+  std::memcpy(&bits, &s.threshold, sizeof(bits));
+  return bits;
+}
+
+int32_t Engine::AttachPrefix(SequenceId seq_id, Sequence& s) {
+  const int32_t bs = kv_->block_size();
+  // The last token is always fed: its logits give the next token.
+  const absl::Span<const TokenId> lookup = absl::MakeConstSpan(s.tokens).first(s.tokens.size() - 1);
+  absl::StatusOr<std::vector<const PrefixBlock*>> chain =
+      kv_->AttachCachedPrefix(seq_id, lookup, PrefixSalt(s));
+  if (!chain.ok()) {
+    // Only a bookkeeping bug gets here (the sequence holds entries already); compute instead.
+    MODSERVE_LOG(ERROR) << "prefix cache: sequence " << seq_id << ": " << chain.status();
+    return 0;
+  }
+  if (chain->empty()) return 0;
+  for (const PrefixBlock* b : *chain) {
+    for (size_t k = 0; k < s.result.routing.size(); ++k) {
+      const auto first = b->payload.begin() + static_cast<ptrdiff_t>(k) * bs;
+      s.result.routing[k].insert(s.result.routing[k].end(), first, first + bs);
+    }
+  }
+  s.prefix_key = chain->back()->key;
+  s.num_prefix_blocks = static_cast<int32_t>(chain->size());
+  s.prefix_stopped = false;
+  s.num_fed = s.num_prefix_blocks * bs;
+  return s.num_fed;
+}
+
+void Engine::DetachPrefix(SequenceId seq_id, Sequence& s) {
+  MODSERVE_CHECK(kv_->Free(seq_id).ok());
+  MODSERVE_CHECK(kv_->AddSequence(seq_id).ok());
+  s.num_fed = 0;
+  for (auto& layer : s.result.routing) layer.clear();
+  s.prefix_key = 0;
+  s.num_prefix_blocks = 0;
+  s.prefix_stopped = false;
+}
+
+void Engine::CachePrefixBlocks(SequenceId seq_id, Sequence& s) {
+  if (!kv_->prefix_cache_enabled() || s.prefix_stopped) return;
+  const ModelConfig& cfg = config();
+  const int32_t bs = kv_->block_size();
+  // Prompt blocks only: generated tokens were fed one per step, and a later prompt holding them
+  // is computed by prefill, whose floating-point results may differ in the last bits.
+  const int32_t limit = std::min(s.num_fed, static_cast<int32_t>(s.request.prompt.size()));
+  const absl::Span<const TokenId> tokens(s.tokens);
+  while ((s.num_prefix_blocks + 1) * bs <= limit) {
+    const int32_t j = s.num_prefix_blocks;
+    const int32_t end = (j + 1) * bs;
+    std::vector<int32_t> counts(static_cast<size_t>(cfg.n_layers), end);
+    std::vector<uint8_t> payload;
+    payload.reserve(s.result.routing.size() * static_cast<size_t>(bs));
+    for (size_t k = 0; k < s.result.routing.size(); ++k) {
+      const std::vector<uint8_t>& decisions = s.result.routing[k];
+      counts[static_cast<size_t>(cfg.mod->routed_layers[k])] =
+          static_cast<int32_t>(std::count(decisions.begin(), decisions.begin() + end, uint8_t{1}));
+      payload.insert(payload.end(), decisions.begin() + j * bs, decisions.begin() + end);
+    }
+    absl::StatusOr<uint64_t> key = kv_->CacheBlock(seq_id, s.prefix_key, tokens.subspan(j * bs, bs),
+                                                   PrefixSalt(s), counts, std::move(payload));
+    if (!key.ok()) MODSERVE_LOG(ERROR) << "prefix cache: sequence " << seq_id << ": " << key.status();
+    if (!key.ok() || *key == 0) {
+      s.prefix_stopped = true;
+      return;
+    }
+    s.prefix_key = *key;
+    ++s.num_prefix_blocks;
+  }
+}
+
+PrefixCacheStats Engine::prefix_cache_stats() const {
+  PrefixCacheStats p;
+  p.enabled = kv_->prefix_cache_enabled();
+  p.queries = prefix_queries_;
+  p.hits = prefix_hits_;
+  const KvCacheStats kv = kv_->GetStats();
+  p.num_blocks = kv.num_prefix_cache_blocks;
+  p.num_pages = kv.num_prefix_cache_pages;
+  return p;
+}
+
 absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
   std::vector<Sequence*> seqs;
-  std::vector<StepSequence> plan;
   seqs.reserve(entries.size());
-  plan.reserve(entries.size());
   for (const StepEntry& e : entries) {
     auto it = sequences_.find(e.seq_id);
     if (it == sequences_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", e.seq_id));
@@ -352,21 +445,53 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", e.seq_id, ": num_tokens ", e.num_tokens, " < 1"));
     }
-    const int32_t n = std::min(e.num_tokens, pending);
     seqs.push_back(s);
-    plan.push_back({e.seq_id, absl::MakeConstSpan(s->tokens).subspan(s->num_fed, n), s->num_fed,
-                    s->threshold, s->WantsPromptLogprobs()});
+  }
+  // A sequence that holds nothing yet starts from its longest cached prefix. Undone if the step
+  // fails, so that a failed step changes nothing.
+  std::vector<int32_t> num_cached(entries.size(), 0);
+  int64_t queries = 0;
+  int64_t hits = 0;
+  if (kv_->prefix_cache_enabled()) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      Sequence* s = seqs[i];
+      if (s->num_fed != 0 || s->WantsPromptLogprobs()) continue;
+      queries += static_cast<int64_t>(s->tokens.size());
+      num_cached[i] = AttachPrefix(entries[i].seq_id, *s);
+      hits += num_cached[i];
+    }
+  }
+  auto undo = [&](absl::Status st) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (num_cached[i] > 0) DetachPrefix(entries[i].seq_id, *seqs[i]);
+    }
+    return st;
+  };
+  std::vector<StepSequence> plan;
+  plan.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Sequence* s = seqs[i];
+    const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->num_fed;
+    const int32_t n = std::min(entries[i].num_tokens, pending);
+    plan.push_back({entries[i].seq_id, absl::MakeConstSpan(s->tokens).subspan(s->num_fed, n),
+                    s->num_fed, s->threshold, s->WantsPromptLogprobs()});
   }
   ++num_steps_;
   if (options_.faults.backend_fault_step > 0 && num_steps_ >= options_.faults.backend_fault_step) {
     if (options_.faults.on_backend_fault) options_.faults.on_backend_fault();
-    return absl::InternalError(absl::StrCat("injected backend fault at step ", num_steps_));
+    return undo(absl::InternalError(absl::StrCat("injected backend fault at step ", num_steps_)));
   }
-  MODSERVE_ASSIGN_OR_RETURN(StepOutput out, transformer_->Step(plan));
+  absl::StatusOr<StepOutput> stepped = transformer_->Step(plan);
+  if (!stepped.ok()) return undo(stepped.status());
+  StepOutput& out = *stepped;
+  prefix_queries_ += queries;
+  prefix_hits_ += hits;
 
   // The forward pass committed every sequence's KV entries; from here each sequence advances
   // or fails on its own.
   StepResult result;
+  result.prefix_cache_queries = queries;
+  result.prefix_cache_hits = hits;
   result.num_tokens = out.row_offsets.back();
   result.num_layer_skips = out.num_layer_skips;
   for (const auto& sel : out.selected) {
@@ -377,7 +502,7 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = seqs[i];
     const int32_t n = static_cast<int32_t>(plan[i].tokens.size());
-    SequenceStepResult r{entries[i].seq_id, n, std::nullopt, absl::OkStatus(), {}};
+    SequenceStepResult r{entries[i].seq_id, n, std::nullopt, absl::OkStatus(), {}, num_cached[i]};
     for (size_t k = 0; k < out.selected.size(); ++k) {
       auto first = out.selected[k].begin() + out.row_offsets[i];
       auto last = out.selected[k].begin() + out.row_offsets[i + 1];
@@ -386,6 +511,7 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     }
     const int32_t start_pos = s->num_fed;
     s->num_fed += n;
+    CachePrefixBlocks(entries[i].seq_id, *s);
     float* rows = out.logits.data() + static_cast<size_t>(out.logit_offsets[i]) * V;
     const int32_t num_rows = out.logit_offsets[i + 1] - out.logit_offsets[i];
     if (plan[i].all_logits) r.status = AddPromptLogprobs(*s, start_pos, rows, num_rows);
@@ -429,6 +555,9 @@ absl::Status Engine::Preempt(SequenceId seq_id) {
   Sequence& s = *it->second;
   s.num_fed = 0;
   for (auto& layer : s.result.routing) layer.clear();  // recomputed identically on refeed
+  s.prefix_key = 0;
+  s.num_prefix_blocks = 0;
+  s.prefix_stopped = false;
   return absl::OkStatus();
 }
 

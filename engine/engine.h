@@ -61,6 +61,10 @@ struct EngineOptions {
   // or F32 when they are F32 or quantized).
   std::optional<DType> kv_dtype = DType::kF32;
   uint64_t seed = 0;               // seeds the generator of per-request seeds
+  // Keep the KV entries of full prompt blocks after their sequences end and start later
+  // sequences with the same prefix (and routing threshold) from them (docs/DESIGN.md, prefix
+  // caching). Outputs are the same with and without it.
+  bool prefix_caching = false;
   FaultInjection faults;
 };
 
@@ -113,6 +117,10 @@ struct SequenceStepResult {
   absl::Status status;
   // Per routed layer: how many of this sequence's num_fed rows were routed in.
   std::vector<int32_t> routed_rows;
+  // Tokens before them whose KV entries this step took from the prefix cache instead (the
+  // sequence's first step after admission, when a cached prefix matched); the sequence has
+  // num_cached + num_fed more tokens in the cache.
+  int32_t num_cached = 0;
 };
 
 struct StepResult {
@@ -121,6 +129,19 @@ struct StepResult {
   int32_t num_layer_skips = 0;                // routed layers no row entered
   // Per routed layer: rows routed in, of num_tokens.
   std::vector<int32_t> routed_rows;
+  // Prefix cache lookups of this step (sequences starting from nothing): tokens looked up and
+  // tokens found (vLLM's query and hit counters count the same).
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
+};
+
+// Prefix cache counters since the engine started, in tokens.
+struct PrefixCacheStats {
+  bool enabled = false;
+  int64_t queries = 0;
+  int64_t hits = 0;
+  int32_t num_blocks = 0;  // cached blocks now
+  int32_t num_pages = 0;   // pages they reference
 };
 
 // A finished (or stopped) request.
@@ -161,6 +182,7 @@ class Engine {
   int64_t kv_bytes_per_token_layer() const;
   // The KV storage type in use (EngineOptions::kv_dtype, resolved).
   DType kv_dtype() const { return kv_dtype_; }
+  PrefixCacheStats prefix_cache_stats() const;
 
   // Registers a request and returns its sequence id. InvalidArgument for bad sampling
   // parameters, threshold or token ids (prompt and stop ids must lie in the model's vocabulary
@@ -215,11 +237,20 @@ class Engine {
   // Whether the injected fault of kind `salt` hits token `index` of `seq_id`.
   bool InjectFault(double rate, SequenceId seq_id, int64_t index, uint64_t salt) const;
   absl::Status CheckTokenId(absl::string_view what, TokenId id) const;
+  // Prefix caching: the key salt of a sequence (its routing threshold; 0 for a dense model),
+  // attaching the cached prefix of a sequence that holds nothing (returns tokens attached),
+  // undoing that, and caching the sequence's newly fed full prompt blocks.
+  uint64_t PrefixSalt(const Sequence& s) const;
+  int32_t AttachPrefix(SequenceId seq_id, Sequence& s);
+  void DetachPrefix(SequenceId seq_id, Sequence& s);
+  void CachePrefixBlocks(SequenceId seq_id, Sequence& s);
 
   DType kv_dtype_ = DType::kF32;
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;
   int64_t num_steps_ = 0;  // forward passes attempted (the backend fault counts them)
+  int64_t prefix_queries_ = 0;
+  int64_t prefix_hits_ = 0;
   // Ids in [0, vocab_size) that name no token of the tokenizer (an embedding padded past it):
   // never sampled, refused in prompts.
   std::vector<TokenId> unnamed_ids_;

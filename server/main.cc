@@ -80,6 +80,8 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(uint64_t, seed, 0, "seeds the per-request seeds of requests that set none");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache storage: auto (the weights' 16-bit type, else f32), f32, f16 or bf16");
+ABSL_FLAG(std::string, prefix_caching, "true",
+          "true or false: reuse the KV entries of cached prompt prefixes (same threshold)");
 ABSL_FLAG(std::string, inject_faults, "",
           "for fault-injection tests only: sampler=P,detokenizer=P,backend_step=N,seed=S");
 
@@ -117,6 +119,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   eo.kv_dtype = *kv_dtype;
+  if (const std::string v = absl::GetFlag(FLAGS_prefix_caching); v == "true" || v == "false") {
+    eo.prefix_caching = v == "true";
+  } else {
+    std::cerr << "modserve: --prefix_caching: '" << v << "' is not true or false" << std::endl;
+    return 2;
+  }
   absl::StatusOr<modserve::engine::FaultInjection> faults =
       modserve::engine::ParseFaultInjection(absl::GetFlag(FLAGS_inject_faults));
   if (!faults.ok()) {

@@ -50,7 +50,8 @@ const std::vector<std::string>& MetricNames() {
       "modserve_request_success_total",        "modserve_request_failure_total",
       "modserve_layer_tokens_total",           "modserve_layer_batch_skips_total",
       "modserve_kv_bytes_per_token",           "modserve_kv_bytes_per_token_dense",
-      "modserve_step_duration_seconds",
+      "modserve_step_duration_seconds",        "modserve_prefix_cache_queries_total",
+      "modserve_prefix_cache_hits_total",
   };
   return *names;
 }
@@ -73,6 +74,10 @@ Metrics::Metrics(int32_t n_layers)
   // prometheus-cpp appends nothing to counter names, so the _total suffix is part of the name.
   prompt_tokens_ = MakeCounter(r, "modserve_prompt_tokens_total", "Prompt tokens admitted.");
   generation_tokens_ = MakeCounter(r, "modserve_generation_tokens_total", "Tokens generated.");
+  prefix_queries_ = MakeCounter(r, "modserve_prefix_cache_queries_total",
+                                "Prompt tokens looked up in the prefix cache.");
+  prefix_hits_ = MakeCounter(r, "modserve_prefix_cache_hits_total",
+                             "Prompt tokens found in the prefix cache (KV entries reused).");
   running_ = MakeGauge(r, "modserve_num_requests_running", "Requests in the running batch.");
   waiting_ = MakeGauge(r, "modserve_num_requests_waiting", "Requests waiting for admission.");
   kv_usage_ = MakeGauge(r, "modserve_kv_cache_usage_ratio", "Fraction of KV pages in use.");
@@ -167,6 +172,8 @@ void Metrics::OnStep(const engine::StepStats& stats) {
   step->Observe(absl::ToDoubleSeconds(stats.duration));
   prompt_tokens_->Increment(stats.num_prompt_tokens);
   generation_tokens_->Increment(stats.num_sampled);
+  prefix_queries_->Increment(static_cast<double>(stats.prefix_cache_queries));
+  prefix_hits_->Increment(static_cast<double>(stats.prefix_cache_hits));
   for (double s : stats.inter_token_seconds) itl_->Observe(s);
   for (int32_t l = 0; l < n_layers_ && l < static_cast<int32_t>(stats.layer_computed.size()); ++l) {
     layer_computed_[l]->Increment(stats.layer_computed[l]);

@@ -59,6 +59,8 @@ class Metrics final : public engine::StepObserver {
   prometheus::Histogram* prefill_time_;
   prometheus::Histogram* decode_time_;
   prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* prefix_queries_;
+  prometheus::Counter* prefix_hits_;
   prometheus::Counter* generation_tokens_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

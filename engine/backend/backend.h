@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
 #include "engine/common/tensor_view.h"
@@ -30,6 +31,7 @@ enum class OpKind : uint8_t {
   kAdd,
   kGatherRows,
   kScatterCombine,
+  kCopyKvPages,
 };
 
 constexpr std::string_view OpKindName(OpKind op) {
@@ -54,6 +56,8 @@ constexpr std::string_view OpKindName(OpKind op) {
       return "GatherRows";
     case OpKind::kScatterCombine:
       return "ScatterCombine";
+    case OpKind::kCopyKvPages:
+      return "CopyKvPages";
   }
   return "?";
 }
@@ -250,6 +254,12 @@ class Backend {
   // scores.
   virtual void ScatterCombine(const ScatterCombineParams& params, const TensorView& x,
                               const TensorView& y, const TensorView& idx, const TensorView& s) = 0;
+
+  // For each (src, dst) pair, page dst of kv_pool becomes a copy of page src (K and V of every
+  // KV head, all block_size entries): the copy-on-write of a shared page before it is appended
+  // to. kv_pool as in RopeAndAppendKv; page ids in [0, num_pages), src != dst, each dst once.
+  virtual void CopyKvPages(const TensorView& kv_pool,
+                           absl::Span<const std::pair<int32_t, int32_t>> copies) = 0;
 };
 
 }  // namespace modserve::backend

@@ -201,6 +201,10 @@ void StepLoop::Publish() {
   num_waiting_.store(scheduler_.num_waiting());
   kv_used_pages_.store(engine_->kv_stats().num_used_pages);
   num_preemptions_.store(scheduler_.num_preemptions());
+  const PrefixCacheStats prefix = engine_->prefix_cache_stats();
+  prefix_cache_queries_.store(prefix.queries);
+  prefix_cache_hits_.store(prefix.hits);
+  prefix_cache_blocks_.store(prefix.num_blocks);
 }
 
 void StepLoop::FailAll(const absl::Status& status) {
@@ -351,6 +355,8 @@ bool StepLoop::RunStep(absl::Time now) {
   stats.duration = end - start;
   stats.num_tokens = result.num_tokens;
   stats.num_prompt_tokens = num_prompt_tokens;
+  stats.prefix_cache_queries = result.prefix_cache_queries;
+  stats.prefix_cache_hits = result.prefix_cache_hits;
   stats.layer_computed.assign(n_layers_, result.num_tokens);
   stats.layer_skipped.assign(n_layers_, 0);
   for (size_t k = 0; k < routed_layers_.size() && k < result.routed_rows.size(); ++k) {

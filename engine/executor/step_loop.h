@@ -68,6 +68,8 @@ struct StepStats {
   double kv_usage_ratio = 0.0;
   double kv_bytes_per_token = 0.0;        // measured: dense layers plus routed fractions
   double kv_bytes_per_token_dense = 0.0;  // every layer stores every token
+  int64_t prefix_cache_queries = 0;       // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hits = 0;          // of those, found there
 };
 
 // Metrics hook: called on the engine thread; must not block.
@@ -143,6 +145,10 @@ class StepLoop {
   int32_t kv_used_pages() const { return kv_used_pages_.load(); }
   int32_t kv_num_pages() const { return num_pages_; }
   int64_t num_preemptions() const { return num_preemptions_.load(); }
+  // Prefix cache: prompt tokens looked up and found since start, and blocks cached now.
+  int64_t prefix_cache_queries() const { return prefix_cache_queries_.load(); }
+  int64_t prefix_cache_hits() const { return prefix_cache_hits_.load(); }
+  int32_t prefix_cache_blocks() const { return prefix_cache_blocks_.load(); }
 
  private:
   struct State;
@@ -199,6 +205,9 @@ class StepLoop {
   std::atomic<int32_t> num_waiting_{0};
   std::atomic<int32_t> kv_used_pages_{0};
   std::atomic<int64_t> num_preemptions_{0};
+  std::atomic<int64_t> prefix_cache_queries_{0};
+  std::atomic<int64_t> prefix_cache_hits_{0};
+  std::atomic<int32_t> prefix_cache_blocks_{0};
   std::thread thread_;
 };
 

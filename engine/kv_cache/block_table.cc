@@ -1,6 +1,8 @@
 // BlockTable: page arithmetic for one (sequence, layer); allocation policy lives in the manager.
 #include "engine/kv_cache/block_table.h"
 
+#include <algorithm>
+
 #include "engine/common/logging.h"
 
 namespace modserve::engine {
@@ -20,6 +22,22 @@ void BlockTable::AddPages(absl::Span<const PageId> pages) {
   pages_.insert(pages_.end(), pages.begin(), pages.end());
 }
 
+void BlockTable::Attach(absl::Span<const PageId> pages, int32_t num_tokens) {
+  MODSERVE_CHECK(pages_.empty() && num_tokens_ == 0) << "Attach to a table in use";
+  MODSERVE_CHECK(num_tokens >= 0 &&
+                 (num_tokens + block_size_ - 1) / block_size_ == static_cast<int32_t>(pages.size()))
+      << num_tokens << " entries on " << pages.size() << " pages";
+  pages_.assign(pages.begin(), pages.end());
+  num_tokens_ = num_tokens;
+  owned_from_ = static_cast<int32_t>(pages_.size());
+}
+
+void BlockTable::ReplaceTail(PageId page) {
+  MODSERVE_CHECK(!pages_.empty());
+  pages_.back() = page;
+  owned_from_ = std::min(owned_from_, static_cast<int32_t>(pages_.size()) - 1);
+}
+
 void BlockTable::AddTokens(int32_t num_new_tokens) {
   MODSERVE_CHECK(num_new_tokens >= 0) << "num_new_tokens=" << num_new_tokens;
   MODSERVE_CHECK_LE(int64_t{num_tokens_} + num_new_tokens, int64_t{capacity()});
@@ -37,12 +55,14 @@ void BlockTable::TrimTo(std::vector<PageId>* released) {
   if (pages_.size() <= keep) return;
   released->insert(released->end(), pages_.begin() + static_cast<ptrdiff_t>(keep), pages_.end());
   pages_.resize(keep);
+  owned_from_ = std::min(owned_from_, static_cast<int32_t>(keep));
 }
 
 void BlockTable::Clear(std::vector<PageId>* released) {
   released->insert(released->end(), pages_.begin(), pages_.end());
   pages_.clear();
   num_tokens_ = 0;
+  owned_from_ = 0;
 }
 
 }  // namespace modserve::engine

@@ -32,7 +32,19 @@ class BlockTable {
   // Pages to add so that `num_new_tokens` more entries fit after num_tokens().
   // 64-bit: num_tokens() + num_new_tokens may not fit 32 bits for a hostile request size.
   int64_t PagesNeeded(int32_t num_new_tokens) const;
+  // Appends freshly allocated pages; the table owns its tail page afterwards.
   void AddPages(absl::Span<const PageId> pages);
+  // Starts the table as a copy of a cached prefix: `pages` (shared with the prefix cache and
+  // perhaps other sequences) holding `num_tokens` entries. Precondition: the table is empty.
+  // A shared tail page is not the table's to append to (owns_tail() false).
+  void Attach(absl::Span<const PageId> pages, int32_t num_tokens);
+  // Whether entries may be appended to the last page in place. False for a tail page attached
+  // from the prefix cache: the first append then copies it (KvCacheManager's copy-on-write).
+  bool owns_tail() const {
+    return !pages_.empty() && static_cast<int32_t>(pages_.size()) - 1 >= owned_from_;
+  }
+  // Replaces the last page by `page` (a private copy of it); the table owns the tail after.
+  void ReplaceTail(PageId page);
   // Advances num_tokens(). CHECK: the result fits capacity().
   void AddTokens(int32_t num_new_tokens);
   // CHECK: 0 <= entry_idx < capacity().
@@ -46,6 +58,9 @@ class BlockTable {
   int32_t block_size_;
   int32_t num_tokens_ = 0;
   std::vector<PageId> pages_;
+  // Pages at indices >= owned_from_ were allocated (or copied) for this table; those before it
+  // came from the prefix cache and are read-only here.
+  int32_t owned_from_ = 0;
 };
 
 }  // namespace modserve::engine

@@ -126,8 +126,8 @@ absl::StatusOr<ReservedSlots> KvCacheManager::ReserveCapacity(
     SequenceId seq_id, absl::Span<const int32_t> max_tokens_per_layer) {
   MODSERVE_ASSIGN_OR_RETURN(std::vector<BlockTable> * tables, FindTables(seq_id));
   MODSERVE_RETURN_IF_ERROR(CheckCounts(max_tokens_per_layer));
-  MODSERVE_RETURN_IF_ERROR(Grow(seq_id, *tables, max_tokens_per_layer));
   ReservedSlots reserved;
+  MODSERVE_RETURN_IF_ERROR(Grow(seq_id, *tables, max_tokens_per_layer, &reserved.copies));
   reserved.layer_offsets.reserve(static_cast<size_t>(n_layers_) + 1);
   reserved.layer_offsets.push_back(0);
   int64_t total = 0;
@@ -198,8 +198,8 @@ KvCacheStats KvCacheManager::GetStats() const {
   stats.n_layers = n_layers_;
   stats.bytes_per_page = bytes_per_page_;
   stats.num_sequences = static_cast<int32_t>(sequences_.size());
-  stats.num_free_pages = pool_.num_free();
-  stats.num_used_pages = pool_.num_used();
+  stats.num_free_pages = num_free_pages();
+  stats.num_used_pages = stats.num_pages - stats.num_free_pages;
   stats.used_bytes = int64_t{stats.num_used_pages} * bytes_per_page_;
   stats.capacity_bytes = int64_t{stats.num_pages} * bytes_per_page_;
   stats.used_pages_per_layer = used_pages_per_layer_;
@@ -207,6 +207,11 @@ KvCacheStats KvCacheManager::GetStats() const {
     stats.used_bytes_per_layer.push_back(int64_t{pages} * bytes_per_page_);
   }
   stats.tokens_per_layer = tokens_per_layer_;
+  stats.num_referenced_pages = pool_.num_used();
+  if (prefix_ != nullptr) {
+    stats.num_prefix_cache_blocks = prefix_->num_blocks();
+    stats.num_prefix_cache_pages = prefix_->num_pages();
+  }
   return stats;
 }
 
@@ -250,24 +255,132 @@ absl::Status KvCacheManager::CheckCounts(absl::Span<const int32_t> tokens_per_la
 }
 
 absl::Status KvCacheManager::Grow(SequenceId seq_id, std::vector<BlockTable>& tables,
-                                  absl::Span<const int32_t> tokens_per_layer) {
+                                  absl::Span<const int32_t> tokens_per_layer,
+                                  std::vector<PageCopy>* copies) {
+  // A layer that appends to a partial tail page it does not own (attached from the prefix
+  // cache) first needs a private copy of that page.
+  auto needs_copy = [&](int32_t l) {
+    const BlockTable& t = tables[l];
+    return tokens_per_layer[l] > 0 && t.num_tokens() % block_size_ != 0 && !t.owns_tail();
+  };
   int64_t needed = 0;
-  for (int32_t l = 0; l < n_layers_; ++l) needed += tables[l].PagesNeeded(tokens_per_layer[l]);
+  for (int32_t l = 0; l < n_layers_; ++l) {
+    needed += tables[l].PagesNeeded(tokens_per_layer[l]) + (needs_copy(l) ? 1 : 0);
+  }
+  if (needed > pool_.num_free() && prefix_ != nullptr && needed <= num_free_pages()) {
+    prefix_->EvictUntilFree(static_cast<int32_t>(needed));
+  }
   if (needed > pool_.num_free()) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache: sequence ", seq_id, " needs ",
-                                                     needed, " pages, ", pool_.num_free(),
+                                                     needed, " pages, ", num_free_pages(),
                                                      " free of ", pool_.num_pages()));
   }
   std::vector<PageId> pages;
   MODSERVE_CHECK(pool_.Allocate(static_cast<int32_t>(needed), &pages).ok());
   size_t next = 0;
   for (int32_t l = 0; l < n_layers_; ++l) {
+    if (needs_copy(l)) {
+      const PageId shared = tables[l].pages().back();
+      const PageId own = pages[next++];
+      copies->push_back({shared, own});
+      tables[l].ReplaceTail(own);
+      // The cache (and perhaps other sequences) keep the shared page; this reference moves to
+      // the copy. The copy is made before the step writes anything, so `shared` cannot be
+      // reallocated and overwritten before it is read.
+      pool_.Release(shared);
+    }
     const int32_t n = static_cast<int32_t>(tables[l].PagesNeeded(tokens_per_layer[l]));
     tables[l].AddPages(absl::MakeConstSpan(pages).subspan(next, static_cast<size_t>(n)));
     used_pages_per_layer_[l] += n;
     next += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+void KvCacheManager::EnablePrefixCache() {
+  if (prefix_ == nullptr) prefix_ = std::make_unique<PrefixCache>(block_size_, n_layers_, &pool_);
+}
+
+void KvCacheManager::ClearPrefixCache() {
+  if (prefix_ != nullptr) prefix_->Clear();
+}
+
+int32_t KvCacheManager::num_free_pages() const {
+  return pool_.num_free() + (prefix_ != nullptr ? prefix_->NumReclaimablePages() : 0);
+}
+
+absl::StatusOr<std::vector<const PrefixBlock*>> KvCacheManager::AttachCachedPrefix(
+    SequenceId seq_id, absl::Span<const int32_t> tokens, uint64_t salt) {
+  MODSERVE_ASSIGN_OR_RETURN(std::vector<BlockTable> * tables, FindTables(seq_id));
+  if (prefix_ == nullptr) return absl::FailedPreconditionError("KV cache: prefix caching is off");
+  for (const BlockTable& t : *tables) {
+    if (t.num_pages() != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("KV cache: sequence ", seq_id, " already holds entries"));
+    }
+  }
+  std::vector<const PrefixBlock*> chain = prefix_->Match(tokens, salt);
+  if (chain.empty()) return chain;
+  std::vector<std::vector<PageId>> pages;
+  std::vector<int32_t> counts;
+  prefix_->ChainState(chain, &pages, &counts);
+  for (int32_t l = 0; l < n_layers_; ++l) {
+    for (PageId p : pages[l]) pool_.IncRef(p);
+    (*tables)[l].Attach(pages[l], counts[l]);
+    used_pages_per_layer_[l] += static_cast<int32_t>(pages[l].size());
+    tokens_per_layer_[l] += counts[l];
+  }
+  return chain;
+}
+
+absl::StatusOr<uint64_t> KvCacheManager::CacheBlock(SequenceId seq_id, uint64_t parent,
+                                                    absl::Span<const int32_t> tokens,
+                                                    uint64_t salt,
+                                                    absl::Span<const int32_t> counts,
+                                                    std::vector<uint8_t> payload) {
+  MODSERVE_ASSIGN_OR_RETURN(std::vector<BlockTable> * tables, FindTables(seq_id));
+  if (prefix_ == nullptr) return absl::FailedPreconditionError("KV cache: prefix caching is off");
+  MODSERVE_RETURN_IF_ERROR(CheckCounts(counts));
+  if (static_cast<int32_t>(tokens.size()) != block_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache: a cached block has ", block_size_,
+                                                   " tokens, got ", tokens.size()));
+  }
+  const PrefixBlock* up = parent == 0 ? nullptr : prefix_->Find(parent);
+  if (parent != 0 && up == nullptr) return uint64_t{0};
+  PrefixBlock block;
+  block.key = PrefixCache::Key(parent, tokens, salt);
+  if (prefix_->Find(block.key) != nullptr) return uint64_t{0};
+  block.parent = parent;
+  block.salt = salt;
+  block.tokens.assign(tokens.begin(), tokens.end());
+  block.num_entries.assign(counts.begin(), counts.end());
+  block.payload = std::move(payload);
+  block.first_page.resize(static_cast<size_t>(n_layers_));
+  block.pages.resize(static_cast<size_t>(n_layers_));
+  block.tail_page.resize(static_cast<size_t>(n_layers_));
+  for (int32_t l = 0; l < n_layers_; ++l) {
+    const BlockTable& t = (*tables)[l];
+    const int32_t before = up == nullptr ? 0 : up->num_entries[l];
+    if (counts[l] < before || counts[l] > t.num_tokens()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache: block of sequence ", seq_id, " at layer ", l, " ends at ", counts[l],
+          " entries; the parent ends at ", before, " and the sequence holds ", t.num_tokens()));
+    }
+    const int32_t parent_pages = (before + block_size_ - 1) / block_size_;
+    const int32_t pages = (counts[l] + block_size_ - 1) / block_size_;
+    // The parent's partial last page, if this sequence holds its own copy of it (it appended to
+    // it after attaching), is replaced by that copy.
+    int32_t first = parent_pages;
+    if (before % block_size_ != 0 && t.pages()[parent_pages - 1] != up->tail_page[l]) {
+      first = parent_pages - 1;
+    }
+    block.first_page[l] = first;
+    block.pages[l].assign(t.pages().begin() + first, t.pages().begin() + pages);
+    block.tail_page[l] = pages > 0 ? t.pages()[pages - 1] : -1;
+  }
+  const uint64_t key = block.key;
+  if (!prefix_->Insert(std::move(block))) return uint64_t{0};
+  return key;
 }
 
 void KvCacheManager::ReleaseFromLayer(int32_t layer, const std::vector<PageId>& pages) {

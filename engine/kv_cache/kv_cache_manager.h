@@ -15,11 +15,19 @@
 #include "engine/common/dtype.h"
 #include "engine/kv_cache/block_pool.h"
 #include "engine/kv_cache/block_table.h"
+#include "engine/kv_cache/prefix_cache.h"
 
 namespace modserve::engine {
 
 // The engine's id for a running sequence.
 using SequenceId = int64_t;
+
+// A page copy the backend must make before the step writes: `dst` becomes a private copy of the
+// shared page `src` (copy-on-write of a cached partial page).
+struct PageCopy {
+  PageId src;
+  PageId dst;
+};
 
 // Slots handed out for one sequence in one step, layer-major.
 struct ReservedSlots {
@@ -28,6 +36,8 @@ struct ReservedSlots {
   std::vector<int64_t> slots;
   // [n_layers + 1] prefix offsets into `slots`.
   std::vector<int32_t> layer_offsets;
+  // Copies to make before any slot is written (in order).
+  std::vector<PageCopy> copies;
 
   absl::Span<const int64_t> ForLayer(int32_t layer) const {
     return absl::MakeConstSpan(slots).subspan(
@@ -45,7 +55,8 @@ struct SequenceKvUsage {
 };
 
 // Snapshot of the whole cache (for metrics and admission). Pages held by a capacity reservation
-// that is not committed yet count as used.
+// that is not committed yet count as used; pages only the prefix cache references count as free
+// (allocation evicts them).
 struct KvCacheStats {
   int32_t num_pages = 0;
   int32_t block_size = 0;
@@ -59,6 +70,9 @@ struct KvCacheStats {
   std::vector<int32_t> used_pages_per_layer;  // [n_layers]
   std::vector<int64_t> used_bytes_per_layer;  // [n_layers]
   std::vector<int64_t> tokens_per_layer;      // [n_layers] entries stored over all sequences
+  int32_t num_prefix_cache_blocks = 0;        // cached blocks (0 when prefix caching is off)
+  int32_t num_prefix_cache_pages = 0;         // pages the prefix cache references
+  int32_t num_referenced_pages = 0;  // pages out of the pool (sequences' and the cache's)
 };
 
 // Shared contract with the backend: one pool tensor
@@ -97,6 +111,28 @@ class KvCacheManager {
   KvCacheManager& operator=(const KvCacheManager&) = delete;
 
   absl::Status AddSequence(SequenceId seq_id);
+
+  // Prefix caching (off until enabled): blocks of block_size tokens that sequences cached keep
+  // their pages after the sequences end, until allocation needs the pages.
+  void EnablePrefixCache();
+  bool prefix_cache_enabled() const { return prefix_ != nullptr; }
+  // Drops every cached block (pages still attached to sequences stay with them).
+  void ClearPrefixCache();
+  // Attaches the longest cached prefix of `tokens` (full blocks, same `salt`) to `seq_id`, which
+  // must hold no entries: its tables share the cached pages. Returns the chain attached (empty
+  // when nothing matched); the caller reads each block's payload. FailedPrecondition when the
+  // sequence holds entries or caching is off; NotFound for an unknown sequence.
+  absl::StatusOr<std::vector<const PrefixBlock*>> AttachCachedPrefix(
+      SequenceId seq_id, absl::Span<const int32_t> tokens, uint64_t salt);
+  // Caches one more full block of `seq_id`: `tokens` (block_size of them) following the block
+  // keyed `parent` (0: the first block), with counts[l] entries at layer l once it is fed (the
+  // sequence holds at least as many) and the caller's payload. Returns the block's key, or 0
+  // when it was not cached (the key is cached already, by another sequence's identical prefix,
+  // or the parent was evicted): the caller then stops caching this sequence.
+  absl::StatusOr<uint64_t> CacheBlock(SequenceId seq_id, uint64_t parent,
+                                      absl::Span<const int32_t> tokens, uint64_t salt,
+                                      absl::Span<const int32_t> counts,
+                                      std::vector<uint8_t> payload);
   bool HasSequence(SequenceId seq_id) const { return sequences_.contains(seq_id); }
   // Returns every page of the sequence to the pool and forgets it (finish, cancel, preempt).
   absl::Status Free(SequenceId seq_id);
@@ -125,7 +161,8 @@ class KvCacheManager {
   absl::StatusOr<SequenceKvUsage> Usage(SequenceId seq_id) const;
   KvCacheStats GetStats() const;
 
-  int32_t num_free_pages() const { return pool_.num_free(); }
+  // Free pages, counting those only the prefix cache references.
+  int32_t num_free_pages() const;
   int32_t block_size() const { return block_size_; }
   int32_t n_layers() const { return n_layers_; }
   int64_t bytes_per_page() const { return bytes_per_page_; }
@@ -138,8 +175,9 @@ class KvCacheManager {
   absl::Status CheckLayer(int32_t layer) const;
   absl::Status CheckCounts(absl::Span<const int32_t> tokens_per_layer) const;
   // All-or-nothing page growth so that tokens_per_layer[l] more entries fit at each layer.
+  // Copies a shared partial tail page (copy-on-write) for every layer that appends to one.
   absl::Status Grow(SequenceId seq_id, std::vector<BlockTable>& tables,
-                    absl::Span<const int32_t> tokens_per_layer);
+                    absl::Span<const int32_t> tokens_per_layer, std::vector<PageCopy>* copies);
   void ReleaseFromLayer(int32_t layer, const std::vector<PageId>& pages);
 
   const int32_t block_size_;
@@ -148,8 +186,9 @@ class KvCacheManager {
   BlockPool pool_;
   // Per sequence: [n_layers] block tables.
   absl::flat_hash_map<SequenceId, std::vector<BlockTable>> sequences_;
-  std::vector<int32_t> used_pages_per_layer_;  // [n_layers]
+  std::vector<int32_t> used_pages_per_layer_;  // [n_layers] page references of sequences
   std::vector<int64_t> tokens_per_layer_;      // [n_layers]
+  std::unique_ptr<PrefixCache> prefix_;        // null when prefix caching is off
 };
 
 }  // namespace modserve::engine

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
@@ -330,6 +332,19 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       (void)kv_->Commit(seqs[i].seq_id, std::vector<int32_t>(L, 0)).ok();
     }
   };
+  // A reservation that appends to a page shared through the prefix cache came with a private
+  // copy of it to make first (copy-on-write); the backend runs ops in order, so the copy lands
+  // before this step writes the page or reads it through the sequence's page table.
+  std::vector<std::pair<int32_t, int32_t>> page_copies;
+  auto copy_pages = [&](const ReservedSlots& r) {
+    if (r.copies.empty()) return;
+    page_copies.clear();
+    for (const PageCopy& c : r.copies) page_copies.emplace_back(c.src, c.dst);
+    const int64_t KV = config_.n_kv_heads, hd = config_.head_dim;
+    backend_->CopyKvPages(
+        kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd}),
+        page_copies);
+  };
   std::vector<int32_t> counts(L, 0);
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int32_t n = static_cast<int32_t>(seqs[i].tokens.size());
@@ -347,6 +362,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       release(i);
       return r.status();
     }
+    copy_pages(*r);
     reserved[i] = *std::move(r);
   }
   auto fail = [&](absl::Status st) {
@@ -405,6 +421,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
         }
         auto r = kv_->ReserveCapacity(seqs[i].seq_id, counts);
         if (!r.ok()) return fail(r.status());
+        copy_pages(*r);
         routed_reserved[i] = *std::move(r);
       }
     } else {

@@ -179,7 +179,7 @@ std::vector<SequenceId> Scheduler::Commit(const StepResult& result) {
     auto it = std::find_if(running_.begin(), running_.end(),
                            [&](const Running& r) { return r.seq_id == s.seq_id; });
     MODSERVE_CHECK(it != running_.end());
-    it->num_computed += s.num_fed;
+    it->num_computed += s.num_cached + s.num_fed;
     MODSERVE_CHECK(it->num_computed <= it->num_tokens);
     estimator_.Observe(it->threshold.value_or(estimator_.default_threshold()), s.routed_rows,
                        s.num_fed);

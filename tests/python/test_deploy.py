@@ -52,6 +52,8 @@ CONTRACT = {
     "modserve_kv_bytes_per_token": ("gauge", set()),
     "modserve_kv_bytes_per_token_dense": ("gauge", set()),
     "modserve_step_duration_seconds": ("histogram", {"phase"}),
+    "modserve_prefix_cache_queries_total": ("counter", set()),
+    "modserve_prefix_cache_hits_total": ("counter", set()),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_TOKEN = re.compile(r"\bmodserve_[a-z0-9_]+\b")
@@ -650,6 +652,8 @@ def test_dashboard_has_the_panels_of_issue_6():
     uses("KV bytes per token: MoD vs dense", "modserve_kv_bytes_per_token{",
          "modserve_kv_bytes_per_token_dense{")
     uses("Whole-batch layer skips", "modserve_layer_batch_skips_total")
+    uses("Prefix cache hit rate", "rate(modserve_prefix_cache_hits_total",
+         "rate(modserve_prefix_cache_queries_total")
     # Layout: unique ids, inside the 24-column grid, no two panels overlapping.
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -715,6 +719,13 @@ def test_dashboard_mod_and_latency_queries_compute_what_they_show(tmp_path):
                        "values": f"{mod}x15"})
         series.append({"series": f"modserve_kv_bytes_per_token_dense{{{lab.format(inst)}}}",
                        "values": f"{dense}x15"})
+    # Prefix cache: instance a looks up 200 prompt tokens a minute and finds 150, b 100 and 20.
+    prefix = {"a": (200, 150), "b": (100, 20)}
+    for inst, (q, h) in prefix.items():
+        series.append({"series": f"modserve_prefix_cache_queries_total{{{lab.format(inst)}}}",
+                       "values": f"0+{q}x15"})
+        series.append({"series": f"modserve_prefix_cache_hits_total{{{lab.format(inst)}}}",
+                       "values": f"0+{h}x15"})
     for le, (va, vb) in ttft.items():
         for inst, v in (("a", va), ("b", vb)):
             series.append({"series": f'modserve_time_to_first_token_seconds_bucket{{'
@@ -743,6 +754,9 @@ def test_dashboard_mod_and_latency_queries_compute_what_they_show(tmp_path):
         # p50: rank 50 is the last of the first bucket, its upper bound 0.01.
         (("Time to first token", "A"), [{"labels": "{}", "value": 0.01}]),
         (("Time to first token", "B"), [{"labels": "{}", "value": 0.035}]),
+        (("Prefix cache hit rate", "A"),
+         [{"labels": f'{{instance="{inst}:9400"}}', "value": rounded(h / q)}
+          for inst, (q, h) in sorted(prefix.items())]),
     ]
     test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,

@@ -85,6 +85,8 @@ bool CpuBackend::Supports(OpKind op, DType dtype) const {
     case OpKind::kGatherRows:
     case OpKind::kScatterCombine:
       return dtype == DType::kF32;
+    case OpKind::kCopyKvPages:
+      return float_storage;
   }
   return false;
 }
@@ -685,6 +687,17 @@ void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const Tensor
                         }
                       }
                     });
+}
+
+void CpuBackend::CopyKvPages(const TensorView& kv_pool,
+                             absl::Span<const std::pair<int32_t, int32_t>> copies) {
+  CheckCopyKvPagesArgs(kHost, kv_pool, copies);
+  const size_t page_bytes = kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));
+  char* base = static_cast<char*>(kv_pool.data);
+  for (const auto& [src, dst] : copies) {
+    std::memcpy(base + static_cast<size_t>(dst) * page_bytes,
+                base + static_cast<size_t>(src) * page_bytes, page_bytes);
+  }
 }
 
 }  // namespace modserve::backend::cpu

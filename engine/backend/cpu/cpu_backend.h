@@ -59,6 +59,8 @@ class CpuBackend final : public Backend {
   void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
   void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
                       const TensorView& idx, const TensorView& s) override;
+  void CopyKvPages(const TensorView& kv_pool,
+                   absl::Span<const std::pair<int32_t, int32_t>> copies) override;
 
  private:
   CpuBackend(const KernelTable& kernels, int num_threads);

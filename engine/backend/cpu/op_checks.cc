@@ -1,6 +1,9 @@
 // Shape, dtype and device checks of the backend ops (see op_checks.h).
 #include "engine/backend/cpu/op_checks.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "engine/common/logging.h"
 
 namespace modserve::backend::cpu {
@@ -144,6 +147,30 @@ void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorVie
   CheckTensor(device, s, DType::kF32, 1, "s");
   MODSERVE_CHECK(y.dim(0) == idx.dim(0) && s.dim(0) == idx.dim(0) && y.dim(1) == x.dim(1))
       << "y " << y.ShapeString() << " idx " << idx.ShapeString() << " s " << s.ShapeString();
+}
+
+void CheckCopyKvPagesArgs(Device device, const TensorView& kv_pool,
+                          absl::Span<const std::pair<int32_t, int32_t>> copies) {
+  MODSERVE_CHECK(kv_pool.device == device) << "kv_pool is not on this backend's device";
+  MODSERVE_CHECK(kv_pool.dtype == DType::kF32 || kv_pool.dtype == DType::kF16 ||
+                 kv_pool.dtype == DType::kBF16)
+      << "kv_pool dtype " << DTypeName(kv_pool.dtype);
+  MODSERVE_CHECK(kv_pool.ndim == 4) << "kv_pool " << kv_pool.ShapeString();
+  const int64_t num_pages = kv_pool.dim(0);
+  std::vector<int32_t> dsts;
+  dsts.reserve(copies.size());
+  for (const auto& [src, dst] : copies) {
+    MODSERVE_CHECK(src >= 0 && src < num_pages && dst >= 0 && dst < num_pages && src != dst)
+        << "page copy " << src << " -> " << dst << " of " << num_pages << " pages";
+    dsts.push_back(dst);
+  }
+  std::sort(dsts.begin(), dsts.end());
+  MODSERVE_CHECK(std::adjacent_find(dsts.begin(), dsts.end()) == dsts.end())
+      << "a page is the destination of two copies";
+  for (const auto& [src, dst] : copies) {
+    MODSERVE_CHECK(!std::binary_search(dsts.begin(), dsts.end(), src))
+        << "page " << src << " is both copied from and to";
+  }
 }
 
 }  // namespace modserve::backend::cpu

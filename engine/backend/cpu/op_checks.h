@@ -3,6 +3,9 @@
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_OP_CHECKS_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_OP_CHECKS_H_
 
+#include <utility>
+
+#include "absl/types/span.h"
 #include "engine/backend/backend.h"
 #include "engine/common/tensor_view.h"
 
@@ -31,6 +34,10 @@ void CheckGatherRowsArgs(Device device, const TensorView& x, const TensorView& i
                          const TensorView& out);
 void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorView& y,
                              const TensorView& idx, const TensorView& s);
+// kv_pool [num_pages, 2 * n_kv_heads, block_size, head_dim] of a KV storage type; every page id
+// in range, src != dst, each dst once and never a src.
+void CheckCopyKvPagesArgs(Device device, const TensorView& kv_pool,
+                          absl::Span<const std::pair<int32_t, int32_t>> copies);
 
 }  // namespace modserve::backend::cpu
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "engine/backend/cpu/op_checks.h"
@@ -379,6 +380,25 @@ void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, con
         case ScaleTarget::kBlockOutput:
           xc = g * yp[j * d + c];
           break;
+      }
+    }
+  }
+}
+
+void CopyKvPages(const TensorView& kv_pool, absl::Span<const std::pair<int32_t, int32_t>> copies) {
+  CheckCopyKvPagesArgs(kHost, kv_pool, copies);
+  // Element by element through the page's coordinates, independently of the optimized memcpy.
+  const int64_t rows = kv_pool.dim(1), bs = kv_pool.dim(2), hd = kv_pool.dim(3);
+  const size_t elem = DTypeBytes(kv_pool.dtype);
+  char* base = static_cast<char*>(kv_pool.data);
+  for (const auto& [src, dst] : copies) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t t = 0; t < bs; ++t) {
+        for (int64_t e = 0; e < hd; ++e) {
+          const int64_t offset = ((r * bs) + t) * hd + e;
+          std::memcpy(base + static_cast<size_t>((dst * rows * bs * hd + offset)) * elem,
+                      base + static_cast<size_t>((src * rows * bs * hd + offset)) * elem, elem);
+        }
       }
     }
   }

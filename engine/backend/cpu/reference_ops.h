@@ -3,6 +3,8 @@
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_REFERENCE_OPS_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_REFERENCE_OPS_H_
 
+#include <utility>
+
 #include "engine/backend/backend.h"
 #include "engine/common/tensor_view.h"
 
@@ -26,6 +28,7 @@ void Add(const TensorView& a, const TensorView& b, const TensorView& out);
 void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out);
 void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
                     const TensorView& idx, const TensorView& s);
+void CopyKvPages(const TensorView& kv_pool, absl::Span<const std::pair<int32_t, int32_t>> copies);
 
 }  // namespace modserve::backend::cpu::reference
 

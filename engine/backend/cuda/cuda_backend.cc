@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
   void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
   void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
                       const TensorView& idx, const TensorView& s) override;
+  void CopyKvPages(const TensorView& kv_pool,
+                   absl::Span<const std::pair<int32_t, int32_t>> copies) override;
 
  private:
   explicit CudaBackend(int ordinal) : ordinal_(ordinal) {}
@@ -192,6 +194,8 @@ bool CudaBackend::Supports(OpKind op, DType dtype) const {
     case OpKind::kGatherRows:
     case OpKind::kScatterCombine:
       return dtype == DType::kF32;
+    case OpKind::kCopyKvPages:
+      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
   }
   return false;
 }
@@ -496,6 +500,21 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
                                  x.dim(1), y.as<float>(), idx.as<int32_t>(), s.as<float>(),
                                  idx.dim(0)),
          "ScatterCombine");
+}
+
+void CudaBackend::CopyKvPages(const TensorView& kv_pool,
+                              absl::Span<const std::pair<int32_t, int32_t>> copies) {
+  cpu::CheckCopyKvPagesArgs(kDev, kv_pool, copies);
+  MakeCurrent();
+  const size_t page_bytes = kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));
+  char* base = static_cast<char*>(kv_pool.data);
+  // In stream order: each copy lands before any later op of the step writes the page.
+  for (const auto& [src, dst] : copies) {
+    Record(cudaMemcpyAsync(base + static_cast<size_t>(dst) * page_bytes,
+                           base + static_cast<size_t>(src) * page_bytes, page_bytes,
+                           cudaMemcpyDeviceToDevice, stream_),
+           "CopyKvPages");
+  }
 }
 
 }  // namespace
