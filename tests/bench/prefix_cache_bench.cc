@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -133,8 +134,8 @@ int main(int argc, char** argv) {
   std::printf("| model | kind | prompt (prefix+suffix) | TTFT cache off (ms) | TTFT cold (ms) | "
               "TTFT prefix cached (ms) | cold / cached | tokens hit |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
-  for (const std::string& m : absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty())) {
-    modserve::engine::Run(m);
-  }
+  const std::vector<std::string> models =
+      absl::StrSplit(absl::GetFlag(FLAGS_model), ',', absl::SkipEmpty());
+  for (const std::string& m : models) modserve::engine::Run(m);
   return 0;
 }

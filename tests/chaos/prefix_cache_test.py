@@ -72,8 +72,11 @@ def exact_phase(binary, model, rng):
         cases.append(request(base + suffix, rng.randrange(1, 12),
                              None if i % 2 == 0 else 1000 + i,
                              None if i % 4 < 2 else 0.3, f"exact-{i}"))
-    with Server(binary, model, "--prefix_caching", "true") as on, \
-            Server(binary, model, "--prefix_caching=false") as off:
+    # F32 KV: a 16-bit KV cache rounds each entry, so an entry computed in another batch (or
+    # chunk) can differ by one rounding, with or without the cache; F32 keeps the comparison to
+    # what the cache itself does.
+    with Server(binary, model, "--prefix_caching", "true", "--kv_cache_dtype", "f32") as on, \
+            Server(binary, model, "--prefix_caching=false", "--kv_cache_dtype", "f32") as off:
         stubs = [modserve_pb2_grpc.ModServeStub(grpc.insecure_channel(s.address))
                  for s in (on, off)]
         # One by one, then 8 at a time (batched with each other on the cached server).
@@ -103,8 +106,9 @@ def exact_phase(binary, model, rng):
 
 def chaos_phase(binary, model, rng):
     prompts = [[rng.randrange(3, 2000) for _ in range(n)] for n in (64, 200, 333)]
-    # 120 pages of 16 tokens x 6 layers (F32 KV of the demo: 8 KiB a page).
-    with Server(binary, model, "--kv_cache_bytes", str(120 * 8192), "--kv_cache_dtype", "f32",
+    # 160 pages of 16 tokens (F32 KV of the demo: 8 KiB a page); the longest request may need
+    # 6 x 22 = 132 of them.
+    with Server(binary, model, "--kv_cache_bytes", str(160 * 8192), "--kv_cache_dtype", "f32",
                 "--max_num_seqs", "16") as srv:
         channel = grpc.insecure_channel(srv.address)
         stub = modserve_pb2_grpc.ModServeStub(channel)
@@ -155,7 +159,7 @@ def chaos_phase(binary, model, rng):
         # Still serving, and still right: one more request matches a fresh server's answer.
         r = request(prompts[2] + [5, 6, 7], 8, None, None, "after")
         after = stub.Generate(r, timeout=60)
-        with Server(binary, model, "--prefix_caching=false") as fresh:
+        with Server(binary, model, "--prefix_caching=false", "--kv_cache_dtype", "f32") as fresh:
             ref = modserve_pb2_grpc.ModServeStub(grpc.insecure_channel(fresh.address))
             same(after, ref.Generate(r, timeout=60), "after the chaos")
         print(f"chaos: outcomes {outcomes}; preemptions "

@@ -403,6 +403,22 @@ TEST_P(BackendConformanceTest, GatherRowsMatchesReference) {
   }
 }
 
+TEST_P(BackendConformanceTest, CopyKvPagesMatchesReference) {
+  for (DType dt : kStorageDTypes) {
+    std::mt19937 rng(static_cast<uint32_t>(dt) + 5);
+    // [pages, 2 * kv_heads, block_size, head_dim]
+    HostTensor pool = Random(rng, dt, {9, 4, 16, 24});
+    const std::vector<std::pair<int32_t, int32_t>> copies = {{2, 7}, {0, 5}, {8, 1}};
+    HostTensor want = pool;
+    cpu::reference::CopyKvPages(want.view(), copies);
+    TensorView dev = Upload(pool);
+    backend_->CopyKvPages(dev, copies);
+    backend_->CopyKvPages(dev, {});  // nothing to copy is fine
+    ExpectClose(Download(dev, want), want, 0.0, "CopyKvPages " + std::string(DTypeName(dt)));
+    EXPECT_TRUE(backend_->Supports(OpKind::kCopyKvPages, dt));
+  }
+}
+
 TEST_P(BackendConformanceTest, ScatterCombineMatchesReferenceForEveryMode) {
   for (WeightFn fn : {WeightFn::kIdentity, WeightFn::kSigmoid}) {
     for (ScaleTarget target : {ScaleTarget::kUpdate, ScaleTarget::kBlockOutput}) {
