@@ -96,6 +96,10 @@ class NoQuantBackend : public Backend {
                       const TensorView& y, const TensorView& idx, const TensorView& s) override {
     cpu_->ScatterCombine(p, x, y, idx, s);
   }
+  void CopyKvPages(const TensorView& kv_pool,
+                   absl::Span<const std::pair<int32_t, int32_t>> copies) override {
+    cpu_->CopyKvPages(kv_pool, copies);
+  }
 
  private:
   std::unique_ptr<Backend> cpu_;
