@@ -6,6 +6,7 @@
 //   modserve-loadgen --server 127.0.0.1:50051 --prompts prompts.txt --concurrency 8
 //       --num_requests 64 --max_new_tokens 128
 //   modserve-loadgen --server 127.0.0.1:5001,127.0.0.1:5002 --lb_policy round_robin --retries 3
+//   modserve-loadgen --http 127.0.0.1:8000 --prompts prompts.txt   (the OpenAI HTTP API)
 // Prompt file: one prompt per line; a line "ids:1,2,3" sends token ids instead of text.
 // --server is any gRPC target: host:port, a comma-separated list of IPv4 host:port (taken as the
 // `ipv4:` scheme), or a URI such as dns:///modserve.ns.svc.cluster.local:50051 (a headless
@@ -38,6 +39,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "grpcpp/grpcpp.h"
+#include "clients/loadgen/http_driver.h"
 #include "modserve/v1/modserve.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli_usage.h"
@@ -53,6 +55,10 @@ ABSL_FLAG(int32_t, retries, 0,
           "the whole request again, even after tokens arrived");
 ABSL_FLAG(absl::Duration, retry_backoff, absl::Milliseconds(50),
           "pause before the first resend; doubles per resend of the same request, at most 2s");
+ABSL_FLAG(std::string, http, "",
+          "HOST:PORT of an OpenAI-compatible HTTP API (modserve --http_port): stream the same "
+          "requests from its /v1/completions instead of gRPC (--server, --lb_policy and --retries "
+          "are then unused)");
 ABSL_FLAG(std::string, prompts, "", "file with one prompt per line ('ids:1,2,3' for token ids)");
 ABSL_FLAG(int32_t, concurrency, 8, "streams in flight at once");
 ABSL_FLAG(int32_t, num_requests, 64, "requests in total");
@@ -513,15 +519,46 @@ int main(int argc, char** argv) {
     offline = OfflineTokensPerSecond(requests, total, absl::GetFlag(FLAGS_concurrency));
     if (offline < 0.0) return 1;
   }
-  grpc::ChannelArguments args;
-  args.SetLoadBalancingPolicyName(lb_policy);
-  auto stub = v1::ModServe::NewStub(grpc::CreateCustomChannel(
-      NormalizeTarget(absl::GetFlag(FLAGS_server)), grpc::InsecureChannelCredentials(), args));
-  LoadDriver driver(stub.get(), &requests);
-  driver.Run();
-  const double wall = absl::ToDoubleSeconds(absl::Now() - driver.start());
-  const Results& results = driver.results();
-  const int32_t issued = driver.issued();
+  Results results;
+  int32_t issued = 0;
+  double wall = 0.0;
+  if (!absl::GetFlag(FLAGS_http).empty()) {
+    // The same requests as OpenAI completions bodies.
+    std::vector<std::string> bodies;
+    for (const v1::GenerateRequest& r : requests) {
+      nlohmann::json body = {{"max_tokens", r.stopping().max_new_tokens()},
+                             {"temperature", r.sampling().temperature()},
+                             {"ignore_eos", r.stopping().ignore_eos()},
+                             {"stream", true}};
+      if (r.has_prompt_token_ids()) {
+        body["prompt"] = std::vector<int32_t>(r.prompt_token_ids().ids().begin(),
+                                              r.prompt_token_ids().ids().end());
+      } else {
+        body["prompt"] = r.prompt();
+      }
+      if (r.sampling().has_seed()) body["seed"] = r.sampling().seed();
+      bodies.push_back(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    }
+    modserve::loadgen::HttpLoadResult h = modserve::loadgen::RunHttpLoad(
+        absl::GetFlag(FLAGS_http), bodies, absl::GetFlag(FLAGS_concurrency), total,
+        absl::GetFlag(FLAGS_timeout));
+    results.ttft = std::move(h.ttft);
+    results.itl = std::move(h.itl);
+    results.tokens = h.tokens;
+    results.errors = std::move(h.errors);
+    issued = h.issued;
+    wall = h.wall_seconds;
+  } else {
+    grpc::ChannelArguments args;
+    args.SetLoadBalancingPolicyName(lb_policy);
+    auto stub = v1::ModServe::NewStub(grpc::CreateCustomChannel(
+        NormalizeTarget(absl::GetFlag(FLAGS_server)), grpc::InsecureChannelCredentials(), args));
+    LoadDriver driver(stub.get(), &requests);
+    driver.Run();
+    wall = absl::ToDoubleSeconds(absl::Now() - driver.start());
+    results = driver.results();
+    issued = driver.issued();
+  }
 
   std::printf("requests: %d ok, %d total, concurrency %d, %.2f s\n",
               static_cast<int>(results.ttft.size()), issued, absl::GetFlag(FLAGS_concurrency),
