@@ -201,8 +201,8 @@ int main(int argc, char** argv) {
             << (so.auth_token_file.empty() ? "" : "; bearer token required") << std::endl;
   if ((*server)->http_port() > 0) {
     std::cout << "modserve http on " << (so.http_host.empty() ? so.host : so.http_host) << ":"
-              << (*server)->http_port() << " (model \"" << (*server)->served_model_name()
-              << "\")" << std::endl;
+              << (*server)->http_port() << std::endl;
+    std::cout << "modserve http model \"" << (*server)->served_model_name() << "\"" << std::endl;
   }
   if ((*server)->health_port() > 0) {
     std::cout << "modserve health on " << (so.health_host.empty() ? so.host : so.health_host)

@@ -9,6 +9,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "engine/tokenizer/tokenizer.h"
+#include "tests/common/real_model.h"
 #include "tests/engine/model/checkpoint_test_util.h"
 
 namespace modserve::server {
@@ -110,6 +112,26 @@ TEST(ChatTemplateTest, TemplateRefusalIsTheClientsError) {
   ChatTemplate smol = Make("smollm2", Golden("smollm2/user/gen"));
   EXPECT_THAT(smol.Apply(json::parse(R"([{"role": "user", "content": null}])"), true),
               StatusIs(absl::StatusCode::kInvalidArgument, "messages: the chat template failed"));
+}
+
+TEST(ChatTemplateTest, SmolLm2TemplateFromItsGgufRendersLikeTransformers) {
+  MODSERVE_REQUIRE_SMOLLM2(path);
+  auto tok = engine::LoadTokenizer(path);
+  ASSERT_THAT(tok, IsOk());
+  EXPECT_EQ((*tok)->chat_template(), ReadFile(kDir + "smollm2.jinja"));
+  const json& golden = Golden("smollm2/multi_turn/gen");
+  auto special = [&](std::optional<int32_t> id) -> std::optional<std::string> {
+    if (!id) return std::nullopt;
+    auto text = (*tok)->Decode({*id}, /*skip_special_tokens=*/false);
+    return text.ok() ? std::optional<std::string>(*text) : std::nullopt;
+  };
+  EXPECT_EQ(special((*tok)->bos_id()), golden["context"]["bos_token"].get<std::string>());
+  auto t = ChatTemplate::Create((*tok)->chat_template(), special((*tok)->bos_id()),
+                                special((*tok)->eos_id()));
+  ASSERT_THAT(t, IsOk());
+  auto text = t->Apply(golden["context"]["messages"], true);
+  ASSERT_THAT(text, IsOk());
+  EXPECT_EQ(*text, golden["output"].get<std::string>());
 }
 
 TEST(ChatTemplateTest, UnparsableTemplateIsRefusedAtCreation) {

@@ -364,6 +364,39 @@ class OpenAiLimitsTest(unittest.TestCase):
             self.assertIn("--chat_template", e.exception.message)
 
 
+class SmolLm2ChatTest(unittest.TestCase):
+    """A real instruct model and its own chat template, read from its GGUF file: chat through the
+    SDK equals gRPC on the prompt that jinja2 renders from the same template."""
+
+    def test_chat_with_the_models_own_template_equals_grpc(self):
+        path = os.path.join(ROOT, "models", "smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.isfile(path):
+            msg = f"{path} is missing: run `bash tools/fetch_models.sh`"
+            if os.environ.get("CI") == "true":
+                self.fail(msg + " (CI must have it: tools/test.sh fetches it first)")
+            self.skipTest(msg)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        with Server(BINARY, path, "--threads", "1", "--http_port", "0") as server, \
+                Client(server.address, timeout=120) as grpc:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1",
+                                   api_key="x", max_retries=0, timeout=120)
+            [model] = [m.id for m in client.models.list().data]
+            self.assertEqual(model, "SmolLM2-135M-Instruct.Q4_1")
+            # tests/server/chat_template_test.cc checks that this file is the GGUF's template.
+            ids = grpc.tokenize(render_chat(messages), add_special_tokens=False)
+            want = grpc.generate(ids, max_new_tokens=12)
+            got = client.chat.completions.create(model=model, messages=messages, max_tokens=12,
+                                                 temperature=0)
+            self.assertEqual(got.usage.prompt_tokens, len(ids))
+            self.assertEqual(got.choices[0].message.content, want.text)
+            self.assertTrue(want.text)
+            streamed = "".join(c.choices[0].delta.content or "" for c in
+                               client.chat.completions.create(model=model, messages=messages,
+                                                              max_tokens=12, temperature=0,
+                                                              stream=True) if c.choices)
+            self.assertEqual(streamed, want.text)
+
+
 if __name__ == "__main__":
     BINARY, MODEL = sys.argv[1], sys.argv[2]
     unittest.main(argv=sys.argv[:1])

@@ -1,13 +1,16 @@
 """End-to-end security of the built `modserve`: start-up refusals of bad credential files (exit 1,
 naming the flag and the file), then mutual TLS + bearer token + a health-only port, driven by
-Python's grpc.secure_channel with metadata and by the built C++ client's --tls_* and
---auth_token_file flags. The PKI is made at test time by the built modserve-test-certs.
+Python's grpc.secure_channel with metadata, by the built C++ client's --tls_* and
+--auth_token_file flags, and over HTTPS on the OpenAI API port (Python's ssl + http.client). The PKI is made at test time by the built modserve-test-certs.
 
     python3 tests/server/security_process_test.py MODSERVE MODSERVE_CLIENT MODSERVE_TEST_CERTS \
         CHECKPOINT_DIR
 """
 
+import http.client
+import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -86,7 +89,7 @@ class SecurityProcessTest(unittest.TestCase):
                         "--tls_key_file", self.path("server.key"),
                         "--tls_client_ca_file", self.path("ca.crt"),
                         "--auth_token_file", self.token_file, "--max_new_tokens", "64",
-                        metrics=False, stderr=None)
+                        "--http_port", "0", metrics=False, stderr=None)
         try:
             port, health_port = server.port, server.health_port
             target = f"127.0.0.1:{port}"
@@ -144,6 +147,8 @@ class SecurityProcessTest(unittest.TestCase):
                     client.generate([1, 42, 7], max_new_tokens=5)
                 self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
 
+            self.check_https(server.http_port, [l.logprob for l in resp.logprobs])
+
             # The C++ client's flags.
             tls_flags = ["--server", target, "--tls_ca_file", self.path("ca.crt"),
                          "--tls_cert_file", self.path("client.crt"),
@@ -163,6 +168,49 @@ class SecurityProcessTest(unittest.TestCase):
                 self.assertEqual(server.terminate(timeout=TIMEOUT), 0)
             finally:
                 server.stop()
+
+    def check_https(self, port, want_logprobs):
+        """The HTTP port serves the same certificate, client CA and token as the gRPC port."""
+        body = json.dumps({"prompt": [1, 42, 7], "max_tokens": 5, "ignore_eos": True,
+                           "temperature": 0, "logprobs": 0})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+
+        def context(client_cert):
+            ctx = ssl.create_default_context(cafile=self.path("ca.crt"))
+            ctx.check_hostname = False  # the test certificate names localhost, we dial 127.0.0.1
+            if client_cert:
+                ctx.load_cert_chain(self.path("client.crt"), self.path("client.key"))
+            return ctx
+
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=TIMEOUT,
+                                           context=context(True))
+        conn.request("POST", "/v1/completions", body, headers)
+        resp = conn.getresponse()
+        got = json.loads(resp.read())
+        self.assertEqual(resp.status, 200, got)
+        self.assertEqual(got["usage"]["completion_tokens"], 5)
+        # The same generation as gRPC's (this checkpoint has no tokenizer, so no text: its
+        # logprobs, which name the chosen tokens' scores, are compared).
+        self.assertEqual(got["choices"][0]["logprobs"]["token_logprobs"], want_logprobs)
+        conn.request("POST", "/v1/completions", body,
+                     {"Content-Type": "application/json", "Authorization": "Bearer wrong"})
+        resp = conn.getresponse()
+        resp.read()
+        self.assertEqual(resp.status, 401)
+        conn.close()
+        # Without a client certificate the TLS handshake fails.
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=TIMEOUT,
+                                           context=context(False))
+        with self.assertRaises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            conn.request("POST", "/v1/completions", body, headers)
+            conn.getresponse().read()
+        conn.close()
+        # Plaintext to the TLS port is not served.
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+        with self.assertRaises((ConnectionError, http.client.HTTPException)):
+            plain.request("GET", "/health")
+            plain.getresponse().read()
+        plain.close()
 
 
 if __name__ == "__main__":
