@@ -10,6 +10,12 @@
 # (d) runs llama-bench: pp$PP from an empty context, and tg$TG after a $CTX-token context
 # (-d $CTX), matching modserve-bench's "--contexts $CTX --steps $TG"; (e) prints one table last.
 # Both engines use $THREADS threads and an F16 KV cache.
+# (f) GGUF rows ($GGUF_ROWS, default "smollm2 tinyllama:q8_0 tinyllama:q4_k"): both engines run
+# the very same GGUF file: the real SmolLM2-135M Q4_1 (tools/fetch_models.sh) and the TinyLlama
+# shape's dense checkpoint quantized by modserve-quantize (--type q8_0 / q4_k; it is written
+# by modserve-bench first when missing). modserve-bench --model and llama-bench take the same
+# context, steps, threads and KV type as above. SHAPES= runs only these rows:
+#   SHAPES= tests/bench/llamacpp/compare.sh
 #
 # Needs: cmake, ninja, a C/C++ compiler; the sdist (arg 1 or LLAMACPP_SDIST, default
 # /tmp/lcp/llama_cpp_python-0.3.36.tar.gz, which vendors llama.cpp; fetch it from PyPI with
@@ -30,7 +36,7 @@ LLAMACPP_DIR="${LLAMACPP_DIR:-/tmp/llamacpp}"
 MODSERVE_BIN_DIR="${MODSERVE_BIN_DIR:-$REPO/build-bench/bin}"
 GGUF_PY="${GGUF_PY:-/tmp/gguf-venv/bin/python}"
 WORKDIR="${WORKDIR:-/tmp/modserve-bench}"
-SHAPES="${SHAPES:-110m tinyllama}"
+SHAPES="${SHAPES-110m tinyllama}"
 WTYPES="${WTYPES:-bf16 f16}"
 THREADS="${THREADS:-2}"
 CTX="${CTX:-128}"
@@ -38,6 +44,8 @@ TG="${TG:-64}"
 PP="${PP:-512}"
 REPS="${REPS:-3}"
 JOBS="${JOBS:-2}"
+GGUF_ROWS="${GGUF_ROWS-smollm2 tinyllama:q8_0 tinyllama:q4_k}"
+SMOLLM2="${SMOLLM2:-$REPO/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}"
 BUILD="$LLAMACPP_DIR/build"
 OUT="$LLAMACPP_DIR/results"
 mkdir -p "$LLAMACPP_DIR/gguf" "$OUT"
@@ -64,7 +72,8 @@ if [[ ! -x "$BUILD/bin/llama-bench" ]]; then
 fi
 [[ -x "$MODSERVE_BIN_DIR/modserve-bench" ]] || {
   log "no $MODSERVE_BIN_DIR/modserve-bench"; exit 1; }
-[[ -x "$GGUF_PY" ]] || { log "no python with gguf at $GGUF_PY (see the header)"; exit 1; }
+[[ -z "$SHAPES" || -x "$GGUF_PY" ]] || {
+  log "no python with gguf at $GGUF_PY (see the header)"; exit 1; }
 
 for shape in $SHAPES; do
   # (b) modserve: dense and MoD, batch 1, the same context, steps, threads and KV dtype.
@@ -118,8 +127,72 @@ EOF
   done
 done
 
+# llama-bench on one GGUF file: pp$PP from empty and tg$TG after $CTX tokens, one results row.
+llama_rows() {  # GGUF SHAPE WTYPE
+  local gguf="$1" shape="$2" wt="$3" tag
+  tag="$(basename "$gguf" .gguf)"
+  local repack="${LLAMA_REPACK:-$([[ $wt == q8_0 ]] && echo 0 || echo 1)}"
+  log "llama-bench $tag (repack $repack)"
+  "$BUILD/bin/llama-bench" -m "$gguf" -t "$THREADS" -r "$REPS" -ctk f16 -ctv f16 \
+    --repack "$repack" -p "$PP" -n 0 -o json > "$OUT/llama-$tag-pp.json"
+  "$BUILD/bin/llama-bench" -m "$gguf" -t "$THREADS" -r "$REPS" -ctk f16 -ctv f16 \
+    --repack "$repack" -p 0 -n "$TG" -d "$CTX" -o json > "$OUT/llama-$tag-tg.json"
+  python3 - "$OUT/llama-$tag-pp.json" "$OUT/llama-$tag-tg.json" "$shape" "$wt" \
+    >> "$RESULTS" <<'EOF2'
+import json, sys
+pp, tg = (json.load(open(p))[0] for p in sys.argv[1:3])
+print("\t".join([sys.argv[3], "llama.cpp", sys.argv[4],
+                 f"{tg['avg_ts']:.2f} ±{tg['stddev_ts']:.2f}",
+                 f"{pp['avg_ts']:.1f} ±{pp['stddev_ts']:.1f}",
+                 f"decode {tg['model_size'] * tg['avg_ts'] / 1e9:.1f} GB/s (weights); "
+                 f"fa {tg.get('flash_attn')} (-1 = auto), repack {tg.get('repack')}"]))
+EOF2
+}
+
+# (f) the same GGUF file in both engines.
+for row in $GGUF_ROWS; do
+  case "$row" in
+    smollm2) gguf="$SMOLLM2"; shape="smollm2-135m"; wt="q4_1"
+      [[ -f "$gguf" ]] || { log "no $gguf (bash tools/fetch_models.sh)"; exit 1; } ;;
+    tinyllama:*)
+      wt="${row#tinyllama:}"; shape="tinyllama"
+      ckpt="$WORKDIR/tinyllama-dense"
+      if [[ ! -f "$ckpt/config.json" ]]; then
+        log "writing the tinyllama checkpoint"
+        "$MODSERVE_BIN_DIR/modserve-bench" --workdir "$WORKDIR" --shapes tinyllama \
+          --variants dense --batches 1 --contexts 16 --steps 1 --prefill_tokens 16 \
+          --prefill_reps 1 --threads "$THREADS" > /dev/null
+      fi
+      gguf="$LLAMACPP_DIR/gguf/tinyllama-dense-$wt.gguf"
+      if [[ ! -f "$gguf" || "$ckpt/config.json" -nt "$gguf" ]]; then
+        log "modserve-quantize tinyllama --type $wt"
+        nice -n 10 "$MODSERVE_BIN_DIR/modserve-quantize" --model "$ckpt" --out "$gguf.tmp" \
+          --type "$wt" --allow_no_tokenizer
+        mv "$gguf.tmp" "$gguf"
+      fi ;;
+    *) log "GGUF_ROWS: unknown row '$row' (smollm2, tinyllama:TYPE)"; exit 1 ;;
+  esac
+  log "modserve-bench --model $(basename "$gguf")"
+  "$MODSERVE_BIN_DIR/modserve-bench" --model "$gguf" --batches 1 --contexts "$CTX" \
+    --steps "$TG" --threads "$THREADS" --kv_dtype f16 --prefill_tokens "$PP" \
+    --prefill_reps "$REPS" | tee "$OUT/modserve-$shape-$wt.txt" >&2
+  python3 - "$OUT/modserve-$shape-$wt.txt" "$shape" "$wt" "$CTX" >> "$RESULTS" <<'EOF2'
+import re, sys
+text, shape, wt, ctx = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3], sys.argv[4]
+d = re.search(rf"^\| [^|]+ \| {ctx} \| 1 \| ([\d.]+) \| [\d.]+ \| ([\d.]+) \| ([\d.]+) \| "
+              r"(\d+)% \|", text, re.M)
+p = re.search(r"^Prefill \(one \d+-token prompt, chunk \d+\): ([\d.]+) tok/s", text, re.M)
+bw = re.search(r"measured read bandwidth[^:]*: ([\d.]+) GB/s", text)
+print("\t".join([shape, "modserve", wt, d.group(1) if d else "?", p.group(1) if p else "?",
+                 f"decode {d.group(2)} MB read/step, {d.group(3)} GB/s = {d.group(4)}% of "
+                 f"read bw ({bw.group(1) if bw else '?'} GB/s)" if d else "-"]))
+EOF2
+  llama_rows "$gguf" "$shape" "$wt"
+done
+
 # (e)
 echo
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "batch-1 decode: ctx $CTX -> $((CTX + TG)), $TG tokens; prefill: $PP tokens from empty;" \
      "$THREADS threads; KV f16; llama.cpp = mean ± sd of $REPS reps, modserve = its own timing"
 printf '| %s | %s | %s | %s | %s | %s |\n' shape engine weights "decode tok/s" "prefill tok/s" notes
