@@ -9,13 +9,13 @@
 #
 #   bash tools/ci_sanitizers.sh [asan] [tsan]     (default: both)
 #
-# Environment: MODSERVE_FUZZ_SECONDS (per target, default 45), MODSERVE_JOBS (default nproc).
+# Environment: MODSERVE_FUZZ_SECONDS (per target, default 30), MODSERVE_JOBS (default nproc).
 # Build folders: build-ci-asan, build-ci-tsan, build-ci-tsan-abseil, build-ci-tsan-grpc,
 # build-ci-debian-src. Prints each stage's duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${MODSERVE_JOBS:-$(nproc)}"
-fuzz_seconds="${MODSERVE_FUZZ_SECONDS:-45}"
+fuzz_seconds="${MODSERVE_FUZZ_SECONDS:-30}"
 fast="-O1 -g1"
 stages=("$@")
 ((${#stages[@]})) || stages=(asan tsan)
