@@ -7,6 +7,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -120,13 +121,19 @@ absl::Status AddModelMetadata(const ModelConfig& c, const std::string& name, DTy
   w->AddU32(p + "format_version", static_cast<uint32_t>(m.format_version));
   w->AddI32Array(p + "routed_layers", std::vector<int32_t>(m.routed_layers.begin(),
                                                            m.routed_layers.end()));
-  w->AddF64(p + "capacity", m.capacity);
+  if (std::adjacent_find(m.capacities.begin(), m.capacities.end(), std::not_equal_to<>()) ==
+      m.capacities.end()) {
+    w->AddF64(p + "capacity", m.capacity);
+  } else {
+    w->AddF64Array(p + "capacity", m.capacities);
+  }
   w->AddBool(p + "router.bias", m.router.bias);
   w->AddString(p + "router.input", std::string(engine::EnumName(m.router.input)));
   w->AddString(p + "weight_fn", std::string(engine::EnumName(m.weight_fn)));
   w->AddString(p + "scale_target", std::string(engine::EnumName(m.scale_target)));
   w->AddString(p + "inference_routing", std::string(engine::EnumName(m.inference_routing)));
   w->AddF64(p + "threshold", m.threshold);
+  if (!m.layer_thresholds.empty()) w->AddF64Array(p + "layer_thresholds", m.layer_thresholds);
   if (m.predictor) {
     const engine::PredictorConfig& pc = *m.predictor;
     w->AddString(p + "predictor.type", std::string(engine::EnumName(pc.type)));

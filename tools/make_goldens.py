@@ -64,8 +64,9 @@ def run_case(model, prompt_ids: list, threshold=None) -> dict:
         full_sel = info[l]["selected"][0].tolist()
         if full_sel != dec.decisions[l]:
             raise SystemExit(f"layer {l}: full-sequence and token-by-token decisions differ")
+        # The margin is to the layer's own threshold tau_l(r) (DESIGN.md section 2).
         routing[str(l)] = {"selected": [int(b) for b in dec.decisions[l]],
-                           "margin": [fmt(abs(p - tau)) for p in dec.probs[l]]}
+                           "margin": [fmt(abs(p - dec.layer_tau[l])) for p in dec.probs[l]]}
     return {"prompt_ids": list(prompt_ids), "threshold": tau, "greedy_ids": generated,
             "positions": positions, "routing": routing}
 

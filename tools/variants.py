@@ -54,6 +54,14 @@ VARIANTS = {
         torch.bfloat16, 60000),
     "dense": ({}, torch.float32, 0),
     "dense_bf16_tied": ({"tie_word_embeddings": True}, torch.bfloat16, 0),
+    # Per-layer capacities and thresholds (given in routed_layers' written order), weight_fn one.
+    "per_layer_one_predictor": ({"mod": {
+        "format_version": 1, "routed_layers": [3, 1, 2], "capacity": [0.25, 0.75, 0.5],
+        "router": {"bias": True, "input": "input_layernorm"}, "weight_fn": "one",
+        "inference_routing": "predictor_threshold", "threshold": 0.5,
+        "layer_thresholds": [0.62, 0.35, 0.5],
+        "predictor": {"type": "mlp", "hidden_size": 16, "activation": "silu", "bias": True}}},
+        torch.bfloat16, 0),
 }
 
 

@@ -149,8 +149,9 @@ struct ActivationParams {
 };
 
 // MoD combine of a routed block's output into the residual stream (DESIGN.md section 2).
-enum class WeightFn : uint8_t { kIdentity, kSigmoid };       // g = s or sigmoid(s)
-enum class ScaleTarget : uint8_t { kUpdate, kBlockOutput };  // x + g (y - x) or g y
+// kOne: g = 1, and the row becomes y exactly (whichever the scale target), not x + (y - x).
+enum class WeightFn : uint8_t { kIdentity, kSigmoid, kOne };  // g = s, sigmoid(s) or 1
+enum class ScaleTarget : uint8_t { kUpdate, kBlockOutput };   // x + g (y - x) or g y
 struct ScatterCombineParams {
   WeightFn weight_fn = WeightFn::kIdentity;
   ScaleTarget scale_target = ScaleTarget::kUpdate;

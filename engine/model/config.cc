@@ -31,8 +31,8 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 
 constexpr absl::string_view kModKeys[] = {
-    "format_version", "routed_layers",     "capacity",  "router",   "weight_fn",
-    "scale_target",   "inference_routing", "threshold", "predictor"};
+    "format_version",    "routed_layers", "capacity",         "router",   "weight_fn",
+    "scale_target",      "inference_routing", "threshold", "layer_thresholds", "predictor"};
 constexpr absl::string_view kRouterKeys[] = {"bias", "input"};
 constexpr absl::string_view kPredictorKeys[] = {"type", "hidden_size", "activation", "bias"};
 
@@ -147,6 +147,27 @@ absl::StatusOr<Enum> Choice(const Json& obj, absl::string_view key, Enum default
                             " (expected one of ", expected, ")"));
 }
 
+// A list of finite numbers with one entry per routed layer (`key` is "capacity" or
+// "layer_thresholds"), in the order routed_layers is written.
+absl::StatusOr<std::vector<double>> PerLayer(const Json& v, absl::string_view key,
+                                             size_t num_routed) {
+  bool numbers = v.is_array();
+  if (numbers) {
+    for (const Json& x : v) numbers = numbers && x.is_number() && std::isfinite(x.get<double>());
+  }
+  if (!numbers) {
+    return Error(absl::StrCat("'mod.", key, "' must be a list of numbers, one per routed layer, got ",
+                              Render(v)));
+  }
+  if (v.size() != num_routed) {
+    return Error(absl::StrCat("'mod.", key, "' has ", v.size(), " values for ", num_routed,
+                              " routed layers"));
+  }
+  std::vector<double> out;
+  for (const Json& x : v) out.push_back(x.get<double>());
+  return out;
+}
+
 absl::Status CheckKeys(const Json& obj, absl::Span<const absl::string_view> allowed,
                        absl::string_view where) {
   if (!obj.is_object()) {
@@ -190,15 +211,41 @@ absl::StatusOr<ModConfig> ParseMod(const Json& obj, int64_t n_layers) {
     }
     mod.routed_layers.push_back(static_cast<int>(l));
   }
+  // Per-layer lists follow routed_layers as written; they are put in layer order with it.
+  std::vector<size_t> order(mod.routed_layers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return mod.routed_layers[a] < mod.routed_layers[b];
+  });
+  auto in_layer_order = [&](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (size_t i : order) out.push_back(v[i]);
+    return out;
+  };
   std::sort(mod.routed_layers.begin(), mod.routed_layers.end());
   if (std::adjacent_find(mod.routed_layers.begin(), mod.routed_layers.end()) !=
       mod.routed_layers.end()) {
     return Error(absl::StrCat("'mod.routed_layers' repeats a layer: ", Render(*routed)));
   }
 
-  MODSERVE_ASSIGN_OR_RETURN(mod.capacity, OptionalNumber(obj, "capacity", 0.125, "mod."));
-  if (!(mod.capacity > 0.0 && mod.capacity <= 1.0)) {
-    return Error(absl::StrCat("'mod.capacity' must be in (0, 1], got ", mod.capacity));
+  const size_t num_routed = mod.routed_layers.size();
+  if (const Json* cap = Find(obj, "capacity"); cap != nullptr && cap->is_array()) {
+    MODSERVE_ASSIGN_OR_RETURN(mod.capacities, PerLayer(*cap, "capacity", num_routed));
+    for (double c : mod.capacities) {
+      if (!(c > 0.0 && c <= 1.0)) {
+        return Error(absl::StrCat("'mod.capacity' must be in (0, 1], got ", c));
+      }
+    }
+    mod.capacities = in_layer_order(mod.capacities);
+    mod.capacity = mod.capacities.empty()
+                       ? 0.125
+                       : *std::max_element(mod.capacities.begin(), mod.capacities.end());
+  } else {
+    MODSERVE_ASSIGN_OR_RETURN(mod.capacity, OptionalNumber(obj, "capacity", 0.125, "mod."));
+    if (!(mod.capacity > 0.0 && mod.capacity <= 1.0)) {
+      return Error(absl::StrCat("'mod.capacity' must be in (0, 1], got ", mod.capacity));
+    }
+    mod.capacities.assign(num_routed, mod.capacity);
   }
   static const Json kEmptyObject = Json::object();
   const Json* router = Find(obj, "router");
@@ -208,12 +255,21 @@ absl::StatusOr<ModConfig> ParseMod(const Json& obj, int64_t n_layers) {
   if (!(mod.threshold > 0.0 && mod.threshold < 1.0)) {
     return Error(absl::StrCat("'mod.threshold' must be in (0, 1), got ", mod.threshold));
   }
+  if (const Json* lt = Find(obj, "layer_thresholds"); lt != nullptr && !lt->is_null()) {
+    MODSERVE_ASSIGN_OR_RETURN(mod.layer_thresholds, PerLayer(*lt, "layer_thresholds", num_routed));
+    for (double t : mod.layer_thresholds) {
+      if (!(t > 0.0 && t < 1.0)) {
+        return Error(absl::StrCat("'mod.layer_thresholds' must be in (0, 1), got ", t));
+      }
+    }
+    mod.layer_thresholds = in_layer_order(mod.layer_thresholds);
+  }
   MODSERVE_ASSIGN_OR_RETURN(mod.router.bias, OptionalBool(*router, "bias", false, "mod.router."));
   MODSERVE_ASSIGN_OR_RETURN(mod.router.input,
                             Choice(*router, "input", RouterInput::kResidual,
                                    {"residual", "input_layernorm"}, "mod.router."));
   MODSERVE_ASSIGN_OR_RETURN(mod.weight_fn, Choice(obj, "weight_fn", WeightFn::kIdentity,
-                                                  {"identity", "sigmoid"}, "mod."));
+                                                  {"identity", "sigmoid", "one"}, "mod."));
   MODSERVE_ASSIGN_OR_RETURN(mod.scale_target, Choice(obj, "scale_target", ScaleTarget::kUpdate,
                                                      {"update", "block_output"}, "mod."));
   MODSERVE_ASSIGN_OR_RETURN(mod.inference_routing,
@@ -357,6 +413,16 @@ absl::StatusOr<ModelConfig> ParseConfigJson(const Json& cfg) {
 
 }  // namespace
 
+double LayerThreshold(const ModConfig& mod, size_t k, double request_threshold) {
+  if (mod.layer_thresholds.empty()) return request_threshold;
+  const double tau_l = mod.layer_thresholds[k];
+  const double tau_0 = mod.threshold;
+  if (request_threshold == tau_0) return tau_l;
+  if (tau_l == tau_0) return request_threshold;
+  auto logit = [](double p) { return std::log(p) - std::log1p(-p); };
+  return 1.0 / (1.0 + std::exp(-(logit(tau_l) + logit(request_threshold) - logit(tau_0))));
+}
+
 bool ModelConfig::IsRouted(int l) const {
   return mod.has_value() &&
          std::binary_search(mod->routed_layers.begin(), mod->routed_layers.end(), l);
@@ -414,6 +480,8 @@ std::string_view EnumName(WeightFn v) {
       return "identity";
     case WeightFn::kSigmoid:
       return "sigmoid";
+    case WeightFn::kOne:
+      return "one";
   }
   return "?";
 }

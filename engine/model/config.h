@@ -27,7 +27,7 @@ namespace modserve::engine {
 
 // Closed value sets of the `mod` object; each enumerator names the JSON string it comes from.
 enum class RouterInput : uint8_t { kResidual, kInputLayernorm };  // "residual", "input_layernorm"
-enum class WeightFn : uint8_t { kIdentity, kSigmoid };            // "identity", "sigmoid"
+enum class WeightFn : uint8_t { kIdentity, kSigmoid, kOne };      // "identity", "sigmoid", "one"
 enum class ScaleTarget : uint8_t { kUpdate, kBlockOutput };       // "update", "block_output"
 enum class InferenceRouting : uint8_t { kRouterThreshold, kPredictorThreshold };
 enum class PredictorType : uint8_t { kMlp, kLinear };     // "mlp", "linear"
@@ -54,14 +54,30 @@ struct PredictorConfig {
 struct ModConfig {
   int format_version = 1;
   std::vector<int> routed_layers;  // ascending, unique, each in [0, n_layers)
-  double capacity = 0.125;         // training top-k fraction, in (0, 1]; not used to serve
+  // Training top-k fraction, in (0, 1]; not used to serve. With per-layer capacities this is the
+  // largest of them (an upper bound for consumers that take one number).
+  double capacity = 0.125;
+  // One per routed layer, in routed_layers order: `capacity` repeated when config.json gives one
+  // number, else its list.
+  std::vector<double> capacities;
   RouterConfig router;
   WeightFn weight_fn = WeightFn::kIdentity;
   ScaleTarget scale_target = ScaleTarget::kUpdate;
   InferenceRouting inference_routing = InferenceRouting::kRouterThreshold;
-  double threshold = 0.5;                    // default tau on sigmoid(z), in (0, 1)
+  double threshold = 0.5;  // default request tau on sigmoid(z), in (0, 1)
+  // Empty, or one tau_l in (0, 1) per routed layer (routed_layers order): the layer's threshold
+  // when the request uses the default `threshold`; see LayerThreshold.
+  std::vector<double> layer_thresholds;
   std::optional<PredictorConfig> predictor;  // always set when kPredictorThreshold
 };
+
+// tau_l(r) of DESIGN.md section 2: the threshold on sigmoid(z) at the `k`-th routed layer (index
+// into routed_layers) for a request whose threshold is r. Without layer_thresholds it is r. With
+// them, tau_l moves along the logit axis by as much as r differs from the default tau_0:
+//   tau_l(r) = sigmoid(logit(tau_l) + logit(r) - logit(tau_0)),
+// which is exactly tau_l at r = tau_0 and exactly r where tau_l = tau_0. Computed in double as
+// tools/modref/config.py computes it. r must lie in (0, 1).
+double LayerThreshold(const ModConfig& mod, size_t k, double request_threshold);
 
 // All sizes are int64_t so that products of two of them (vocab_size * d_model, ...) never
 // overflow; each is validated to lie in [1, 2^31 - 1].

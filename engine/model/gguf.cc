@@ -664,20 +664,24 @@ absl::StatusOr<absl::Span<const std::string_view>> GgufFile::GetStringArray(
   return absl::Span<const std::string_view>(v->strings);
 }
 
-absl::StatusOr<std::vector<float>> GgufFile::GetF32Array(std::string_view key) const {
+absl::StatusOr<std::vector<double>> GgufFile::GetF64Array(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return absl::NotFoundError(absl::StrCat(Where(path(), key), " is missing"));
   if (v->type != GgufType::kArray ||
       (v->array_type != GgufType::kF32 && v->array_type != GgufType::kF64)) {
     return TypeError(path(), key, *v, "an ARRAY of FLOAT32 or FLOAT64");
   }
-  std::vector<float> out(v->array_size);
+  std::vector<double> out(v->array_size);
   for (uint64_t i = 0; i < v->array_size; ++i) {
-    out[i] = v->array_type == GgufType::kF32
-                 ? Load<float>(v->data + 4 * i)
-                 : static_cast<float>(Load<double>(v->data + 8 * i));
+    out[i] = v->array_type == GgufType::kF32 ? static_cast<double>(Load<float>(v->data + 4 * i))
+                                             : Load<double>(v->data + 8 * i);
   }
   return out;
+}
+
+absl::StatusOr<std::vector<float>> GgufFile::GetF32Array(std::string_view key) const {
+  MODSERVE_ASSIGN_OR_RETURN(const std::vector<double> d, GetF64Array(key));
+  return std::vector<float>(d.begin(), d.end());
 }
 
 absl::StatusOr<std::vector<int32_t>> GgufFile::GetI32Array(std::string_view key) const {

@@ -144,6 +144,7 @@ class GgufFile {
   // of strings for GetStringArray). The span lives as long as the GgufFile.
   absl::StatusOr<absl::Span<const std::string_view>> GetStringArray(std::string_view key) const;
   absl::StatusOr<std::vector<float>> GetF32Array(std::string_view key) const;
+  absl::StatusOr<std::vector<double>> GetF64Array(std::string_view key) const;
   absl::StatusOr<std::vector<int32_t>> GetI32Array(std::string_view key) const;
   absl::StatusOr<std::vector<int64_t>> GetI64Array(std::string_view key) const;
 

@@ -29,7 +29,8 @@ using Json = nlohmann::json;
 // Debian's Abseil has its own string_view, which StrCat wants.
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-enum class Kind : uint8_t { kInt, kFloat, kBool, kString, kIntArray };
+// kFloatOrArray: a FLOAT32/FLOAT64 or an ARRAY of them (a per-routed-layer list).
+enum class Kind : uint8_t { kInt, kFloat, kBool, kString, kIntArray, kFloatArray, kFloatOrArray };
 
 struct KeySpec {
   GgufConfigKey key;
@@ -54,13 +55,14 @@ constexpr KeySpec kSpecs[] = {
     {{"tokenizer.ggml.eos_token_id", "eos_token_id"}, Kind::kInt, false},
     {{"modserve.mod.format_version", "mod.format_version"}, Kind::kInt, false},
     {{"modserve.mod.routed_layers", "mod.routed_layers"}, Kind::kIntArray, false},
-    {{"modserve.mod.capacity", "mod.capacity"}, Kind::kFloat, false},
+    {{"modserve.mod.capacity", "mod.capacity"}, Kind::kFloatOrArray, false},
     {{"modserve.mod.router.bias", "mod.router.bias"}, Kind::kBool, false},
     {{"modserve.mod.router.input", "mod.router.input"}, Kind::kString, false},
     {{"modserve.mod.weight_fn", "mod.weight_fn"}, Kind::kString, false},
     {{"modserve.mod.scale_target", "mod.scale_target"}, Kind::kString, false},
     {{"modserve.mod.inference_routing", "mod.inference_routing"}, Kind::kString, false},
     {{"modserve.mod.threshold", "mod.threshold"}, Kind::kFloat, false},
+    {{"modserve.mod.layer_thresholds", "mod.layer_thresholds"}, Kind::kFloatArray, false},
     {{"modserve.mod.predictor.type", "mod.predictor.type"}, Kind::kString, false},
     {{"modserve.mod.predictor.hidden_size", "mod.predictor.hidden_size"}, Kind::kInt, false},
     {{"modserve.mod.predictor.activation", "mod.predictor.activation"}, Kind::kString, false},
@@ -112,6 +114,20 @@ absl::StatusOr<Json> ReadValue(const GgufFile& f, const KeySpec& spec) {
     }
     case Kind::kIntArray: {
       MODSERVE_ASSIGN_OR_RETURN(const std::vector<int64_t> v, f.GetI64Array(key));
+      return Json(v);
+    }
+    case Kind::kFloatOrArray:
+      if (const GgufValue* g = f.Find(key); g == nullptr || g->type != GgufType::kArray) {
+        return ReadValue(f, KeySpec{spec.key, Kind::kFloat, spec.required});
+      }
+      [[fallthrough]];
+    case Kind::kFloatArray: {
+      MODSERVE_ASSIGN_OR_RETURN(const std::vector<double> v, f.GetF64Array(key));
+      for (double x : v) {
+        if (!std::isfinite(x)) {
+          return Invalid(f, absl::StrCat("metadata key ", Key(key), " must be finite, got ", x));
+        }
+      }
       return Json(v);
     }
   }

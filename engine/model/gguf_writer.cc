@@ -91,6 +91,13 @@ void GgufWriter::AddF32Array(std::string key, const std::vector<float>& values) 
   for (float v : values) Put(&kv_bytes_, v);
   keys_.push_back(std::move(key));
 }
+void GgufWriter::AddF64Array(std::string key, const std::vector<double>& values) {
+  PutKey(&kv_bytes_, key, GgufType::kArray);
+  Put<uint32_t>(&kv_bytes_, static_cast<uint32_t>(GgufType::kF64));
+  Put<uint64_t>(&kv_bytes_, values.size());
+  for (double v : values) Put(&kv_bytes_, v);
+  keys_.push_back(std::move(key));
+}
 void GgufWriter::AddI32Array(std::string key, const std::vector<int32_t>& values) {
   PutKey(&kv_bytes_, key, GgufType::kArray);
   Put<uint32_t>(&kv_bytes_, static_cast<uint32_t>(GgufType::kI32));

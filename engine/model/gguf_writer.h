@@ -33,6 +33,7 @@ class GgufWriter {
   void AddF64(std::string key, double value);
   void AddStringArray(std::string key, const std::vector<std::string>& values);
   void AddF32Array(std::string key, const std::vector<float>& values);
+  void AddF64Array(std::string key, const std::vector<double>& values);
   void AddI32Array(std::string key, const std::vector<int32_t>& values);
 
   // A tensor of ggml type `ggml_type` with dims `ne` (innermost first, 1..4 of them); `fill` is

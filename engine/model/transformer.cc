@@ -19,6 +19,8 @@ backend::WeightFn ToBackend(WeightFn w) {
       return backend::WeightFn::kIdentity;
     case WeightFn::kSigmoid:
       return backend::WeightFn::kSigmoid;
+    case WeightFn::kOne:
+      return backend::WeightFn::kOne;
   }
   return backend::WeightFn::kIdentity;
 }
@@ -384,6 +386,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   out.selected.assign(num_routed, std::vector<uint8_t>(N));
   out.probs.assign(num_routed, std::vector<float>(N));
   int routed_idx = 0;
+  std::vector<double> layer_tau(num_seqs);  // tau_l of each sequence at the routed layer
   for (int l = 0; l < L; ++l) {
     const bool routed = config_.IsRouted(l);
     // Rows that run the block: all of them, or those routed in.
@@ -391,10 +394,13 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     if (routed) {
       if (auto st = RouteScores(l, N); !st.ok()) return fail(st);
       for (int64_t i = 0; i < num_seqs; ++i) {
+        layer_tau[i] = LayerThreshold(*config_.mod, routed_idx, seqs[i].threshold);
+      }
+      for (int64_t i = 0; i < num_seqs; ++i) {
         for (int32_t r = out.row_offsets[i]; r < out.row_offsets[i + 1]; ++r) {
-          // sigmoid(z) > tau, in double so only true near-ties can differ from the reference
+          // sigmoid(z) > tau_l(r), in double so only true near-ties can differ from the reference
           const double prob = 1.0 / (1.0 + std::exp(-static_cast<double>(z_host_[r])));
-          const bool sel = prob > seqs[i].threshold;
+          const bool sel = prob > layer_tau[i];
           out.selected[routed_idx][r] = sel;
           out.probs[routed_idx][r] = static_cast<float>(prob);
           if (sel) {

@@ -116,7 +116,7 @@ std::vector<float> LogSoftmax(const float* row, int64_t n) {
 // they agree at every position, except that a decision whose sigmoid(z) lies within
 // kNearTieMargin of tau may flip (rounding decides it). After the first such flip the two runs
 // follow different, equally valid paths, so no later position is compared. `got` and `want` are
-// [routed layer][position]; margin(k, p) is |sigmoid(z) - tau| at layer k, position p, as the
+// [routed layer][position]; margin(k, p) is |sigmoid(z) - tau_l| at layer k, position p, as the
 // side that knows it recorded it. Returns how many leading positions are comparable, or a
 // failure naming the first flip that is not a near-tie.
 template <typename MarginFn>
@@ -285,7 +285,10 @@ TEST_P(EngineGoldenTest, MatchesReference) {
       ASSERT_TRUE(h->kv->AddSequence(s2).ok());
       Fed part = Feed(*h, s2, ids, chunk, tau);
       size_t same = ids.size();
-      auto own_margin = [&](size_t k, size_t p) { return std::abs(whole.probs[k][p] - tau); };
+      // |sigmoid(z) - tau_l(r)|: the layer's own threshold (DESIGN.md section 2).
+      auto own_margin = [&](size_t k, size_t p) {
+        return std::abs(whole.probs[k][p] - LayerThreshold(*cfg.mod, k, tau));
+      };
       ASSERT_TRUE(ComparablePositions(part.decisions, whole.decisions, own_margin, &same))
           << "chunk " << chunk;
       for (size_t p = 0; p < same; ++p) {

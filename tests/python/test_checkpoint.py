@@ -99,6 +99,12 @@ BAD = [
     (("mod", "predictor", "dropout"), 0.1, "mod.predictor.dropout"),
     (("mod", "predictor"), None, "mod.predictor"),  # predictor_threshold without a predictor
     (("mod", "capacity_factor"), 0.5, "mod.capacity_factor"),
+    (("mod", "capacity"), [0.5], "mod.capacity"),  # one value for two routed layers
+    (("mod", "capacity"), [0.5, 1.5], "mod.capacity"),
+    (("mod", "capacity"), ["0.5", "0.5"], "mod.capacity"),
+    (("mod", "layer_thresholds"), 0.5, "mod.layer_thresholds"),
+    (("mod", "layer_thresholds"), [0.5, 1.0], "mod.layer_thresholds"),
+    (("mod", "layer_thresholds"), [0.5, 0.5, 0.5], "mod.layer_thresholds"),
     (("hidden_size",), DELETE, "hidden_size"),
     (("num_key_value_heads",), 3, "num_key_value_heads"),
     (("head_dim",), 7, "head_dim"),

@@ -52,8 +52,8 @@ def test_topk_picks_exactly_k(name, T):
     model = variants.random_model(name)
     tokens = torch.cat([prompt(model.cfg.vocab_size, T, seed=s) for s in range(3)])
     _, info = model(tokens, mode="topk")
-    k = math.ceil(model.cfg.mod.capacity * T)
-    for rec in info.values():
+    for l, rec in info.items():
+        k = math.ceil(model.cfg.mod.layer_capacity(l) * T - 1e-9)  # the layer's own capacity
         assert rec["selected"].sum(-1).tolist() == [k] * 3
         # The selected tokens are the k highest scores.
         s = rec["s"]
@@ -88,3 +88,22 @@ def test_threshold_is_the_compute_knob():
         _, info = model(tokens, mode="causal", threshold=tau)
         fracs.append(sum(r["selected"].sum().item() for r in info.values()))
     assert fracs[0] > fracs[1] > fracs[2]
+
+
+def test_layer_thresholds_shift_along_the_logit_axis():
+    """tau_l(r) of DESIGN.md section 2, and per-layer thresholds in the causal pass."""
+    model = variants.random_model("per_layer_one_predictor").double()
+    mod = model.cfg.mod
+    assert mod.routed_layers == [1, 2, 3]
+    assert mod.capacities == [0.75, 0.5, 0.25]  # given for [3, 1, 2], kept in layer order
+    assert mod.layer_thresholds == [0.35, 0.5, 0.62]
+    assert model.layer_threshold(1) == 0.35
+    assert model.layer_threshold(2, 0.3) == 0.3  # tau_l == tau_0 follows the request
+    logit = lambda p: math.log(p / (1 - p))
+    t = model.layer_threshold(3, 0.3)
+    assert abs(logit(t) - (logit(0.62) + logit(0.3) - logit(0.5))) < 1e-12
+    tokens = prompt(model.cfg.vocab_size, 60, seed=3)
+    _, info = model(tokens, mode="causal", threshold=0.3)
+    for l, rec in info.items():
+        assert rec["tau"] == model.layer_threshold(l, 0.3)
+        assert torch.equal(rec["selected"], rec["prob"] > rec["tau"])

@@ -83,6 +83,8 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   if (!a.mod) return;
   EXPECT_EQ(a.mod->routed_layers, b.mod->routed_layers);
   EXPECT_EQ(a.mod->capacity, b.mod->capacity);
+  EXPECT_EQ(a.mod->capacities, b.mod->capacities);
+  EXPECT_EQ(a.mod->layer_thresholds, b.mod->layer_thresholds);
   EXPECT_EQ(a.mod->router.bias, b.mod->router.bias);
   EXPECT_EQ(a.mod->router.input, b.mod->router.input);
   EXPECT_EQ(a.mod->weight_fn, b.mod->weight_fn);

@@ -16,7 +16,7 @@ class ConfigError(ValueError):
 
 
 MOD_KEYS = ("format_version", "routed_layers", "capacity", "router", "weight_fn", "scale_target",
-            "inference_routing", "threshold", "predictor")
+            "inference_routing", "threshold", "layer_thresholds", "predictor")
 ROUTER_KEYS = ("bias", "input")
 PREDICTOR_KEYS = ("type", "hidden_size", "activation", "bias")
 
@@ -36,17 +36,40 @@ class ModConfig:
     capacity: float = 0.125
     router_bias: bool = False
     router_input: str = "residual"  # or "input_layernorm"
-    weight_fn: str = "identity"  # or "sigmoid"
+    weight_fn: str = "identity"  # or "sigmoid", or "one" (a routed-in token takes y as it is)
     scale_target: str = "update"  # or "block_output"
     inference_routing: str = "router_threshold"  # or "predictor_threshold"
     threshold: float = 0.5
     predictor: Optional[PredictorConfig] = None
+    # Per routed layer (in ascending layer order): the training capacity, and the layer's own
+    # threshold tau_l at the default request threshold (None: every layer uses the request's).
+    # `capacity` is then the largest of the capacities.
+    capacities: Optional[list] = None
+    layer_thresholds: Optional[list] = None
+
+    def __post_init__(self):
+        if self.capacities is None:
+            self.capacities = [self.capacity] * len(self.routed_layers)
+        else:
+            self.capacity = max(self.capacities)
+
+    def layer_capacity(self, layer: int) -> float:
+        return self.capacities[self.routed_layers.index(layer)]
+
+    def layer_threshold(self, layer: int, request_tau: Optional[float] = None) -> float:
+        """tau_l(r) of DESIGN.md section 2: layer `layer`'s threshold for request threshold r."""
+        r = self.threshold if request_tau is None else request_tau
+        if self.layer_thresholds is None:
+            return r
+        return shift_threshold(self.layer_thresholds[self.routed_layers.index(layer)],
+                               self.threshold, r)
 
     def to_json(self) -> dict:
+        per_layer = any(c != self.capacities[0] for c in self.capacities)
         out = {
             "format_version": self.format_version,
             "routed_layers": list(self.routed_layers),
-            "capacity": self.capacity,
+            "capacity": list(self.capacities) if per_layer else self.capacity,
             "router": {"bias": self.router_bias, "input": self.router_input},
             "weight_fn": self.weight_fn,
             "scale_target": self.scale_target,
@@ -54,6 +77,8 @@ class ModConfig:
             "threshold": self.threshold,
             "predictor": None,
         }
+        if self.layer_thresholds is not None:
+            out["layer_thresholds"] = list(self.layer_thresholds)
         if self.predictor is not None:
             p = self.predictor
             out["predictor"] = {"type": p.type, "bias": p.bias}
@@ -111,6 +136,21 @@ class ModelConfig:
         return out
 
 
+def shift_threshold(tau_l: float, tau_0: float, r: float) -> float:
+    """sigmoid(logit(tau_l) + logit(r) - logit(tau_0)): tau_l moved along the logit axis by as
+    much as the request threshold r differs from the default tau_0 (exactly tau_l at r = tau_0,
+    exactly r where tau_l = tau_0). The engine computes the same in double (config.cc)."""
+    if r == tau_0:
+        return tau_l
+    if tau_l == tau_0:
+        return r
+
+    def logit(p: float) -> float:
+        return math.log(p) - math.log1p(-p)
+
+    return 1.0 / (1.0 + math.exp(-(logit(tau_l) + logit(r) - logit(tau_0))))
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -159,6 +199,17 @@ def _check_keys(obj: Any, allowed: tuple, where: str) -> None:
                               f"(known keys: {', '.join(allowed)})")
 
 
+def _per_layer(v: Any, key: str, routed: list) -> list:
+    """A list of finite numbers, one per routed layer."""
+    if not isinstance(v, list) or not all(_is_num(x) for x in v):
+        raise ConfigError(f"config.json: 'mod.{key}' must be a list of numbers, one "
+                          f"per routed layer, got {v!r}")
+    if len(v) != len(routed):
+        raise ConfigError(f"config.json: 'mod.{key}' has {len(v)} values for {len(routed)} "
+                          f"routed layers")
+    return v
+
+
 def parse_mod(obj: Any, n_layers: int) -> ModConfig:
     _check_keys(obj, MOD_KEYS, "mod")
     if "format_version" not in obj:
@@ -178,9 +229,21 @@ def parse_mod(obj: Any, n_layers: int) -> ModConfig:
                               f"[0, {n_layers})")
     if len(set(routed)) != len(routed):
         raise ConfigError(f"config.json: 'mod.routed_layers' repeats a layer: {routed!r}")
-    capacity = _opt_num(obj, "capacity", 0.125, "mod.")
-    if not 0.0 < capacity <= 1.0:
-        raise ConfigError(f"config.json: 'mod.capacity' must be in (0, 1], got {capacity!r}")
+    # Per-layer lists are given in the order of routed_layers as written; kept in layer order.
+    order = sorted(range(len(routed)), key=lambda i: routed[i])
+    capacity = obj.get("capacity", 0.125)
+    capacities = None
+    if isinstance(capacity, list):
+        capacities = [float(c) for c in _per_layer(capacity, "capacity", routed)]
+        for c in capacities:
+            if not 0.0 < c <= 1.0:
+                raise ConfigError(f"config.json: 'mod.capacity' must be in (0, 1], got {c!r}")
+        capacities = [capacities[i] for i in order]
+        capacity = max(capacities)
+    else:
+        capacity = _opt_num(obj, "capacity", 0.125, "mod.")
+        if not 0.0 < capacity <= 1.0:
+            raise ConfigError(f"config.json: 'mod.capacity' must be in (0, 1], got {capacity!r}")
     router = obj.get("router", {})
     if router is None:
         router = {}
@@ -188,17 +251,28 @@ def parse_mod(obj: Any, n_layers: int) -> ModConfig:
     threshold = _opt_num(obj, "threshold", 0.5, "mod.")
     if not 0.0 < threshold < 1.0:
         raise ConfigError(f"config.json: 'mod.threshold' must be in (0, 1), got {threshold!r}")
+    layer_thresholds = obj.get("layer_thresholds")
+    if layer_thresholds is not None:
+        layer_thresholds = [float(t) for t in _per_layer(layer_thresholds, "layer_thresholds",
+                                                         routed)]
+        for t in layer_thresholds:
+            if not 0.0 < t < 1.0:
+                raise ConfigError(f"config.json: 'mod.layer_thresholds' must be in (0, 1), "
+                                  f"got {t!r}")
+        layer_thresholds = [layer_thresholds[i] for i in order]
     mod = ModConfig(
         routed_layers=sorted(routed),
         capacity=capacity,
         router_bias=_bool(router, "bias", False, "mod.router."),
         router_input=_choice(router, "input", "residual", ("residual", "input_layernorm"),
                              "mod.router."),
-        weight_fn=_choice(obj, "weight_fn", "identity", ("identity", "sigmoid"), "mod."),
+        weight_fn=_choice(obj, "weight_fn", "identity", ("identity", "sigmoid", "one"), "mod."),
         scale_target=_choice(obj, "scale_target", "update", ("update", "block_output"), "mod."),
         inference_routing=_choice(obj, "inference_routing", "router_threshold",
                                   ("router_threshold", "predictor_threshold"), "mod."),
         threshold=threshold,
+        capacities=capacities,
+        layer_thresholds=layer_thresholds,
     )
     pred = obj.get("predictor")
     if pred is not None:

@@ -134,6 +134,8 @@ class Block(nn.Module):
         return s
 
     def combine(self, x, y, s):
+        if self.cfg.mod.weight_fn == "one":
+            return y  # g = 1: a routed-in token takes the block's output unscaled
         g = torch.sigmoid(s) if self.cfg.mod.weight_fn == "sigmoid" else s
         g = g[..., None]
         if self.cfg.mod.scale_target == "block_output":
@@ -182,25 +184,31 @@ class MoDLlama(nn.Module):
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return x @ w.t()
 
-    def capacity_k(self, T: int) -> int:
-        return min(T, math.ceil(self.cfg.mod.capacity * T - 1e-9))
+    def capacity_k(self, T: int, layer: Optional[int] = None) -> int:
+        """k = ceil(capacity_l * T): layer `layer`'s capacity (the largest one when None)."""
+        c = self.cfg.mod.capacity if layer is None else self.cfg.mod.layer_capacity(layer)
+        return min(T, math.ceil(c * T - 1e-9))
+
+    def layer_threshold(self, layer: int, threshold: Optional[float] = None) -> float:
+        """tau_l(r) for request threshold r (the config's default when None)."""
+        return self.cfg.mod.layer_threshold(layer, threshold)
 
     def forward(self, tokens: torch.Tensor, mode: str = "causal", threshold: Optional[float] = None,
                 selections: Optional[dict] = None):
         """tokens: [B, T] starting at position 0. Returns (logits [B, T, V], info).
 
-        mode "topk": training routing (gather the top-k rows); "causal": threshold routing with
-        masks; "masked": masks like "causal" but with the decisions given in `selections`
-        ({layer: bool [B, T]}), used to evaluate top-k routing through the mask path.
-        info[layer] holds s (router score), z, prob = sigmoid(z), selected, and for "topk" the
-        predictor logit on a detached input.
+        mode "topk": training routing (gather the top-k rows, k from the layer's capacity);
+        "causal": threshold routing with masks, layer l selecting sigmoid(z) > tau_l(threshold)
+        (DESIGN.md section 2); "masked": masks like "causal" but with the decisions given in
+        `selections` ({layer: bool [B, T]}), used to evaluate top-k routing through the mask path.
+        info[layer] holds s (router score), z, prob = sigmoid(z), tau (tau_l), selected, and for
+        "topk" the predictor logit on a detached input.
         """
         B, T = tokens.shape
         x = self.model.embed_tokens(tokens)
         pos = torch.arange(T, device=tokens.device).expand(B, T)
         mask = causal_mask(B, T, tokens.device)
         eye = torch.eye(T, dtype=torch.bool, device=tokens.device)
-        tau = self.cfg.mod.threshold if threshold is None and self.cfg.mod else threshold
         info = {}
         for l, blk in enumerate(self.model.layers):
             if not blk.routed:
@@ -209,7 +217,7 @@ class MoDLlama(nn.Module):
             s = blk.router_score(x)
             rec = {"s": s}
             if mode == "topk":
-                k = self.capacity_k(T)
+                k = self.capacity_k(T, l)
                 idx = topk_select(s, k)  # [B, k]
                 sel = torch.zeros(B, T, dtype=torch.bool, device=x.device)
                 sel.scatter_(1, idx, True)
@@ -226,7 +234,8 @@ class MoDLlama(nn.Module):
                 z = blk.decision_logit(x, s)
                 rec["z"] = z
                 rec["prob"] = torch.sigmoid(z)
-                sel = rec["prob"] > tau if mode == "causal" else selections[l]
+                rec["tau"] = self.layer_threshold(l, threshold)
+                sel = rec["prob"] > rec["tau"] if mode == "causal" else selections[l]
                 kmask = mask & (sel[:, None, :] | eye)
                 y, _, _ = blk.run(x, pos, kmask)
                 x = torch.where(sel[..., None], blk.combine(x, y, s), x)
@@ -241,7 +250,10 @@ class IncrementalDecoder:
     def __init__(self, model: MoDLlama, threshold: Optional[float] = None):
         self.m = model
         cfg = model.cfg
+        # The request threshold r, and each routed layer's tau_l(r).
         self.tau = threshold if threshold is not None else (cfg.mod.threshold if cfg.mod else 0.5)
+        self.layer_tau = {l: model.layer_threshold(l, self.tau)
+                          for l in range(cfg.n_layers) if cfg.is_routed(l)}
         self.k = [None] * cfg.n_layers  # [1, m_l, KV, hd] per layer
         self.v = [None] * cfg.n_layers
         self.n = 0  # tokens consumed = next absolute position
@@ -261,7 +273,7 @@ class IncrementalDecoder:
             if blk.routed:
                 s = blk.router_score(x)
                 prob = torch.sigmoid(blk.decision_logit(x, s))
-                selected = bool(prob.item() > self.tau)
+                selected = bool(prob.item() > self.layer_tau[l])
                 self.decisions[l].append(selected)
                 self.probs[l].append(prob.item())
                 if not selected:

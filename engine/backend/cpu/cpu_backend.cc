@@ -667,6 +667,8 @@ void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const Tensor
                     [&](int64_t b, int64_t e) {
                       for (int64_t j = b; j < e; ++j) {
                         float g = 0.0f;
+                        float* xr = xp + rows[j] * d;
+                        const float* yr = yp + j * d;
                         switch (params.weight_fn) {
                           case WeightFn::kIdentity:
                             g = sp[j];
@@ -674,9 +676,10 @@ void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const Tensor
                           case WeightFn::kSigmoid:
                             g = Sigmoid(sp[j]);
                             break;
+                          case WeightFn::kOne:
+                            std::memcpy(xr, yr, static_cast<size_t>(d) * sizeof(float));
+                            continue;
                         }
-                        float* xr = xp + rows[j] * d;
-                        const float* yr = yp + j * d;
                         switch (params.scale_target) {
                           case ScaleTarget::kUpdate:
                             for (int64_t c = 0; c < d; ++c) xr[c] = xr[c] + g * (yr[c] - xr[c]);

@@ -370,6 +370,9 @@ void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, con
       case WeightFn::kSigmoid:
         g = Sigmoid(score);
         break;
+      case WeightFn::kOne:
+        for (int64_t c = 0; c < d; ++c) xp[r * d + c] = yp[j * d + c];
+        continue;
     }
     for (int64_t c = 0; c < d; ++c) {
       float& xc = xp[r * d + c];

@@ -494,7 +494,18 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
                                  const TensorView& y, const TensorView& idx, const TensorView& s) {
   cpu::CheckScatterCombineArgs(kDev, x, y, idx, s);
   MakeCurrent();
-  const int weight_fn = params.weight_fn == WeightFn::kIdentity ? 0 : 1;
+  int weight_fn = 0;
+  switch (params.weight_fn) {
+    case WeightFn::kIdentity:
+      weight_fn = 0;
+      break;
+    case WeightFn::kSigmoid:
+      weight_fn = 1;
+      break;
+    case WeightFn::kOne:
+      weight_fn = 2;
+      break;
+  }
   const int scale_target = params.scale_target == ScaleTarget::kUpdate ? 0 : 1;
   Record(kernels::ScatterCombine(stream_, weight_fn, scale_target, x.as<float>(), x.dim(0),
                                  x.dim(1), y.as<float>(), idx.as<int32_t>(), s.as<float>(),

@@ -420,7 +420,7 @@ TEST_P(BackendConformanceTest, CopyKvPagesMatchesReference) {
 }
 
 TEST_P(BackendConformanceTest, ScatterCombineMatchesReferenceForEveryMode) {
-  for (WeightFn fn : {WeightFn::kIdentity, WeightFn::kSigmoid}) {
+  for (WeightFn fn : {WeightFn::kIdentity, WeightFn::kSigmoid, WeightFn::kOne}) {
     for (ScaleTarget target : {ScaleTarget::kUpdate, ScaleTarget::kBlockOutput}) {
       for (int64_t n : kRowCounts) {
         std::mt19937 rng(n * 4 + static_cast<int>(fn) * 2 + static_cast<int>(target));

@@ -154,5 +154,21 @@ TEST(ReferenceOpsTest, ScatterCombineFollowsDesignFormulas) {
   }
 }
 
+TEST(ReferenceOpsTest, ScatterCombineWithWeightOneCopiesTheBlockOutput) {
+  // g = 1: the routed row becomes y bit for bit (x + (y - x) would round), whatever the target.
+  for (ScaleTarget target : {ScaleTarget::kUpdate, ScaleTarget::kBlockOutput}) {
+    std::vector<float> x = {1.0f, 2.0f, 3.0f, 1e8f};       // [2, 2]
+    std::vector<float> y = {0.1f, 3.0f};                   // [1, 2], goes to row 1
+    std::vector<int32_t> idx = {1};
+    std::vector<float> s = {-7.0f};                        // not used
+    reference::ScatterCombine(
+        {.weight_fn = WeightFn::kOne, .scale_target = target},
+        TensorView(x.data(), DType::kF32, {2, 2}), TensorView(y.data(), DType::kF32, {1, 2}),
+        TensorView(idx.data(), DType::kI32, {1}), TensorView(s.data(), DType::kF32, {1}));
+    EXPECT_EQ(x, (std::vector<float>{1.0f, 2.0f, 0.1f, 3.0f}));
+  }
+}
+
+
 }  // namespace
 }  // namespace modserve::backend::cpu

@@ -2,6 +2,7 @@
 // config of the reference's rule list (tools/modref/config.py) is rejected naming its key.
 #include "engine/model/config.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,58 @@ TEST(ConfigTest, ParsesModConfig) {
   EXPECT_FALSE(cfg->IsRouted(-1));
 }
 
+// Per-layer lists follow routed_layers as written ([3, 1] here) and come out in layer order.
+TEST(ConfigTest, ParsesPerLayerCapacitiesAndThresholds) {
+  Json j = Json::parse(kModConfig);
+  j["mod"]["capacity"] = {0.75, 0.5};
+  j["mod"]["layer_thresholds"] = {0.2, 0.9};
+  j["mod"]["weight_fn"] = "one";
+  absl::StatusOr<ModelConfig> cfg = ParseConfig(j.dump());
+  ASSERT_THAT(cfg, IsOk());
+  const ModConfig& m = *cfg->mod;
+  EXPECT_EQ(m.routed_layers, (std::vector<int>{1, 3}));
+  EXPECT_EQ(m.capacities, (std::vector<double>{0.5, 0.75}));
+  EXPECT_EQ(m.capacity, 0.75);  // the largest
+  EXPECT_EQ(m.layer_thresholds, (std::vector<double>{0.9, 0.2}));
+  EXPECT_EQ(m.weight_fn, WeightFn::kOne);
+  EXPECT_EQ(EnumName(m.weight_fn), "one");
+}
+
+TEST(ConfigTest, OneCapacityFillsEveryRoutedLayer) {
+  absl::StatusOr<ModelConfig> cfg = ParseConfig(kModConfig);
+  ASSERT_THAT(cfg, IsOk());
+  EXPECT_EQ(cfg->mod->capacities, (std::vector<double>{0.25, 0.25}));
+  EXPECT_TRUE(cfg->mod->layer_thresholds.empty());
+}
+
+// DESIGN.md section 2: tau_l(r) = sigmoid(logit(tau_l) + logit(r) - logit(tau_0)).
+TEST(ConfigTest, LayerThresholdMovesAlongTheLogitAxis) {
+  ModConfig m;
+  m.routed_layers = {1, 3};
+  m.threshold = 0.4;
+  // Without per-layer thresholds every layer uses the request's.
+  EXPECT_EQ(LayerThreshold(m, 0, 0.4), 0.4);
+  EXPECT_EQ(LayerThreshold(m, 1, 0.73), 0.73);
+  m.layer_thresholds = {0.2, 0.4};
+  // At the default request threshold: exactly tau_l.
+  EXPECT_EQ(LayerThreshold(m, 0, 0.4), 0.2);
+  EXPECT_EQ(LayerThreshold(m, 1, 0.4), 0.4);
+  // A layer whose tau_l is the default follows the request exactly.
+  EXPECT_EQ(LayerThreshold(m, 1, 0.73), 0.73);
+  // Elsewhere the shift in logit space: logit(0.2) + logit(0.6) - logit(0.4) = logit(0.2) +
+  // 2 logit(0.6), as logit(0.4) = -logit(0.6).
+  const double logit = std::log(0.2 / 0.8) + 2.0 * std::log(0.6 / 0.4);
+  EXPECT_NEAR(LayerThreshold(m, 0, 0.6), 1.0 / (1.0 + std::exp(-logit)), 1e-15);
+  // Monotone in the request threshold: a higher r never routes more tokens.
+  double prev = 0.0;
+  for (double r : {0.01, 0.1, 0.3, 0.4, 0.5, 0.9, 0.999}) {
+    const double t = LayerThreshold(m, 0, r);
+    EXPECT_GT(t, prev) << r;
+    EXPECT_LT(t, 1.0) << r;
+    prev = t;
+  }
+}
+
 TEST(ConfigTest, ParsesDenseConfigWithDefaults) {
   absl::StatusOr<ModelConfig> cfg = ParseConfig(kDenseConfig);
   ASSERT_THAT(cfg, IsOk());
@@ -168,7 +221,7 @@ TEST(ConfigTest, UnknownValueMessageIsExact) {
   absl::StatusOr<ModelConfig> cfg = ParseConfig(j.dump());
   EXPECT_EQ(cfg.status(),
             absl::InvalidArgumentError("config.json: 'mod.weight_fn' has unknown value \"foo\" "
-                                       "(expected one of \"identity\", \"sigmoid\")"));
+                                       "(expected one of \"identity\", \"sigmoid\", \"one\")"));
 }
 
 TEST(ConfigTest, RejectsTextThatIsNotAJsonObject) {
@@ -274,6 +327,10 @@ const std::vector<BadRow>& BadRows() {
       {"CapacityZero", {Set("mod.capacity", "0")}, "'mod.capacity'"},
       {"CapacityAboveOne", {Set("mod.capacity", "1.5")}, "'mod.capacity'"},
       {"CapacityString", {Set("mod.capacity", R"("0.5")")}, "'mod.capacity'"},
+      {"CapacityListTooShort", {Set("mod.capacity", "[0.5]")}, "'mod.capacity' has 1 values"},
+      {"CapacityListOfStrings", {Set("mod.capacity", R"(["0.5", "0.5"])")}, "'mod.capacity'"},
+      {"CapacityListAboveOne", {Set("mod.capacity", "[0.5, 1.5]")}, "'mod.capacity'"},
+      {"CapacityListZero", {Set("mod.capacity", "[0, 0.5]")}, "'mod.capacity'"},
       {"RouterNotObject", {Set("mod.router", R"("residual")")}, "'mod.router' must be an object"},
       {"RouterUnknownKey", {Set("mod.router.scale", "2")}, "unknown key 'mod.router.scale'"},
       {"RouterBiasNotBool", {Set("mod.router.bias", R"("yes")")}, "'mod.router.bias'"},
@@ -286,6 +343,14 @@ const std::vector<BadRow>& BadRows() {
        "'mod.inference_routing'"},
       {"ThresholdZero", {Set("mod.threshold", "0")}, "'mod.threshold'"},
       {"ThresholdOne", {Set("mod.threshold", "1")}, "'mod.threshold'"},
+      {"LayerThresholdsNumber", {Set("mod.layer_thresholds", "0.5")}, "'mod.layer_thresholds'"},
+      {"LayerThresholdsTooLong",
+       {Set("mod.layer_thresholds", "[0.5, 0.5, 0.5]")},
+       "'mod.layer_thresholds' has 3 values for 2 routed layers"},
+      {"LayerThresholdsOne", {Set("mod.layer_thresholds", "[0.5, 1]")}, "'mod.layer_thresholds'"},
+      {"LayerThresholdsBool",
+       {Set("mod.layer_thresholds", "[0.5, true]")},
+       "'mod.layer_thresholds'"},
       {"PredictorNotObject", {Set("mod.predictor", "[]")}, "'mod.predictor' must be an object"},
       {"PredictorUnknownKey",
        {Set("mod.predictor.layers", "2")},

@@ -321,6 +321,8 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   const ModConfig &x = *a.mod, &y = *b.mod;
   EXPECT_EQ(x.routed_layers, y.routed_layers);
   EXPECT_EQ(x.capacity, y.capacity);
+  EXPECT_EQ(x.capacities, y.capacities);
+  EXPECT_EQ(x.layer_thresholds, y.layer_thresholds);
   EXPECT_EQ(x.router.bias, y.router.bias);
   EXPECT_EQ(x.router.input, y.router.input);
   EXPECT_EQ(x.weight_fn, y.weight_fn);

@@ -70,8 +70,12 @@ __global__ void ScatterCombineKernel(int weight_fn, int scale_target, float* x, 
     const int64_t j = i / d, c = i % d;
     const int32_t r = idx[j];
     TrapUnless(r >= 0 && r < n);
-    const float g = weight_fn == 0 ? s[j] : Sigmoid(s[j]);
     float& xc = x[r * d + c];
+    if (weight_fn == 2) {  // g = 1: the row becomes y exactly
+      xc = y[i];
+      continue;
+    }
+    const float g = weight_fn == 0 ? s[j] : Sigmoid(s[j]);
     xc = scale_target == 0 ? xc + g * (y[i] - xc) : g * y[i];
   }
 }
