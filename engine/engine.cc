@@ -94,8 +94,9 @@ int64_t Engine::kv_bytes_per_token_layer() const {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   MODSERVE_ASSIGN_OR_RETURN(LoadedModel model, LoadModel(options.model_dir));
+  const std::string tokenizer_path = model.tokenizer_path();  // an adapter's is its base's
   std::unique_ptr<Engine> e(new Engine(options, std::move(model)));
-  auto tok = LoadTokenizer(options.model_dir);
+  auto tok = LoadTokenizer(tokenizer_path);
   if (tok.ok()) {
     e->tokenizer_ = *std::move(tok);
   } else if (!absl::IsNotFound(tok.status())) {

@@ -306,7 +306,11 @@ absl::Status ExportGguf(const ExportOptions& opts,
   });
   std::map<std::string, int> type_counts;
   for (const engine::TensorNamePair& t : table) {
-    MODSERVE_ASSIGN_OR_RETURN(const TensorView src, model.checkpoint().Get(t.hf_name));
+    // A MoD adapter's routers and predictors are in its own file, the rest in the base's.
+    const engine::Checkpoint& from = model.adapter() != nullptr && model.adapter()->Contains(t.hf_name)
+                                         ? *model.adapter()
+                                         : model.checkpoint();
+    MODSERVE_ASSIGN_OR_RETURN(const TensorView src, from.Get(t.hf_name));
     const bool matrix = t.shape.size() == 2 && !absl::StrContains(t.gguf_name, ".mod_");
     const bool embed = t.gguf_name == "token_embd.weight" || t.gguf_name == "output.weight";
     const DType wanted =

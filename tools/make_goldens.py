@@ -98,6 +98,11 @@ def random_prompts(vocab: int) -> list:
 
 
 def make_random(ckpt_root: str, golden_root: str) -> None:
+    for name, (base, _) in variants.ADAPTERS.items():
+        model_dir = os.path.join(ckpt_root, name)
+        if os.path.isdir(model_dir):
+            shutil.rmtree(model_dir)
+        checkpoint.save_adapter(variants.random_adapter(name), model_dir, f"../{base}")
     for name, (_, dtype, shard) in variants.VARIANTS.items():
         model_dir = os.path.join(ckpt_root, name)
         if os.path.isdir(model_dir):
@@ -110,6 +115,12 @@ def make_random(ckpt_root: str, golden_root: str) -> None:
             cases = [c for c in cases if c[2] is None]
         write_golden(os.path.join(golden_root, f"{name}.json"),
                      f"tests/testdata/checkpoints/{name}", model, cases)
+    for name in variants.ADAPTERS:
+        # Read back through the adapter loader: the base's weights plus adapter.safetensors.
+        model = checkpoint.load(os.path.join(ckpt_root, name), dtype=torch.float64)
+        write_golden(os.path.join(golden_root, f"{name}.json"),
+                     f"tests/testdata/checkpoints/{name}", model,
+                     random_prompts(model.cfg.vocab_size))
 
 
 DEMO_PROMPTS = [

@@ -64,12 +64,42 @@ VARIANTS = {
         torch.bfloat16, 0),
 }
 
+# MoD adapters over one of the checkpoints above: name -> (base variant, the `mod` object).
+# The adapter directory holds config.json {base_model: "../<base>", mod} and adapter.safetensors.
+ADAPTERS = {
+    "adapter_per_layer_router": ("dense", {
+        "format_version": 1, "routed_layers": [0, 1, 2, 3], "capacity": [0.9, 0.7, 0.6, 0.4],
+        "router": {"bias": True, "input": "input_layernorm"}, "weight_fn": "one",
+        "scale_target": "update", "inference_routing": "router_threshold", "threshold": 0.5,
+        "layer_thresholds": [0.3, 0.45, 0.55, 0.7]}),
+}
+
 
 def variant_config(name: str) -> dict:
     overrides, _, _ = VARIANTS[name]
     cfg = copy.deepcopy(BASE)
     cfg.update(copy.deepcopy(overrides))
     return cfg
+
+
+def random_adapter(name: str, seed: int = 1) -> MoDLlama:
+    """The base variant's weights (random_model) with random routers of adapter `name`."""
+    base_name, mod = ADAPTERS[name]
+    base = random_model(base_name)
+    cfg = variant_config(base_name)
+    cfg["mod"] = copy.deepcopy(mod)
+    model = MoDLlama(parse_config(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    state = dict(base.state_dict())
+    for pname, p in sorted(model.state_dict().items()):
+        if pname in state:
+            continue
+        if p.dim() == 1:
+            state[pname] = 0.3 * torch.randn(p.shape, generator=gen)
+        else:
+            state[pname] = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1])
+    model.load_state_dict(state)
+    return model.eval()
 
 
 def random_model(name: str, seed: int = 0) -> MoDLlama:

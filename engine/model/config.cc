@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "engine/common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -462,6 +463,86 @@ absl::StatusOr<ModelConfig> LoadConfig(const std::string& model_dir) {
     return absl::Status(cfg.status().code(), absl::StrCat(model_dir, "/", cfg.status().message()));
   }
   return cfg;
+}
+
+namespace {
+
+// config.json as JSON, or InvalidArgument naming the file.
+absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open for reading"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return Json::parse(text.str());
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON: ", e.what()));
+  }
+}
+
+}  // namespace
+
+bool IsAdapterDir(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  absl::StatusOr<Json> j = ReadJsonFile(path);
+  return j.ok() && j->is_object() && j->contains("base_model");
+}
+
+absl::StatusOr<AdapterConfig> LoadAdapterConfig(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  MODSERVE_ASSIGN_OR_RETURN(const Json j, ReadJsonFile(path));
+  auto invalid = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (!j.is_object()) return invalid("top level must be an object");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "base_model" && key != "mod") {
+      return invalid(absl::StrCat("unknown key '", key,
+                                  "' in an adapter config (known keys: base_model, mod)"));
+    }
+  }
+  const Json* base = Find(j, "base_model");
+  if (base == nullptr || !base->is_string() || base->get_ref<const std::string&>().empty()) {
+    return invalid(absl::StrCat("'base_model' must be a non-empty path, got ",
+                                base == nullptr ? "nothing" : Render(*base)));
+  }
+  const Json* mod = Find(j, "mod");
+  if (mod == nullptr || mod->is_null()) return invalid("an adapter needs the 'mod' object");
+  AdapterConfig a;
+  a.base_model = base->get<std::string>();
+  const std::filesystem::path p(a.base_model);
+  a.base_path = (p.is_absolute() ? p : std::filesystem::path(model_dir) / p).lexically_normal();
+  a.mod_json = mod->dump();
+  return a;
+}
+
+absl::StatusOr<ModelConfig> ApplyAdapter(const ModelConfig& base, const AdapterConfig& adapter,
+                                         const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  if (base.mod) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": base model ", adapter.base_path,
+                                                   " is itself a MoD model; an adapter's base "
+                                                   "must be dense"));
+  }
+  ModelConfig out = base;
+  absl::StatusOr<ModConfig> mod = [&]() -> absl::StatusOr<ModConfig> {
+    try {
+      return ParseMod(Json::parse(adapter.mod_json), base.n_layers);
+    } catch (const Json::exception& e) {
+      return Error(absl::StrCat("unexpected JSON value: ", e.what()));
+    }
+  }();
+  if (!mod.ok()) {
+    absl::string_view msg = mod.status().message();
+    absl::ConsumePrefix(&msg, "config.json: ");
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg, " (base model ",
+                                                   adapter.base_path, ", ", base.n_layers,
+                                                   " layers)"));
+  }
+  out.mod = *std::move(mod);
+  return out;
 }
 
 std::string_view EnumName(RouterInput v) {

@@ -114,6 +114,29 @@ absl::StatusOr<ModelConfig> ParseConfig(std::string_view json_text);
 // InvalidArgument as ParseConfig, with the message prefixed by the file's full path.
 absl::StatusOr<ModelConfig> LoadConfig(const std::string& model_dir);
 
+// A MoD adapter's config.json (DESIGN.md section 3.2): a dense base model named by path, and the
+// `mod` object that applies to it. The router and predictor tensors sit beside it in
+// adapter.safetensors (weights.h loads them).
+struct AdapterConfig {
+  std::string base_model;  // as written in config.json
+  std::string base_path;   // resolved: relative to the adapter directory unless absolute
+  std::string mod_json;    // the `mod` object, as JSON text
+};
+
+// True when `model_dir`/config.json is a JSON object with a "base_model" key. False for anything
+// else, including unreadable or malformed files (LoadConfig reports those).
+bool IsAdapterDir(const std::string& model_dir);
+
+// Reads an adapter's config.json. InvalidArgument naming the file for malformed JSON, a key
+// other than base_model and mod, a base_model that is not a non-empty string, or no mod object.
+absl::StatusOr<AdapterConfig> LoadAdapterConfig(const std::string& model_dir);
+
+// `base` (a dense config) with the adapter's `mod` object, validated under config.json's rules
+// against the base's layer count. InvalidArgument when `base` already has a mod object or the mod
+// object breaks a rule; the message names the adapter's config.json and the base model.
+absl::StatusOr<ModelConfig> ApplyAdapter(const ModelConfig& base, const AdapterConfig& adapter,
+                                         const std::string& model_dir);
+
 // The JSON spelling of each enum value ("input_layernorm", "predictor_threshold", ...).
 std::string_view EnumName(RouterInput v);
 std::string_view EnumName(WeightFn v);

@@ -213,10 +213,24 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
   return w;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+namespace {
+
+bool IsGgufPath(const std::string& path) {
   std::error_code ec;
-  if (absl::EndsWith(path, ".gguf") ||
-      (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))) {
+  return absl::EndsWith(path, ".gguf") ||
+         (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec));
+}
+
+// A model directory or a GGUF file (not an adapter): its config, checkpoint and weights.
+struct Parts {
+  ModelConfig config;
+  Checkpoint checkpoint;
+  ModelWeights weights;
+  TensorNaming naming;
+};
+
+absl::StatusOr<Parts> LoadParts(const std::string& path) {
+  if (IsGgufPath(path)) {
     MODSERVE_ASSIGN_OR_RETURN(GgufModel m, OpenGgufModel(path));
     absl::StatusOr<ModelWeights> weights = BindWeights(m.config, m.checkpoint, TensorNaming::kGguf);
     if (!weights.ok()) {
@@ -226,7 +240,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
       if (absl::StartsWith(msg, name)) msg.remove_prefix(name.size());
       return absl::Status(weights.status().code(), absl::StrCat(path, ": ", msg));
     }
-    return LoadedModel(std::move(m.config), std::move(m.checkpoint), *std::move(weights));
+    return Parts{std::move(m.config), std::move(m.checkpoint), *std::move(weights),
+                 TensorNaming::kGguf};
   }
   const std::string& model_dir = path;
   MODSERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(model_dir));
@@ -236,7 +251,91 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
     return absl::Status(weights.status().code(),
                         absl::StrCat(model_dir, ": ", weights.status().message()));
   }
-  return LoadedModel(std::move(config), std::move(checkpoint), *std::move(weights));
+  return Parts{std::move(config), std::move(checkpoint), *std::move(weights),
+               TensorNaming::kHuggingFace};
+}
+
+// The weights of adapter `config` (the base's config plus the adapter's mod object): the base's
+// views, with every router and predictor tensor bound from `adapter` (Hugging Face names).
+absl::StatusOr<ModelWeights> BindAdapterWeights(const ModelConfig& config, const Parts& base,
+                                                const Checkpoint& adapter,
+                                                const std::string& adapter_file,
+                                                const std::string& base_path) {
+  ModelWeights w;
+  const std::vector<Slot> plan = Plan(config, &w, TensorNaming::kHuggingFace);
+  std::set<std::string_view> expected;
+  for (const Slot& s : plan) {
+    if (!s.check_finite) {
+      // A dense tensor: the base's view, bound (and checked) when the base was loaded.
+      const std::string& name = base.naming == TensorNaming::kGguf ? s.gguf_name : s.hf_name;
+      MODSERVE_ASSIGN_OR_RETURN(*s.view, base.checkpoint.Get(name));
+      continue;
+    }
+    const TensorInfo* info = adapter.Find(s.hf_name);
+    if (info == nullptr) {
+      return absl::DataLossError(absl::StrCat(adapter_file, ": missing tensor '", s.hf_name,
+                                              "' (expected shape ", ShapeString(s.shape),
+                                              " for the base model ", base_path, ")"));
+    }
+    if (info->shape != s.shape) {
+      return absl::DataLossError(absl::StrCat(
+          adapter_file, ": tensor '", s.hf_name, "' has shape ", ShapeString(info->shape),
+          ", but the base model ", base_path, " needs ", ShapeString(s.shape)));
+    }
+    MODSERVE_ASSIGN_OR_RETURN(*s.view, adapter.Get(s.hf_name));
+    if (absl::Status st = CheckFinite(*s.view, s.hf_name); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat(adapter_file, ": ", st.message()));
+    }
+    expected.insert(s.hf_name);
+  }
+  for (const std::string& name : adapter.Names()) {
+    if (expected.count(name) == 0) {
+      return absl::DataLossError(absl::StrCat(adapter_file, ": unexpected tensor '", name,
+                                              "' (an adapter holds only router and predictor "
+                                              "tensors of its routed layers)"));
+    }
+  }
+  if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+  if (IsGgufPath(path) || !IsAdapterDir(path)) {
+    MODSERVE_ASSIGN_OR_RETURN(Parts p, LoadParts(path));
+    return LoadedModel(std::move(p.config), std::move(p.checkpoint), std::move(p.weights), path);
+  }
+  // A MoD adapter: the dense base model plus the routers.
+  MODSERVE_ASSIGN_OR_RETURN(const AdapterConfig a, LoadAdapterConfig(path));
+  const std::string config_file = path + "/config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(a.base_path, ec)) {
+    return absl::NotFoundError(absl::StrCat(config_file, ": base model '", a.base_model, "' (",
+                                            a.base_path, ") does not exist"));
+  }
+  if (!IsGgufPath(a.base_path) && IsAdapterDir(a.base_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_file, ": base model ", a.base_path, " is itself an adapter; an adapter's base "
+        "must be a dense checkpoint directory or GGUF file"));
+  }
+  absl::StatusOr<Parts> base = LoadParts(a.base_path);
+  if (!base.ok()) {
+    return absl::Status(base.status().code(),
+                        absl::StrCat(config_file, ": base model: ", base.status().message()));
+  }
+  MODSERVE_ASSIGN_OR_RETURN(ModelConfig config, ApplyAdapter(base->config, a, path));
+  const std::string adapter_file = path + "/" + kAdapterTensorFile;
+  if (!std::filesystem::exists(adapter_file, ec)) {
+    return absl::NotFoundError(absl::StrCat(adapter_file, ": no such file (the routers of the "
+                                            "adapter for ", a.base_path, ")"));
+  }
+  MODSERVE_ASSIGN_OR_RETURN(Checkpoint adapter, Checkpoint::OpenFile(adapter_file));
+  MODSERVE_ASSIGN_OR_RETURN(ModelWeights weights,
+                            BindAdapterWeights(config, *base, adapter, adapter_file, a.base_path));
+  LoadedModel m(std::move(config), std::move(base->checkpoint), std::move(weights), a.base_path);
+  m.adapter_ = std::move(adapter);
+  return m;
 }
 
 }  // namespace modserve::engine

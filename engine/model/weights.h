@@ -6,6 +6,7 @@
 #define MODSERVE_ENGINE_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,8 +91,11 @@ struct TensorNamePair {
 // Every tensor `config` implies, sorted by Hugging Face name.
 std::vector<TensorNamePair> TensorNameTable(const ModelConfig& config);
 
-// A model (directory or GGUF file) loaded in one piece: config, mapped checkpoint and the weights
-// bound to it.
+// The file a MoD adapter's router and predictor tensors live in, inside the adapter directory.
+inline constexpr char kAdapterTensorFile[] = "adapter.safetensors";
+
+// A model (directory, GGUF file or MoD adapter) loaded in one piece: config, mapped checkpoint(s)
+// and the weights bound to them.
 // Move-only. Moving keeps `weights()` valid because the mapped bytes never move, and the
 // accessors are const so a caller cannot swap the checkpoint out from under the views.
 // Threads: immutable after LoadModel(); safe to read from any thread.
@@ -103,19 +107,28 @@ class LoadedModel {
   LoadedModel& operator=(const LoadedModel&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // The model's tensors; for an adapter, the base model's (the routers are in adapter()).
   const Checkpoint& checkpoint() const { return checkpoint_; }
   const ModelWeights& weights() const { return weights_; }
+  // An adapter's adapter.safetensors; nullptr for any other model.
+  const Checkpoint* adapter() const { return adapter_ ? &*adapter_ : nullptr; }
+  // Where the tokenizer is: the loaded path, or an adapter's base model.
+  const std::string& tokenizer_path() const { return tokenizer_path_; }
 
  private:
   friend absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
-  LoadedModel(ModelConfig config, Checkpoint checkpoint, ModelWeights weights)
+  LoadedModel(ModelConfig config, Checkpoint checkpoint, ModelWeights weights,
+              std::string tokenizer_path)
       : config_(std::move(config)),
         checkpoint_(std::move(checkpoint)),
-        weights_(std::move(weights)) {}
+        weights_(std::move(weights)),
+        tokenizer_path_(std::move(tokenizer_path)) {}
 
   ModelConfig config_;
   Checkpoint checkpoint_;
+  std::optional<Checkpoint> adapter_;
   ModelWeights weights_;
+  std::string tokenizer_path_;
 };
 
 // Loads a model directory (LoadConfig + Checkpoint::Open + BindWeights) or, when `path` names a
@@ -123,6 +136,14 @@ class LoadedModel {
 // their status codes (InvalidArgument for a bad config.json or GGUF metadata or an unsupported
 // tensor type, NotFound for missing files, DataLoss for corrupt or mismatched weights). Every
 // message names the file or tensor at fault.
+//
+// A directory whose config.json has `base_model` is a MoD adapter (DESIGN.md section 3.2): the
+// dense base model (a directory or GGUF file, relative to the adapter directory unless absolute)
+// is loaded as above, the adapter's `mod` object is validated against it (ApplyAdapter), and the
+// router and predictor tensors come from kAdapterTensorFile, every other weight from the base.
+// Errors name both files: NotFound when the base model or adapter.safetensors does not exist,
+// InvalidArgument for a base that is not dense or a mod object that does not fit it, DataLoss
+// for a missing, misshapen (for the base's d_model), non-finite or unexpected adapter tensor.
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
 
 }  // namespace modserve::engine

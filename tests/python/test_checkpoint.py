@@ -180,3 +180,44 @@ def test_missing_and_misshapen_tensors(tmp_path):
     safetensors_io.write_file(str(tmp_path / "model.safetensors"), bad)
     with pytest.raises(safetensors_io.CheckpointError, match="router.weight"):
         checkpoint.load(str(tmp_path))
+
+
+def save_adapter_pair(tmp_path, name="adapter_per_layer_router"):
+    base_name, _ = variants.ADAPTERS[name]
+    _, dtype, shard = variants.VARIANTS[base_name]
+    checkpoint.save(variants.random_model(base_name), str(tmp_path / "base"), dtype=dtype,
+                    shard_bytes=shard)
+    model = variants.random_adapter(name)
+    checkpoint.save_adapter(model, str(tmp_path / "adapter"), "../base")
+    return model
+
+
+def test_adapter_round_trip_holds_only_routers(tmp_path):
+    model = save_adapter_pair(tmp_path)
+    raw = json.loads((tmp_path / "adapter" / "config.json").read_text())
+    assert sorted(raw) == ["base_model", "mod"] and raw["base_model"] == "../base"
+    stored = safetensors_io.read_file(str(tmp_path / "adapter" / checkpoint.ADAPTER_FILE))
+    assert stored and all(checkpoint.is_router_tensor(k) for k in stored)
+    back = checkpoint.load(str(tmp_path / "adapter"))
+    assert back.cfg.mod.to_json() == model.cfg.mod.to_json()
+    for pname, p in model.state_dict().items():
+        assert torch.equal(back.state_dict()[pname], p.float()), pname
+
+
+def test_adapter_errors_name_both_files(tmp_path):
+    save_adapter_pair(tmp_path)
+    adapter = tmp_path / "adapter"
+    cfg_path = adapter / "config.json"
+    raw = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps(dict(raw, base_model="../nowhere")))
+    with pytest.raises(ConfigError, match=r"config.json: base model '../nowhere' \(.*nowhere\) "
+                                          r"does not exist"):
+        checkpoint.load(str(adapter))
+    cfg_path.write_text(json.dumps(raw))
+    tensors = safetensors_io.read_file(str(adapter / checkpoint.ADAPTER_FILE))
+    tensors["model.layers.2.router.weight"] = torch.zeros(1, 7)
+    safetensors_io.write_file(str(adapter / checkpoint.ADAPTER_FILE), tensors)
+    with pytest.raises(safetensors_io.CheckpointError,
+                       match=r"adapter.safetensors: tensor 'model.layers.2.router.weight' has "
+                             r"shape \[1, 7\], but the base model .*base needs \[1, "):
+        checkpoint.load(str(adapter))

@@ -394,6 +394,170 @@ TEST(WeightsTest, LoadedModelKeepsViewsValidWhenMoved) {
   EXPECT_EQ(std::memcmp(embed.data, tensors[0].bytes.data(), tensors[0].bytes.size()), 0);
 }
 
+// A MoD adapter (DESIGN.md section 3.2) over the tiny dense model: base/ holds the dense
+// checkpoint, adapter/ the config ({base_model, mod}) and adapter.safetensors with the routers
+// of layers 0 and 2 (with bias) and their MLP predictors.
+struct TinyAdapter {
+  ScratchDir root;
+  std::string base_dir, adapter_dir;
+  std::vector<TestTensor> base_tensors, router_tensors;
+  std::string mod_json = R"({"format_version": 1, "routed_layers": [2, 0], "capacity": [0.5, 0.75],
+    "router": {"bias": true, "input": "input_layernorm"}, "weight_fn": "one",
+    "inference_routing": "predictor_threshold", "layer_thresholds": [0.3, 0.6],
+    "predictor": {"type": "mlp", "hidden_size": 5, "activation": "relu", "bias": true}})";
+
+  TinyAdapter() {
+    base_dir = root.File("base");
+    adapter_dir = root.File("adapter");
+    std::filesystem::create_directories(base_dir);
+    std::filesystem::create_directories(adapter_dir);
+    TinySpec dense;
+    dense.mod = false;
+    base_tensors = TinyTensors(dense);
+    WriteBytes(base_dir + "/config.json", TinyConfig(dense));
+    WriteSafetensors(base_dir + "/model.safetensors", base_tensors);
+    // The routed layers' router and predictor tensors of the MoD tiny model.
+    for (const TestTensor& t : TinyTensors(TinySpec{})) {
+      if (absl::StrContains(t.name, "router")) router_tensors.push_back(t);
+    }
+  }
+  absl::StatusOr<LoadedModel> Load(const std::string& base_model = "../base") {
+    WriteBytes(adapter_dir + "/config.json",
+               absl::StrCat(R"({"base_model": ")", base_model, R"(", "mod": )", mod_json, "}"));
+    WriteSafetensors(adapter_dir + "/adapter.safetensors", router_tensors);
+    return LoadModel(adapter_dir);
+  }
+};
+
+TEST(WeightsTest, AdapterBindsRoutersOverTheBaseWeights) {
+  TinyAdapter a;
+  absl::StatusOr<LoadedModel> m = a.Load();
+  ASSERT_THAT(m, IsOk());
+  const ModelConfig& cfg = m->config();
+  ASSERT_TRUE(cfg.mod.has_value());
+  EXPECT_EQ(cfg.mod->routed_layers, (std::vector<int>{0, 2}));
+  EXPECT_EQ(cfg.mod->capacities, (std::vector<double>{0.75, 0.5}));
+  EXPECT_EQ(cfg.mod->layer_thresholds, (std::vector<double>{0.6, 0.3}));
+  EXPECT_EQ(cfg.d_model, kD);
+  ASSERT_NE(m->adapter(), nullptr);
+  const ModelWeights& w = m->weights();
+  // Dense tensors come from the base file, routers from the adapter's.
+  EXPECT_EQ(w.layers[1].q_proj.data, m->checkpoint().Get("model.layers.1.self_attn.q_proj.weight")->data);
+  EXPECT_FALSE(w.layers[1].routed);
+  for (int l : {0, 2}) {
+    const LayerWeights& lw = w.layers[l];
+    EXPECT_TRUE(lw.routed);
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    EXPECT_EQ(lw.router_weight.data, m->adapter()->Get(p + "router.weight")->data);
+    EXPECT_EQ(lw.router_bias.data, m->adapter()->Get(p + "router.bias")->data);
+    EXPECT_EQ(lw.predictor_hidden_weight.data, m->adapter()->Get(p + "aux_router.0.weight")->data);
+    ExpectShape(lw.predictor_out_weight, {1, kP}, DType::kF32);
+  }
+  for (const TestTensor& t : a.router_tensors) {
+    if (t.name != "model.layers.2.router.weight") continue;
+    EXPECT_EQ(std::memcmp(w.layers[2].router_weight.data, t.bytes.data(), t.bytes.size()), 0);
+  }
+  EXPECT_EQ(m->tokenizer_path(), std::filesystem::path(a.base_dir).lexically_normal().string());
+  // Moving the model keeps both files' views valid.
+  LoadedModel moved = *std::move(m);
+  EXPECT_EQ(moved.weights().layers[0].router_weight.data,
+            moved.adapter()->Get("model.layers.0.router.weight")->data);
+}
+
+TEST(WeightsTest, AdapterWithAMissingBaseNamesBothFiles) {
+  TinyAdapter a;
+  EXPECT_THAT(a.Load("../nowhere.gguf"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       absl::StrCat(a.adapter_dir, "/config.json: base model '../nowhere.gguf' (",
+                                    a.root.path(), "/nowhere.gguf) does not exist")));
+}
+
+TEST(WeightsTest, AdapterRouterThatDoesNotFitTheBaseNamesBothFiles) {
+  TinyAdapter a;
+  for (TestTensor& t : a.router_tensors) {
+    if (t.name == "model.layers.2.router.weight") {
+      t = F32Tensor(t.name, {1, kD + 1}, RandomValues(kD + 1, 7));
+    }
+  }
+  EXPECT_THAT(a.Load(), StatusIs(absl::StatusCode::kDataLoss,
+                                 absl::StrCat(a.adapter_dir, "/adapter.safetensors: tensor "
+                                              "'model.layers.2.router.weight' has shape [1, 9], "
+                                              "but the base model ", a.base_dir, " needs [1, 8]")));
+}
+
+TEST(WeightsTest, AdapterRoutedLayerOutsideTheBaseNamesBothFiles) {
+  TinyAdapter a;
+  a.mod_json = R"({"format_version": 1, "routed_layers": [0, 3]})";
+  EXPECT_THAT(a.Load(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 absl::StrCat(a.adapter_dir, "/config.json: 'mod.routed_layers' has "
+                                              "layer 3, outside [0, 3) (base model ", a.base_dir,
+                                              ", 3 layers)")));
+}
+
+TEST(WeightsTest, AdapterMissingRouterNamesBothFiles) {
+  TinyAdapter a;
+  a.router_tensors = Without(a.router_tensors, "model.layers.0.aux_router.2.bias");
+  EXPECT_THAT(a.Load(), StatusIs(absl::StatusCode::kDataLoss,
+                                 absl::StrCat("adapter.safetensors: missing tensor "
+                                              "'model.layers.0.aux_router.2.bias' (expected shape "
+                                              "[1] for the base model ", a.base_dir, ")")));
+}
+
+TEST(WeightsTest, AdapterHoldingADenseWeightIsRejected) {
+  TinyAdapter a;
+  a.router_tensors.push_back(a.base_tensors[0]);
+  EXPECT_THAT(a.Load(), StatusIs(absl::StatusCode::kDataLoss,
+                                 "unexpected tensor 'model.embed_tokens.weight'"));
+}
+
+TEST(WeightsTest, AdapterNanRouterIsDataLoss) {
+  TinyAdapter a;
+  for (TestTensor& t : a.router_tensors) {
+    if (t.name == "model.layers.0.router.bias") {
+      t = F32Tensor(t.name, {1}, {std::numeric_limits<float>::quiet_NaN()});
+    }
+  }
+  EXPECT_THAT(a.Load(), StatusIs(absl::StatusCode::kDataLoss, "model.layers.0.router.bias"));
+}
+
+TEST(WeightsTest, AdapterWithoutTensorFileIsNotFound) {
+  TinyAdapter a;
+  ASSERT_THAT(a.Load(), IsOk());
+  std::filesystem::remove(a.adapter_dir + "/adapter.safetensors");
+  EXPECT_THAT(LoadModel(a.adapter_dir),
+              StatusIs(absl::StatusCode::kNotFound, absl::StrCat("adapter.safetensors: no such "
+                                                                  "file (the routers of the "
+                                                                  "adapter for ", a.base_dir)));
+}
+
+TEST(WeightsTest, AdapterOverAMoDBaseIsRejected) {
+  TinyAdapter a;
+  const TinySpec mod;
+  WriteBytes(a.base_dir + "/config.json", TinyConfig(mod));
+  WriteSafetensors(a.base_dir + "/model.safetensors", TinyTensors(mod));
+  EXPECT_THAT(a.Load(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 "is itself a MoD model; an adapter's base must be dense"));
+}
+
+TEST(WeightsTest, AdapterConfigWithAnUnknownKeyIsRejected) {
+  TinyAdapter a;
+  ASSERT_THAT(a.Load(), IsOk());
+  WriteBytes(a.adapter_dir + "/config.json",
+             R"({"base_model": "../base", "hidden_size": 8, "mod": {"format_version": 1,
+                 "routed_layers": [0]}})");
+  EXPECT_THAT(LoadModel(a.adapter_dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "unknown key 'hidden_size' in an adapter config"));
+  WriteBytes(a.adapter_dir + "/config.json", R"({"base_model": 3, "mod": {}})");
+  EXPECT_THAT(LoadModel(a.adapter_dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'base_model' must be a non-empty"));
+}
+
+TEST(WeightsTest, AdapterAbsoluteBasePathLoads) {
+  TinyAdapter a;
+  EXPECT_THAT(a.Load(a.base_dir), IsOk());
+}
+
 // Checkpoints written by the PyTorch reference (tools/modref/checkpoint.py). Each must load,
 // bind every tensor and hold nothing else.
 void ExpectReferenceCheckpointLoads(const std::string& model_dir) {
@@ -404,9 +568,16 @@ void ExpectReferenceCheckpointLoads(const std::string& model_dir) {
   const ModelWeights& w = m->weights();
   ASSERT_EQ(static_cast<int64_t>(w.layers.size()), cfg.n_layers);
   ExpectShape(w.lm_head, {cfg.vocab_size, cfg.d_model}, w.lm_head.dtype);
-  uint64_t bound_bytes = 0;
+  uint64_t bound_bytes = 0, adapter_bytes = 0;
   for (const std::string& name : ExpectedTensorNames(cfg)) {
-    bound_bytes += m->checkpoint().Find(name)->bytes;
+    if (m->adapter() != nullptr && m->adapter()->Contains(name)) {
+      adapter_bytes += m->adapter()->Find(name)->bytes;  // an adapter's routers
+    } else {
+      bound_bytes += m->checkpoint().Find(name)->bytes;
+    }
+  }
+  if (m->adapter() != nullptr) {
+    EXPECT_EQ(adapter_bytes, m->adapter()->total_bytes());
   }
   const bool stored_tied_head =
       cfg.tie_word_embeddings && m->checkpoint().Contains("lm_head.weight");
