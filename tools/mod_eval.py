@@ -9,7 +9,8 @@
    dense base file, then the adapter at each request threshold; the fraction of block
    computations skipped is over all layers (dense layers skip none).
 3. Causal-routing accuracy per routed layer with the PyTorch reference (tools/modref) on the
-   first --accuracy_windows windows at the adapter's default threshold: how often the causal
+   first --accuracy_windows windows at --accuracy_threshold (default: the adapter's default
+   threshold; 0.9 is the calibrated capacities of models/smollm2-mod): how often the causal
    decision sigmoid(s) > tau_l agrees with the top-k of the same scores over the window at the
    layer's capacity (the non-causal routing the capacity stands for).
 4. Decode throughput, dense vs MoD, batch 1 and 8 (build/bin/modserve-bench --model), unless
@@ -43,14 +44,14 @@ def engine_runs(binary: str, model: str, windows_file: str, thresholds: list, th
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def routing_accuracy(adapter: str, windows: torch.Tensor) -> dict:
+def routing_accuracy(adapter: str, windows: torch.Tensor, threshold=None) -> dict:
     model = checkpoint.load(adapter, dtype=torch.float32)
     mod = model.cfg.mod
     agree = {l: 0 for l in mod.routed_layers}
     with torch.no_grad():
         for b in range(windows.shape[0]):
             wb = windows[b:b + 1]
-            _, info = model(wb, mode="causal")
+            _, info = model(wb, mode="causal", threshold=threshold)
             for l in mod.routed_layers:
                 sel = info[l]["selected"]
                 top = torch.zeros_like(sel)
@@ -73,6 +74,8 @@ def main():
     ap.add_argument("--windows", type=int, default=40)
     ap.add_argument("--len", type=int, default=512)
     ap.add_argument("--accuracy_windows", type=int, default=4)
+    ap.add_argument("--accuracy_threshold", type=float,
+                    help="request threshold of the accuracy column (default: the model's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bench_steps", type=int, default=16)
     ap.add_argument("--no_bench", action="store_true")
@@ -107,8 +110,10 @@ def main():
     if args.accuracy_windows > 0:
         t0 = time.time()
         result["accuracy_windows"] = args.accuracy_windows
+        result["accuracy_threshold"] = args.accuracy_threshold
         result["routing_accuracy"] = routing_accuracy(args.adapter,
-                                                      windows[:args.accuracy_windows])
+                                                      windows[:args.accuracy_windows],
+                                                      args.accuracy_threshold)
         print(f"routing accuracy ({time.time() - t0:.0f} s): {result['routing_accuracy']}",
               flush=True)
     if not args.no_bench:
@@ -126,13 +131,16 @@ def main():
               f"{100 * (run['ppl'] / dense_ppl - 1):+.1f}% | "
               f"{100 * run['skipped_fraction']:.1f}% |")
     if "routing_accuracy" in result:
-        print("\n| layer | capacity | routed (default threshold) | causal-routing accuracy |")
+        at = args.accuracy_threshold
+        print(f"\n| layer | capacity | routed (threshold {at or 'default'}) | causal-routing "
+              f"accuracy |")
         print("|---:|---:|---:|---:|")
         cfg = checkpoint.read_adapter_config(args.adapter)["mod"]
         routed_layers = sorted(cfg["routed_layers"])
         caps = cfg["capacity"] if isinstance(cfg["capacity"], list) else \
             [cfg["capacity"]] * len(routed_layers)
-        default = next((r for r in result["mod"] if r["threshold"] == cfg["threshold"]), None)
+        want = cfg["threshold"] if at is None else at
+        default = next((r for r in result["mod"] if r["threshold"] == want), None)
         for l, c in zip(routed_layers, caps):
             routed = f"{default['routed_fraction'][str(l)]:.3f}" if default else "-"
             print(f"| {l} | {c:.3f} | {routed} | {result['routing_accuracy'][str(l)]:.3f} |")
