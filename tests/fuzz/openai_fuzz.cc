@@ -96,7 +96,9 @@ int FuzzOpenAiRequest(const uint8_t* data, size_t size) {
   const absl::StatusOr<server::OpenAiRequest> r = server::ParseOpenAiRequest(
       chat ? server::OpenAiEndpoint::kChatCompletions : server::OpenAiEndpoint::kCompletions,
       body, model, absl::InfiniteFuture());
-  const std::string what = absl::StrCat(chat ? "chat " : "completions ", Escape(body));
+  // std::string_view spelled out: absl::string_view is its own type under some compilers.
+  const std::string what = absl::StrCat(chat ? "chat " : "completions ",
+                                        Escape(std::string_view(body.data(), body.size())));
 
   if (!r.ok()) {
     const absl::Status& s = r.status();
@@ -160,7 +162,7 @@ int FuzzOpenAiRequest(const uint8_t* data, size_t size) {
 }
 
 int FuzzJinja(const uint8_t* data, size_t size) {
-  const absl::string_view source(reinterpret_cast<const char*>(data), size);
+  const std::string_view source(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<server::jinja::Template> t = server::jinja::Template::Parse(source);
   if (!t.ok()) {
     FUZZ_CHECK(t.status().code() == absl::StatusCode::kInvalidArgument &&
