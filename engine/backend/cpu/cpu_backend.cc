@@ -275,7 +275,7 @@ void CpuBackend::GemmT(const TensorView& x, const TensorView& w, const TensorVie
   const float* xp = x.as<float>();
   const W* wp = w.as<W>();
   float* o = out.as<float>();
-  if (n <= kGemmSmallNMax) {
+  if (n <= kernels_.float_small_n_max) {
     // Decode: bound by reading w, so split the weight rows and let every thread stream its share.
     pool_.ParallelFor(0, m, kGemmRowGrain,
                       [&](int64_t b, int64_t e) { small_n(xp, n, k, wp, bias_f32, o, m, b, e); });

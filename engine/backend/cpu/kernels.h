@@ -74,6 +74,9 @@ constexpr ActLayout ActLayoutFor(DType w, int64_t n);
 
 struct KernelTable {
   Isa isa;
+  // Float weights (F32/F16/BF16): GemmSmallN up to this many x rows, GemmLargeN above. Per ISA,
+  // measured (kernel_bench crossover): GemmLargeN's packing of w only pays for itself beyond it.
+  int64_t float_small_n_max;
 
   GemmSmallNFn<float> gemm_small_f32;
   GemmSmallNFn<f16_t> gemm_small_f16;
@@ -118,8 +121,9 @@ extern const KernelTable kAvx2KernelTable;
 extern const KernelTable kAvx512KernelTable;
 }  // namespace internal
 
-// Decode/prefill threshold: GemmSmallN up to this many x rows, GemmLargeN above. Up to ~16 rows
-// the small-n kernel is still bound by reading w once; beyond that packing w pays for itself.
+// Decode/prefill threshold of the quantized-weight kernels (and the default of
+// KernelTable::float_small_n_max): the decode kernels up to this many x rows, the packed prefill
+// kernels above.
 inline constexpr int64_t kGemmSmallNMax = 16;
 
 constexpr ActLayout ActLayoutFor(DType w, int64_t n) {

@@ -18,6 +18,10 @@ struct Avx2 {
   static constexpr int kMr = 6;
   // 2 x rows x 4 weight rows = 8 accumulators; 4 x rows would spill.
   static constexpr int kSmallNx = 2;
+  // GemmSmallN up to 32 x rows: on Zen 3 (one core, BF16 2048 x 2048) it beats GemmLargeN,
+  // whose packing of w costs ~5 ms per call, by 20-45% at n = 17..32; they cross near n = 40
+  // (docs/PERFORMANCE.md, kernel_bench crossover).
+  static constexpr int64_t kFloatSmallNMax = 32;
 
   static V Zero() { return _mm256_setzero_ps(); }
   static V Set1(float v) { return _mm256_set1_ps(v); }

@@ -359,10 +359,21 @@ void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const f
 }
 
 // constexpr so each ISA's table is constant-initialised: no code of that ISA runs at start-up.
+// S::kFloatSmallNMax where the traits set it (a measured crossover), else kGemmSmallNMax.
+template <class S>
+constexpr int64_t FloatSmallNMax() {
+  if constexpr (requires { S::kFloatSmallNMax; }) {
+    return S::kFloatSmallNMax;
+  } else {
+    return kGemmSmallNMax;
+  }
+}
+
 template <class S>
 constexpr KernelTable MakeKernelTable(Isa isa) {
   return KernelTable{
       .isa = isa,
+      .float_small_n_max = FloatSmallNMax<S>(),
       .gemm_small_f32 = &GemmSmallN<S, float>,
       .gemm_small_f16 = &GemmSmallN<S, f16_t>,
       .gemm_small_bf16 = &GemmSmallN<S, bf16_t>,

@@ -136,11 +136,12 @@ TEST_P(BackendConformanceTest, RmsNormMatchesReferenceIncludingInPlace) {
 }
 
 TEST_P(BackendConformanceTest, GemmMatchesReference) {
-  // n covers both kernels (small-n up to 16, packed above) and their edges; (m, k) are odd so
-  // every SIMD and tile remainder runs; m = 1 is the router.
+  // n covers both kernels (the CPU's small-n kernel up to 16 or 32 rows depending on the ISA,
+  // packed above) and their edges; (m, k) are odd so every SIMD and tile remainder runs; m = 1 is
+  // the router.
   const std::vector<std::pair<int64_t, int64_t>> mk = {{1, 67}, {35, 67}, {130, 257}, {261, 520}};
   for (DType dt : kStorageDTypes) {
-    for (int64_t n : {1, 3, 4, 16, 17, 64}) {
+    for (int64_t n : {1, 3, 4, 16, 17, 31, 32, 33, 64, 128}) {
       for (auto [m, k] : mk) {
         for (bool with_bias : {false, true}) {
           std::mt19937 rng(n * 1000 + m * 10 + k + static_cast<int>(dt) + with_bias);

@@ -1,6 +1,7 @@
-// The CPU kernel table's online-softmax tile on every ISA this CPU runs, against double-precision
-// exp: its vectorised exp is within 2 ulp, and m, l and the returned rescale follow the contract
-// in kernels.h (first tile, later tile, lengths that leave a scalar tail).
+// The CPU kernel table on every ISA this CPU runs: the online-softmax tile against
+// double-precision exp (its vectorised exp is within 2 ulp; m, l and the returned rescale follow
+// the contract in kernels.h), and both float-weight Gemm kernels, called directly whatever the
+// backend's crossover, against a double-precision product.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/backend/cpu/scalar_convert.h"
 #include "gtest/gtest.h"
 
 namespace modserve::backend::cpu {
@@ -77,6 +79,74 @@ TEST_P(CpuKernelsTest, SoftmaxTileRescalesTheRunningStateAndHandlesTails) {
     const float keep = kernels().attn_softmax(low.data(), n, &m, &l);
     EXPECT_EQ(m, 3.0f);
     EXPECT_EQ(keep, 1.0f);
+  }
+}
+
+// Both kernels of every float weight type for n = 1..128 x rows (the decode/prefill crossover
+// moves per ISA, so each kernel must hold over the whole range), odd m and k so every vector and
+// tile remainder runs, with and without bias, and a row range that starts inside the matrix.
+TEST_P(CpuKernelsTest, FloatGemmKernelsMatchADoubleProductForEveryRowCount) {
+  // f32 accumulation over k <= 300 terms of unit-scale products: relative to the sum of |terms|
+  // the rounding stays far below 1e-5.
+  constexpr double kRelTol = 1e-5;
+  const KernelTable& kt = kernels();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto [m, k] : {std::pair<int64_t, int64_t>{37, 67}, {70, 300}}) {
+    std::vector<float> w32(m * k);
+    for (float& v : w32) v = u(rng);
+    std::vector<bf16_t> wb(m * k);
+    std::vector<f16_t> wh(m * k);
+    for (int64_t i = 0; i < m * k; ++i) {
+      wb[i] = F32ToBf16(w32[i]);
+      wh[i] = F32ToF16(w32[i]);
+    }
+    std::vector<float> bias(m);
+    for (float& v : bias) v = u(rng);
+    for (int64_t n : {1, 2, 3, 5, 8, 16, 17, 31, 32, 33, 47, 64, 100, 128}) {
+      std::vector<float> x(n * k);
+      for (float& v : x) v = u(rng);
+      for (int dt = 0; dt < 3; ++dt) {
+        // The weights as the kernel sees them (bf16/f16 rounding is the input, not an error).
+        std::vector<double> wd(m * k);
+        for (int64_t i = 0; i < m * k; ++i) {
+          wd[i] = dt == 0 ? w32[i] : dt == 1 ? Bf16ToF32(wb[i]) : F16ToF32(wh[i]);
+        }
+        const bool with_bias = (n + dt) % 2 == 0;
+        // Rows [3, m) only: the row range is honoured and rows below it are left alone.
+        const int64_t r0 = 3;
+        for (int kernel = 0; kernel < 2; ++kernel) {
+          std::vector<float> out(n * m, -7.0f);
+          const float* b = with_bias ? bias.data() : nullptr;
+          if (kernel == 0) {
+            if (dt == 0) kt.gemm_small_f32(x.data(), n, k, w32.data(), b, out.data(), m, r0, m);
+            if (dt == 1) kt.gemm_small_bf16(x.data(), n, k, wb.data(), b, out.data(), m, r0, m);
+            if (dt == 2) kt.gemm_small_f16(x.data(), n, k, wh.data(), b, out.data(), m, r0, m);
+          } else {
+            if (dt == 0) kt.gemm_large_f32(x.data(), 0, n, k, w32.data(), b, out.data(), m, r0, m);
+            if (dt == 1) kt.gemm_large_bf16(x.data(), 0, n, k, wb.data(), b, out.data(), m, r0, m);
+            if (dt == 2) kt.gemm_large_f16(x.data(), 0, n, k, wh.data(), b, out.data(), m, r0, m);
+          }
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t r = 0; r < m; ++r) {
+              const float got = out[i * m + r];
+              if (r < r0) {
+                ASSERT_EQ(got, -7.0f) << "row " << r << " outside the range was written";
+                continue;
+              }
+              double want = with_bias ? bias[r] : 0.0, mag = std::fabs(want);
+              for (int64_t kk = 0; kk < k; ++kk) {
+                want += double{x[i * k + kk]} * wd[r * k + kk];
+                mag += std::fabs(double{x[i * k + kk]} * wd[r * k + kk]);
+              }
+              ASSERT_NEAR(got, want, kRelTol * mag)
+                  << (kernel == 0 ? "small-n" : "large-n") << " dtype " << dt << " n=" << n
+                  << " m=" << m << " k=" << k << " i=" << i << " r=" << r;
+            }
+          }
+        }
+      }
+    }
   }
 }
 
