@@ -2,8 +2,10 @@
 // prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention, and the
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
-// [best|scalar|avx2|avx512] [decode|attention|quant|quant-decode|quant-prefill|quant-compute]
-// (the last: only that benchmark; quant-compute is one core's kernel throughput in CPU time).
+// [best|scalar|avx2|avx512]
+// [decode|attention|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute] (the last: only that
+// benchmark; quant-compute is one core's kernel throughput in CPU time). Prefill GFLOP/s are
+// printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
 #include <sys/mman.h>
@@ -29,6 +31,7 @@
 #include "engine/common/logging.h"
 #include "engine/common/quant.h"
 #include "engine/common/tensor_view.h"
+#include "tests/bench/matmul_peak.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -132,7 +135,7 @@ void BenchDecodeGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k, dou
 }
 
 template <typename T>
-void BenchPrefillGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k) {
+void BenchPrefillGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k, double peak) {
   std::mt19937 rng(2);
   const int64_t n = 512;
   HugeBuffer<T> w = RandomWeights<T>(m * k, rng);
@@ -147,9 +150,10 @@ void BenchPrefillGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k) {
     ++calls;
   }
   const double sec = Seconds(t0, Clock::now()) / calls;
-  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=512  %8.2f ms  %6.1f GFLOP/s\n",
+  const double gflops = 2.0 * n * m * k / sec / 1e9;
+  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=512  %8.2f ms  %6.1f GFLOP/s  %5.1f%% of FMA peak\n",
               std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m),
-              static_cast<long long>(k), sec * 1e3, 2.0 * n * m * k / sec / 1e9);
+              static_cast<long long>(k), sec * 1e3, gflops, peak > 0 ? 100.0 * gflops / peak : 0.0);
 }
 
 // A [m, k] matrix of `dtype` quantized from N(0, 0.02) values (the scale of real weights).
@@ -203,7 +207,8 @@ void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, do
   }
 }
 
-void BenchQuantPrefill(CpuBackend& backend, DType dtype, int64_t m, int64_t k, int64_t n) {
+void BenchQuantPrefill(CpuBackend& backend, DType dtype, int64_t m, int64_t k, int64_t n,
+                       double peak) {
   std::mt19937 rng(6);
   HugeBuffer<uint8_t> w = QuantizedWeights(dtype, m, k, rng);
   std::vector<float> x(n * k), out(n * m);
@@ -219,10 +224,11 @@ void BenchQuantPrefill(CpuBackend& backend, DType dtype, int64_t m, int64_t k, i
     ++calls;
   }
   const double sec = Seconds(t0, Clock::now()) / calls;
-  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=%-4lld %8.2f ms  %6.1f GFLOP/s\n",
+  const double gflops = 2.0 * n * m * k / sec / 1e9;
+  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=%-4lld %8.2f ms  %6.1f GFLOP/s  %5.1f%% of f32 FMA peak\n",
               std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m),
-              static_cast<long long>(k), static_cast<long long>(n), sec * 1e3,
-              2.0 * n * m * k / sec / 1e9);
+              static_cast<long long>(k), static_cast<long long>(n), sec * 1e3, gflops,
+              peak > 0 ? 100.0 * gflops / peak : 0.0);
 }
 
 // Kernel throughput on one thread with w resident in L2 (m * k small), timed in CPU time of the
@@ -261,6 +267,98 @@ void BenchQuantCompute(CpuBackend& backend, DType dtype, int64_t k, int64_t n) {
       "per row per 256 elements\n",
       std::string(DTypeName(dtype)).c_str(), static_cast<long long>(k), static_cast<long long>(n),
       static_cast<long long>(m), w_bytes / sec / 1e9, sec * 1e9 / m / (k / 256.0));
+}
+
+// Prefill Gemm (n x rows) on one thread in process CPU time, best of 5 runs of >= 0.3 s: GFLOP/s
+// per core-second, against the per-core FMA peak probe measured the same way. Run with
+// num_threads = 1 (other threads' spinning would count as CPU time too).
+void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k, int64_t n,
+                         double peak) {
+  std::mt19937 rng(8);
+  std::vector<uint8_t> w;
+  if (dtype == DType::kF32 || dtype == DType::kBF16) {
+    std::normal_distribution<float> dist(0.0f, 0.02f);
+    w.resize(static_cast<size_t>(m * k) * DTypeBytes(dtype));
+    for (int64_t i = 0; i < m * k; ++i) {
+      const float v = dist(rng);
+      if (dtype == DType::kF32) {
+        std::memcpy(w.data() + 4 * i, &v, 4);
+      } else {
+        const bf16_t b = F32ToBf16(v);
+        std::memcpy(w.data() + 2 * i, &b, 2);
+      }
+    }
+  } else {
+    HugeBuffer<uint8_t> q = QuantizedWeights(dtype, m, k, rng);
+    w.assign(q.data(), q.data() + DTypeRowBytes(dtype, k) * m);
+  }
+  std::vector<float> x(n * k), out(n * m);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : x) v = dist(rng);
+  TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
+  TensorView wv(w.data(), dtype, {m, k});
+  backend.Gemm(xv, wv, TensorView(), ov);
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  double sec = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    int calls = 0;
+    const double t0 = cpu_now();
+    while (cpu_now() - t0 < 0.3) {
+      backend.Gemm(xv, wv, TensorView(), ov);
+      ++calls;
+    }
+    sec = std::min(sec, (cpu_now() - t0) / calls);
+  }
+  const double gflops = 2.0 * n * m * k / sec / 1e9;
+  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=%-4lld %6.1f GFLOP/s per core-second  %5.1f%% of "
+              "the probe\n",
+              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m),
+              static_cast<long long>(k), static_cast<long long>(n), gflops,
+              peak > 0 ? 100.0 * gflops / peak : 0.0);
+}
+
+// The decode/prefill crossover: the table's small-n and large-n BF16 kernels called directly on
+// one thread for the same n x rows, process CPU time, best of 5 runs of >= 0.2 s. w is 2 x 8 MiB
+// (beyond L2), as a batched decode step reads it. The engine switches at the table's
+// float_small_n_max.
+void BenchCrossover(Isa isa, int64_t m, int64_t k) {
+  const KernelTable& kt = KernelsFor(isa);
+  std::mt19937 rng(9);
+  HugeBuffer<bf16_t> w = RandomWeights<bf16_t>(2 * m * k, rng);
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  for (int64_t n : {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
+    std::vector<float> x(n * k, 0.25f), out(n * m);
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 5; ++rep) {
+      for (int which = 0; which < 2; ++which) {
+        int calls = 0;
+        const double t0 = cpu_now();
+        while (cpu_now() - t0 < 0.2) {
+          const bf16_t* wc = w.data() + (calls % 2) * m * k;
+          if (which == 0) {
+            kt.gemm_small_bf16(x.data(), n, k, wc, nullptr, out.data(), m, 0, m);
+          } else {
+            kt.gemm_large_bf16(x.data(), 0, n, k, wc, nullptr, out.data(), m, 0, m);
+          }
+          ++calls;
+        }
+        best[which] = std::min(best[which], (cpu_now() - t0) / calls);
+      }
+    }
+    std::printf("  crossover BF16 m=%lld k=%lld n=%-3lld small-n %8.1f us (%5.1f GFLOP/s)  "
+                "large-n %8.1f us (%5.1f GFLOP/s)%s\n",
+                static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n),
+                best[0] * 1e6, 2.0 * n * m * k / best[0] / 1e9, best[1] * 1e6,
+                2.0 * n * m * k / best[1] / 1e9, n <= kt.float_small_n_max ? "  (engine: small-n)" : "");
+  }
 }
 
 // "model name" from /proc/cpuinfo, or "unknown CPU".
@@ -331,8 +429,11 @@ int Main(int argc, char** argv) {
   std::printf("measured read bandwidth (1 GiB sum, %d threads): %.1f GB/s\n", backend.num_threads(),
               bw);
   // Optional third argument: "decode" runs only the BF16 decode Gemm, "attention" only the
-  // paged decode attention (quick kernel iteration).
+  // paged decode attention, "prefill" only the prefill Gemms (quick kernel iteration).
   const std::string only = argc > 3 ? argv[3] : "";
+  const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
+  std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
+              backend.num_threads(), peak);
   if (only == "attention") {
     for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, batch, 1024);
     return 0;
@@ -358,23 +459,44 @@ int Main(int argc, char** argv) {
     }
     if (only != "quant-decode") {
       for (DType t : types) {
-        for (auto [m, k] : tiny) BenchQuantPrefill(backend, t, m, k, 512);
+        for (auto [m, k] : tiny) BenchQuantPrefill(backend, t, m, k, 512, peak);
       }
-      BenchQuantPrefill(backend, DType::kQ4_1, 1536, 576, 512);
-      BenchQuantPrefill(backend, DType::kQ8_0, 49152, 576, 64);
+      BenchQuantPrefill(backend, DType::kQ4_1, 1536, 576, 512, peak);
+      BenchQuantPrefill(backend, DType::kQ8_0, 49152, 576, 64, peak);
     }
     return 0;
   }
   const bool decode_only = only == "decode";
   const std::pair<int64_t, int64_t> shapes[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+  if (only == "crossover") {
+    BenchCrossover(backend.isa(), 2048, 2048);
+    return 0;
+  }
+  if (only == "prefill-compute") {
+    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond();
+    std::printf("f32 FMA peak probe, one thread, CPU time: %.1f GFLOP/s per core-second\n",
+                core_peak);
+    for (DType t : {DType::kBF16, DType::kF32, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                    DType::kQ4_K, DType::kQ6_K}) {
+      for (auto [m, k] : shapes) BenchPrefillCompute(backend, t, m, k, 512, core_peak);
+    }
+    return 0;
+  }
+  if (only == "prefill") {
+    for (auto [m, k] : shapes) {
+      BenchPrefillGemm<bf16_t>(backend, DType::kBF16, m, k, peak);
+      BenchPrefillGemm<float>(backend, DType::kF32, m, k, peak);
+    }
+    return 0;
+  }
   for (auto [m, k] : shapes) {
     BenchDecodeGemm<bf16_t>(backend, DType::kBF16, m, k, bw);
     if (!decode_only) BenchDecodeGemm<float>(backend, DType::kF32, m, k, bw);
   }
   if (decode_only) return 0;
   for (auto [m, k] : shapes) {
-    BenchPrefillGemm<bf16_t>(backend, DType::kBF16, m, k);
-    BenchPrefillGemm<float>(backend, DType::kF32, m, k);
+    BenchPrefillGemm<bf16_t>(backend, DType::kBF16, m, k, peak);
+    BenchPrefillGemm<float>(backend, DType::kF32, m, k, peak);
   }
   for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, batch, 1024);
   return 0;
@@ -387,7 +509,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512] "
-        "[decode|attention|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
+        "[decode|attention|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
         "quantized-GEMM throughput in CPU time, weights in L2.\n");

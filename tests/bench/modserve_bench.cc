@@ -45,6 +45,7 @@
 #include "engine/common/status_macros.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/matmul_peak.h"
 #include "tools/cli_usage.h"
 
 ABSL_FLAG(std::string, workdir, "/tmp/modserve-bench",
@@ -88,6 +89,31 @@ const std::vector<Shape>& KnownShapes() {
       {"tinyllama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 1e-5, 10000.0},
   };
   return shapes;
+}
+
+// FLOPs of a dense prefill of one `tokens`-token prompt: every layer's matrices for every token
+// (2 per multiply-add) plus causal attention (scores and values, 2 * 2 * head_dim per query head
+// and visible key), and the LM head for the last token only (the prompt's other logits are not
+// computed unless asked for).
+double DensePrefillFlops(const Shape& s, int64_t tokens) {
+  const double q = static_cast<double>(s.n_heads * s.head_dim);
+  const double kv = static_cast<double>(s.n_kv_heads * s.head_dim);
+  const double d = static_cast<double>(s.d_model);
+  const double matrices = d * q + 2 * d * kv + q * d + 3 * d * static_cast<double>(s.d_ff);
+  const double t = static_cast<double>(tokens);
+  const double attention = 4.0 * q * t * (t + 1) / 2;
+  return static_cast<double>(s.n_layers) * (2 * matrices * t + attention) +
+         2 * d * static_cast<double>(s.vocab_size);
+}
+
+// The matmul-peak probe of this run (tests/bench/matmul_peak.h), set once in Main.
+double g_fma_peak_gflops = 0;
+
+// "X GFLOP/s (Y% of the probe)" for a dense prefill at `tps` tokens/s.
+std::string PrefillGflops(const Shape& s, int tokens, double tps) {
+  const double gflops = DensePrefillFlops(s, tokens) / (tokens / tps) / 1e9;
+  return absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
+                         g_fma_peak_gflops > 0 ? 100 * gflops / g_fma_peak_gflops : 0.0);
 }
 
 // MoD: every other layer routed (1, 3, 5, ...).
@@ -741,7 +767,10 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
   std::printf("\nPrefill (one %d-token prompt, chunk %d):", absl::GetFlag(FLAGS_prefill_tokens),
               absl::GetFlag(FLAGS_max_batch_tokens));
   for (const ModelResult& m : models) {
-    std::printf(" %s %.1f tok/s;", m.mod ? "MoD" : "dense", m.prefill_tps);
+    // MoD computes fewer FLOPs; its figure is dense-equivalent (what dense would need per second).
+    std::printf(" %s %.1f tok/s (%s%s);", m.mod ? "MoD" : "dense", m.prefill_tps,
+                m.mod ? "dense-equivalent " : "",
+                PrefillGflops(s, absl::GetFlag(FLAGS_prefill_tokens), m.prefill_tps).c_str());
   }
   std::printf("\n");
   for (int ctx : contexts) {
@@ -896,8 +925,10 @@ absl::Status RunModelFile(const std::string& path, const std::vector<int>& batch
   MODSERVE_ASSIGN_OR_RETURN(const double prefill,
                             MeasurePrefill(*e, s, absl::GetFlag(FLAGS_prefill_tokens),
                                            absl::GetFlag(FLAGS_prefill_reps)));
-  std::printf("\nPrefill (one %d-token prompt, chunk %d): %.1f tok/s\n",
-              absl::GetFlag(FLAGS_prefill_tokens), absl::GetFlag(FLAGS_max_batch_tokens), prefill);
+  std::printf("\nPrefill (one %d-token prompt, chunk %d): %.1f tok/s (%s%s)\n",
+              absl::GetFlag(FLAGS_prefill_tokens), absl::GetFlag(FLAGS_max_batch_tokens), prefill,
+              mod ? "dense-equivalent " : "",
+              PrefillGflops(s, absl::GetFlag(FLAGS_prefill_tokens), prefill).c_str());
   return absl::OkStatus();
 }
 
@@ -952,6 +983,10 @@ absl::Status Main() {
               threads, kv.c_str(), steps);
   const double bw = MeasureReadBandwidth(threads, /*huge_pages=*/true);
   const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
+  g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads);
+  std::printf("matmul-peak probe (f32 AVX2 FMA chains on registers, %d threads, best of 5): "
+              "%.1f GFLOP/s\n",
+              threads, g_fma_peak_gflops);
   std::printf(
       "measured read bandwidth (2 GiB sum, %d threads, best of 7): %.2f GB/s with 2 MiB "
       "pages (used below), %.2f GB/s with 4 KiB pages\n",

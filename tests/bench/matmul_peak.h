@@ -1,0 +1,108 @@
+// The f32 matmul peak of this machine's cores, measured: every thread runs independent AVX2 FMA
+// chains on registers only (no loads), so the figure is the FMA units' throughput at the clock the
+// cores actually run at, the ceiling of any f32 GEMM on the AVX2 path. It says nothing about
+// AVX-512 or matrix units (the probe prints which ISA it measured). Shared by the benches.
+#ifndef MODSERVE_TESTS_BENCH_MATMUL_PEAK_H_
+#define MODSERVE_TESTS_BENCH_MATMUL_PEAK_H_
+
+#include <immintrin.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace modserve::bench {
+
+// 12 independent accumulators: Zen 3 and recent Intel cores retire 2 FMAs per cycle with a
+// latency of 4-5 cycles, so 10+ chains in flight saturate both units.
+__attribute__((target("avx2,fma"))) inline double FmaChainsAvx2(int64_t iters, float seed) {
+  // Twelve named accumulators, not an array: an array is kept in memory around the asm below,
+  // and the store-to-load latency would then be measured instead of the FMA units.
+  __m256 c0 = _mm256_set1_ps(seed), c1 = _mm256_set1_ps(seed + 1), c2 = _mm256_set1_ps(seed + 2),
+         c3 = _mm256_set1_ps(seed + 3), c4 = _mm256_set1_ps(seed + 4),
+         c5 = _mm256_set1_ps(seed + 5), c6 = _mm256_set1_ps(seed + 6),
+         c7 = _mm256_set1_ps(seed + 7), c8 = _mm256_set1_ps(seed + 8),
+         c9 = _mm256_set1_ps(seed + 9), c10 = _mm256_set1_ps(seed + 10),
+         c11 = _mm256_set1_ps(seed + 11);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    c0 = _mm256_fmadd_ps(c0, a, b);
+    c1 = _mm256_fmadd_ps(c1, a, b);
+    c2 = _mm256_fmadd_ps(c2, a, b);
+    c3 = _mm256_fmadd_ps(c3, a, b);
+    c4 = _mm256_fmadd_ps(c4, a, b);
+    c5 = _mm256_fmadd_ps(c5, a, b);
+    c6 = _mm256_fmadd_ps(c6, a, b);
+    c7 = _mm256_fmadd_ps(c7, a, b);
+    c8 = _mm256_fmadd_ps(c8, a, b);
+    c9 = _mm256_fmadd_ps(c9, a, b);
+    c10 = _mm256_fmadd_ps(c10, a, b);
+    c11 = _mm256_fmadd_ps(c11, a, b);
+    // An empty asm that claims to change the accumulators (in registers) keeps the compiler from
+    // collapsing or hoisting the chains.
+    __asm__ volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5), "+x"(c6),
+                     "+x"(c7), "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11));
+  }
+  const __m256 s = _mm256_add_ps(
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                    _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7))),
+      _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
+  return _mm256_cvtss_f32(s);
+}
+
+// GFLOP/s of `threads` threads (2 FLOPs per FMA lane), best of 5 runs of ~0.1 s each, wall time.
+// Returns 0 when the CPU has no AVX2 + FMA.
+inline double MeasureFmaPeakGflops(int threads) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
+  constexpr int64_t kIters = int64_t{1} << 22;  // 12 * 8 * 2 * 4M = 805 MFLOP per thread
+  double best = 0;
+  std::atomic<double> sink{0};
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<std::thread> pool;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const double v = FmaChainsAvx2(kIters, 1.0f + static_cast<float>(t));
+        double cur = sink.load();
+        while (!sink.compare_exchange_weak(cur, cur + v)) {
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, threads * 12.0 * 8 * 2 * static_cast<double>(kIters) / sec / 1e9);
+  }
+  if (sink.load() == 42.0) best += 0;  // keeps the chains' results alive
+  return best;
+}
+
+// The same for one thread in CPU time (CLOCK_THREAD_CPUTIME_ID): GFLOP/s per core-second, which
+// other processes on a shared machine barely change. Best of 5.
+inline double MeasureFmaPeakGflopsPerCoreSecond() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
+  constexpr int64_t kIters = int64_t{1} << 22;
+  auto now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  double best = 0, keep = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now();
+    keep += FmaChainsAvx2(kIters, 1.0f + static_cast<float>(rep));
+    best = std::max(best, 12.0 * 8 * 2 * static_cast<double>(kIters) / (now() - t0) / 1e9);
+  }
+  if (keep == 42.0) best += 0;
+  return best;
+}
+
+}  // namespace modserve::bench
+
+#endif  // MODSERVE_TESTS_BENCH_MATMUL_PEAK_H_
