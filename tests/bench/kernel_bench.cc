@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -26,6 +25,7 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "tests/bench/cpu_model.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
@@ -361,18 +361,6 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
   }
 }
 
-// "model name" from /proc/cpuinfo, or "unknown CPU".
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown CPU";
-}
 
 // TinyLlama attention: 32 q heads, 4 kv heads, head_dim 64, BF16 KV, pages of 16 shuffled.
 void BenchDecodeAttention(CpuBackend& backend, int64_t batch, int32_t context) {
@@ -422,8 +410,9 @@ int Main(int argc, char** argv) {
     return 1;
   }
   CpuBackend& backend = **created;
-  std::printf("cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s\n", CpuModel().c_str(),
-              std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
+  std::printf("cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s\n",
+              bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(),
+              backend.num_threads(),
               CpuHasAvx512Bf16() ? "present (unused)" : "absent");
   const double bw = MeasureReadBandwidth(backend.num_threads());
   std::printf("measured read bandwidth (1 GiB sum, %d threads): %.1f GB/s\n", backend.num_threads(),

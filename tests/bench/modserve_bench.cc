@@ -47,6 +47,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/bench/matmul_peak.h"
 #include "tools/cli_usage.h"
+#include "tests/bench/cpu_model.h"
 
 ABSL_FLAG(std::string, workdir, "/tmp/modserve-bench",
           "where the synthetic checkpoints are written (and reused when already there)");
@@ -843,17 +844,6 @@ absl::StatusOr<std::vector<int>> ParseInts(const std::string& flag, const std::s
   return out;
 }
 
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
 
 // ---- given model files (--model) ------------------------------------------------------------
 
@@ -979,8 +969,8 @@ absl::Status Main() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
 
-  std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n", CpuModel().c_str(),
-              threads, kv.c_str(), steps);
+  std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n",
+              CpuModel("unknown").c_str(), threads, kv.c_str(), steps);
   const double bw = MeasureReadBandwidth(threads, /*huge_pages=*/true);
   const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
   g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads);

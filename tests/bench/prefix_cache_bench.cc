@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
 #include "tools/cli_usage.h"
+#include "tests/bench/cpu_model.h"
 
 ABSL_FLAG(std::string, model, "models/demo", "comma-separated checkpoint directories or .gguf files");
 ABSL_FLAG(int32_t, prefix_tokens, 1000, "tokens of the shared prefix");
@@ -30,17 +30,6 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{512} << 20, "bytes of the KV cache");
 namespace modserve::engine {
 namespace {
 
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "unknown CPU";
-}
 
 std::vector<TokenId> RandomTokens(std::mt19937& rng, const Engine& e, int32_t n) {
   // Ids past the first few (specials) that name a token.
@@ -129,7 +118,7 @@ int main(int argc, char** argv) {
   modserve::cli::SetUsage("modserve-prefix-bench [--model M1,M2] [--prefix_tokens N]", __FILE__);
   absl::ParseCommandLine(argc, argv);
   std::printf("modserve-prefix-bench: %s, %d threads, TTFT median of %d, engine-side\n\n",
-              modserve::engine::CpuModel().c_str(), absl::GetFlag(FLAGS_threads),
+              modserve::bench::CpuModel().c_str(), absl::GetFlag(FLAGS_threads),
               absl::GetFlag(FLAGS_reps));
   std::printf("| model | kind | prompt (prefix+suffix) | TTFT cache off (ms) | TTFT cold (ms) | "
               "TTFT prefix cached (ms) | cold / cached | tokens hit |\n");
