@@ -424,9 +424,11 @@ PrefixCacheStats Engine::prefix_cache_stats() const {
   p.enabled = kv_->prefix_cache_enabled();
   p.queries = prefix_queries_;
   p.hits = prefix_hits_;
-  const KvCacheStats kv = kv_->GetStats();
-  p.num_blocks = kv.num_prefix_cache_blocks;
-  p.num_pages = kv.num_prefix_cache_pages;
+  // Not GetStats(): that also counts reclaimable pages, a scan of every cached page.
+  if (const PrefixCache* cache = kv_->prefix_cache(); cache != nullptr) {
+    p.num_blocks = cache->num_blocks();
+    p.num_pages = cache->num_pages();
+  }
   return p;
 }
 

@@ -116,6 +116,8 @@ class KvCacheManager {
   // their pages after the sequences end, until allocation needs the pages.
   void EnablePrefixCache();
   bool prefix_cache_enabled() const { return prefix_ != nullptr; }
+  // Null when prefix caching is off.
+  const PrefixCache* prefix_cache() const { return prefix_.get(); }
   // Drops every cached block (pages still attached to sequences stay with them).
   void ClearPrefixCache();
   // Attaches the longest cached prefix of `tokens` (full blocks, same `salt`) to `seq_id`, which
