@@ -13,6 +13,7 @@
 #include "engine/common/logging.h"
 #include "engine/common/status_macros.h"
 #include "engine/executor/step_runner.h"
+#include "engine/sampler/speculative_sampling.h"
 
 namespace modserve::engine {
 
@@ -35,6 +36,8 @@ struct Engine::Sequence {
   std::vector<TokenId> tokens;  // prompt, then generated tokens
   int32_t num_fed = 0;          // tokens whose KV entries are in the cache
   double threshold;
+  int32_t speculative_tokens = 0;     // drafted per decode step; 0 = no speculation
+  double speculative_threshold = 1.0;  // the draft's routing threshold
   SamplingState sampling;
   StopChecker stop;
   std::optional<IncrementalDetokenizer> detok;
@@ -93,6 +96,14 @@ int64_t Engine::kv_bytes_per_token_layer() const {
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.speculative_tokens < 0 || options.speculative_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("speculative_tokens ", options.speculative_tokens,
+                                                   " is not in [0, ", kMaxSpeculativeTokens, "]"));
+  }
+  if (!(options.speculative_threshold > 0.0 && options.speculative_threshold <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculative_threshold ", options.speculative_threshold, " is not in (0, 1]"));
+  }
   MODSERVE_ASSIGN_OR_RETURN(LoadedModel model, LoadModel(options.model_dir));
   const std::string tokenizer_path = model.tokenizer_path();  // an adapter's is its base's
   std::unique_ptr<Engine> e(new Engine(options, std::move(model)));
@@ -203,12 +214,25 @@ absl::StatusOr<SequenceId> Engine::Add(const Request& request) {
     }
     tau = *request.threshold;
   }
+  const int32_t spec_tokens = SpeculativeTokens(request);
+  if (spec_tokens < 0 || spec_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("speculative_tokens ", spec_tokens,
+                                                   " is not in [0, ", kMaxSpeculativeTokens, "]"));
+  }
+  const double spec_threshold =
+      request.speculative_threshold.value_or(options_.speculative_threshold);
+  if (!(spec_threshold > 0.0 && spec_threshold <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative_threshold ", spec_threshold, " is not in (0, 1]"));
+  }
   const SequenceId id = next_id_++;
   MODSERVE_RETURN_IF_ERROR(kv_->AddSequence(id));
   auto seq = std::make_unique<Sequence>(request, tau,
                                         sampler_->NewState(request.sampling, request.prompt), cfg,
                                         tokenizer_.get());
   seq->result.prompt_tokens = static_cast<int32_t>(request.prompt.size());
+  seq->speculative_tokens = spec_tokens;
+  seq->speculative_threshold = spec_threshold;
   if (cfg.mod) {
     seq->result.routed_layers = cfg.mod->routed_layers;
     seq->result.routing.resize(cfg.mod->routed_layers.size());
@@ -308,10 +332,60 @@ absl::StatusOr<TokenEvent> Engine::NextToken(SequenceId seq_id, Sequence& s,
     return absl::Status(sample.status().code(),
                         absl::StrCat("sampling token ", index, ": ", sample.status().message()));
   }
+  return EmitToken(seq_id, s, *std::move(sample), index);
+}
+
+absl::StatusOr<TokenEvent> Engine::VerifyToken(SequenceId seq_id, Sequence& s,
+                                                absl::Span<float> logits, TokenId draft,
+                                                absl::Span<const TokenLogprob> q, bool* accepted) {
+  const SamplingParams& params = s.request.sampling;
+  if (params.temperature < kGreedyTemperature) {
+    // Greedy: the target's own choice, exactly as NextToken makes it; the draft survives when
+    // it is that choice.
+    absl::StatusOr<TokenEvent> ev = NextToken(seq_id, s, logits);
+    *accepted = ev.ok() && ev->token == draft;
+    return ev;
+  }
+  const int64_t index = static_cast<int64_t>(s.result.token_ids.size());
+  for (TokenId id : unnamed_ids_) logits[id] = -INFINITY;
+  if (InjectFault(options_.faults.sampler_rate, seq_id, index, 1)) {
+    return absl::InternalError(absl::StrCat("injected sampler fault at token ", index));
+  }
+  absl::StatusOr<std::vector<TokenLogprob>> p = sampler_->Distribution(logits, params, s.sampling);
+  if (!p.ok()) {
+    return absl::Status(p.status().code(),
+                        absl::StrCat("sampling token ", index, ": ", p.status().message()));
+  }
+  const uint64_t n = static_cast<uint64_t>(s.sampling.num_generated());
+  const SpeculativeChoice choice =
+      AcceptOrResample(*p, q, draft, UniformDraw(s.sampling.seed(), n, kAcceptStream),
+                       UniformDraw(s.sampling.seed(), n, kResampleStream));
+  *accepted = choice.accepted;
+  // Logprobs are the target's, as ordinary sampling reports them.
+  SampleResult sample{choice.token, 0.0f, {}};
+  for (const TokenLogprob& t : *p) {
+    if (t.id == choice.token) sample.logprob = t.logprob;
+  }
+  if (params.top_logprobs > 0) {
+    std::vector<TokenLogprob> top = *std::move(p);
+    const size_t num = std::min(top.size(), static_cast<size_t>(params.top_logprobs));
+    std::partial_sort(top.begin(), top.begin() + static_cast<ptrdiff_t>(num), top.end(),
+                      [](const TokenLogprob& a, const TokenLogprob& b) {
+                        return a.logprob > b.logprob || (a.logprob == b.logprob && a.id < b.id);
+                      });
+    top.resize(num);
+    sample.top_logprobs = std::move(top);
+  }
+  s.sampling.Accept(choice.token);
+  return EmitToken(seq_id, s, std::move(sample), index);
+}
+
+absl::StatusOr<TokenEvent> Engine::EmitToken(SequenceId seq_id, Sequence& s, SampleResult sample,
+                                              int64_t index) {
   TokenEvent ev;
-  ev.token = sample->token;
-  ev.logprob = sample->logprob;
-  ev.top_logprobs = std::move(sample->top_logprobs);
+  ev.token = sample.token;
+  ev.logprob = sample.logprob;
+  ev.top_logprobs = std::move(sample.top_logprobs);
   std::string delta;
   if (s.detok) {
     absl::StatusOr<std::string> text =
@@ -432,9 +506,84 @@ PrefixCacheStats Engine::prefix_cache_stats() const {
   return p;
 }
 
+absl::Status Engine::Draft(absl::Span<const StepEntry> entries, absl::Span<Sequence* const> seqs,
+                           std::vector<int32_t>& num_draft,
+                           std::vector<std::vector<TokenId>>* drafts,
+                           std::vector<std::vector<std::vector<TokenLogprob>>>* dists) {
+  const int64_t V = config().vocab_size;
+  // The drafting sequences, their KV counts before drafting (the rollback point) and their
+  // sampling states advanced over the drafted tokens (penalties see them, as they would).
+  std::vector<size_t> who;
+  std::vector<std::vector<int32_t>> base;
+  std::vector<SamplingState> states;
+  int32_t max_draft = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (num_draft[i] == 0) continue;
+    MODSERVE_ASSIGN_OR_RETURN(SequenceKvUsage usage, kv_->Usage(entries[i].seq_id));
+    who.push_back(i);
+    base.push_back(std::move(usage.tokens_per_layer));
+    states.push_back(seqs[i]->sampling);
+    max_draft = std::max(max_draft, num_draft[i]);
+  }
+  auto rollback = [&] {
+    for (size_t w = 0; w < who.size(); ++w) {
+      MODSERVE_CHECK(kv_->Truncate(entries[who[w]].seq_id, base[w]).ok());
+    }
+  };
+  std::vector<TokenId> feed(who.size());
+  std::vector<StepSequence> plan;
+  std::vector<size_t> rows;  // index into `who` of each plan row
+  for (int32_t j = 0; j < max_draft; ++j) {
+    plan.clear();
+    rows.clear();
+    for (size_t w = 0; w < who.size(); ++w) {
+      const size_t i = who[w];
+      if (num_draft[i] <= j) continue;
+      Sequence* s = seqs[i];
+      feed[w] = j == 0 ? s->tokens.back() : (*drafts)[i].back();
+      plan.push_back({entries[i].seq_id, absl::MakeConstSpan(&feed[w], 1), s->num_fed + j,
+                      s->speculative_threshold, false});
+      rows.push_back(w);
+    }
+    if (plan.empty()) break;
+    absl::StatusOr<StepOutput> out = transformer_->Step(plan);
+    if (!out.ok()) {
+      rollback();
+      return out.status();
+    }
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const size_t w = rows[r];
+      const size_t i = who[w];
+      Sequence* s = seqs[i];
+      absl::Span<float> row(out->logits.data() + static_cast<size_t>(out->logit_offsets[r]) * V,
+                            static_cast<size_t>(V));
+      for (TokenId id : unnamed_ids_) row[id] = -INFINITY;
+      absl::StatusOr<std::vector<TokenLogprob>> q =
+          sampler_->Distribution(row, s->request.sampling, states[w]);
+      if (!q.ok()) {
+        // The draft model cannot continue here; verify what it drafted so far.
+        num_draft[i] = j;
+        continue;
+      }
+      const bool greedy = s->request.sampling.temperature < kGreedyTemperature;
+      const TokenId token =
+          greedy ? q->front().id
+                 : DrawToken(*q, UniformDraw(states[w].seed(),
+                                             static_cast<uint64_t>(states[w].num_generated()),
+                                             kDraftStream));
+      states[w].Accept(token);
+      (*drafts)[i].push_back(token);
+      if (!greedy) (*dists)[i].push_back(*std::move(q));
+    }
+  }
+  rollback();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
   std::vector<Sequence*> seqs;
   seqs.reserve(entries.size());
+  int32_t num_rows = 0;
   for (const StepEntry& e : entries) {
     auto it = sequences_.find(e.seq_id);
     if (it == sequences_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", e.seq_id));
@@ -448,8 +597,34 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", e.seq_id, ": num_tokens ", e.num_tokens, " < 1"));
     }
+    num_rows += std::min(e.num_tokens, pending);
     seqs.push_back(s);
   }
+  // Speculation: decoding sequences draft tokens that the step then verifies, within the rows
+  // left in the step and the tokens they may still generate.
+  std::vector<int32_t> num_draft(entries.size(), 0);
+  bool speculate = false;
+  int32_t spare_rows = std::max(0, options_.max_batch_tokens - num_rows);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Sequence* s = seqs[i];
+    if (entries[i].num_draft <= 0 || s->speculative_tokens == 0 || s->num_fed == 0 ||
+        static_cast<int32_t>(s->tokens.size()) - s->num_fed != 1) {
+      continue;
+    }
+    const int32_t left = s->request.sampling.max_new_tokens -
+                         static_cast<int32_t>(s->result.token_ids.size()) - 1;
+    num_draft[i] = std::max(
+        0, std::min({entries[i].num_draft, s->speculative_tokens, left, spare_rows}));
+    spare_rows -= num_draft[i];
+    speculate = speculate || num_draft[i] > 0;
+  }
+  // A step that runs out of KV pages while speculating runs again without speculation, so that
+  // speculation never preempts a sequence that decoding alone would not.
+  auto without_speculation = [&]() {
+    std::vector<StepEntry> plain(entries.begin(), entries.end());
+    for (StepEntry& e : plain) e.num_draft = 0;
+    return Step(plain);
+  };
   // A sequence that holds nothing yet starts from its longest cached prefix. Undone if the step
   // fails, so that a failed step changes nothing.
   std::vector<int32_t> num_cached(entries.size(), 0);
@@ -470,10 +645,28 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     }
     return st;
   };
+  std::vector<std::vector<TokenId>> drafts(entries.size());
+  std::vector<std::vector<std::vector<TokenLogprob>>> dists(entries.size());
+  if (speculate) {
+    const absl::Status drafted = Draft(entries, seqs, num_draft, &drafts, &dists);
+    if (!drafted.ok()) {
+      undo(drafted).IgnoreError();
+      if (absl::IsResourceExhausted(drafted)) return without_speculation();
+      return drafted;
+    }
+  }
+  // The verified rows: the pending token, then the drafts.
+  std::vector<std::vector<TokenId>> verify(entries.size());
   std::vector<StepSequence> plan;
   plan.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     Sequence* s = seqs[i];
+    if (num_draft[i] > 0) {
+      verify[i].push_back(s->tokens.back());
+      verify[i].insert(verify[i].end(), drafts[i].begin(), drafts[i].end());
+      plan.push_back({entries[i].seq_id, verify[i], s->num_fed, s->threshold, true});
+      continue;
+    }
     const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->num_fed;
     const int32_t n = std::min(entries[i].num_tokens, pending);
     plan.push_back({entries[i].seq_id, absl::MakeConstSpan(s->tokens).subspan(s->num_fed, n),
@@ -485,7 +678,14 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     return undo(absl::InternalError(absl::StrCat("injected backend fault at step ", num_steps_)));
   }
   absl::StatusOr<StepOutput> stepped = transformer_->Step(plan);
-  if (!stepped.ok()) return undo(stepped.status());
+  if (!stepped.ok()) {
+    if (speculate && absl::IsResourceExhausted(stepped.status())) {
+      undo(stepped.status()).IgnoreError();
+      --num_steps_;
+      return without_speculation();
+    }
+    return undo(stepped.status());
+  }
   StepOutput& out = *stepped;
   prefix_queries_ += queries;
   prefix_hits_ += hits;
@@ -502,39 +702,102 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
         static_cast<int32_t>(std::count(sel.begin(), sel.end(), uint8_t{1})));
   }
   const int64_t V = config().vocab_size;
+  auto record = [](Sequence* s, const TokenEvent& ev) {
+    s->tokens.push_back(ev.token);
+    s->result.text += ev.text;
+    s->result.token_ids.push_back(ev.token);
+    s->result.logprobs.push_back(ev.logprob);
+    s->result.top_logprobs.push_back(ev.top_logprobs);
+    if (ev.finish_reason) {
+      s->finished = true;
+      s->result.finish_reason = *ev.finish_reason;
+    }
+  };
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = seqs[i];
-    const int32_t n = static_cast<int32_t>(plan[i].tokens.size());
-    SequenceStepResult r{entries[i].seq_id, n, std::nullopt, absl::OkStatus(), {}, num_cached[i]};
-    for (size_t k = 0; k < out.selected.size(); ++k) {
-      auto first = out.selected[k].begin() + out.row_offsets[i];
-      auto last = out.selected[k].begin() + out.row_offsets[i + 1];
-      s->result.routing[k].insert(s->result.routing[k].end(), first, last);
+    const SequenceId seq_id = entries[i].seq_id;
+    float* rows = out.logits.data() + static_cast<size_t>(out.logit_offsets[i]) * V;
+    const int32_t num_rows_i = out.logit_offsets[i + 1] - out.logit_offsets[i];
+    // Rows of this sequence that stay fed: all of them, or for a speculative sequence the
+    // pending token and the accepted drafts.
+    int32_t kept = static_cast<int32_t>(plan[i].tokens.size());
+    SequenceStepResult r{seq_id, kept, std::nullopt, absl::OkStatus(), {}, num_cached[i]};
+    if (num_draft[i] > 0) {
+      const int32_t k = num_draft[i];
+      r.num_drafted = k;
+      ++result.num_drafts;
+      result.num_draft_tokens += k;
+      if (static_cast<int32_t>(result.accepted_per_position.size()) < k) {
+        result.accepted_per_position.resize(static_cast<size_t>(k), 0);
+      }
+      std::vector<TokenEvent> events;
+      kept = 0;
+      for (int32_t j = 0; j <= k; ++j) {
+        absl::Span<float> row(rows + static_cast<size_t>(j) * V, static_cast<size_t>(V));
+        bool accepted = false;
+        absl::StatusOr<TokenEvent> ev =
+            j < k ? VerifyToken(seq_id, *s, row, drafts[i][j],
+                                dists[i].empty() ? absl::Span<const TokenLogprob>()
+                                                 : absl::MakeConstSpan(dists[i][j]),
+                                &accepted)
+                  : NextToken(seq_id, *s, row);
+        kept = j + 1;  // row j's input token is part of the sequence either way
+        if (!ev.ok()) {
+          r.status = ev.status();
+          break;
+        }
+        record(s, *ev);
+        const bool finished = ev->finish_reason.has_value();
+        events.push_back(*std::move(ev));
+        if (j == k || !accepted) break;
+        ++r.num_accepted;
+        ++result.accepted_per_position[static_cast<size_t>(j)];
+        if (finished) break;
+      }
+      result.num_accepted_tokens += r.num_accepted;
+      // Roll back the rows past `kept` at every layer: all of them at a dense layer, the
+      // routed-in ones at a routed layer.
+      std::vector<int32_t> keep(static_cast<size_t>(config().n_layers));
+      for (int l = 0; l < config().n_layers; ++l) keep[l] = *kv_->NumTokens(seq_id, l);
+      const int32_t dropped = k + 1 - kept;
+      for (int l = 0; l < config().n_layers; ++l) {
+        if (!config().IsRouted(l)) keep[l] -= dropped;
+      }
+      for (size_t ki = 0; ki < out.selected.size(); ++ki) {
+        const auto first = out.selected[ki].begin() + out.row_offsets[i] + kept;
+        const auto last = out.selected[ki].begin() + out.row_offsets[i + 1];
+        keep[static_cast<size_t>(config().mod->routed_layers[ki])] -=
+            static_cast<int32_t>(std::count(first, last, uint8_t{1}));
+      }
+      MODSERVE_CHECK(kv_->Truncate(seq_id, keep).ok());
+      r.num_fed = kept;
+      if (!events.empty()) {
+        r.event = std::move(events.front());
+        r.more_events.assign(std::make_move_iterator(events.begin() + 1),
+                             std::make_move_iterator(events.end()));
+      }
+    }
+    for (size_t ki = 0; ki < out.selected.size(); ++ki) {
+      auto first = out.selected[ki].begin() + out.row_offsets[i];
+      auto last = first + kept;
+      s->result.routing[ki].insert(s->result.routing[ki].end(), first, last);
       r.routed_rows.push_back(static_cast<int32_t>(std::count(first, last, uint8_t{1})));
     }
     const int32_t start_pos = s->num_fed;
-    s->num_fed += n;
-    CachePrefixBlocks(entries[i].seq_id, *s);
-    float* rows = out.logits.data() + static_cast<size_t>(out.logit_offsets[i]) * V;
-    const int32_t num_rows = out.logit_offsets[i + 1] - out.logit_offsets[i];
-    if (plan[i].all_logits) r.status = AddPromptLogprobs(*s, start_pos, rows, num_rows);
-    if (r.status.ok() && s->num_fed == static_cast<int32_t>(s->tokens.size())) {
-      // All input is in the cache: sample the next token from the last row's logits.
-      absl::StatusOr<TokenEvent> ev =
-          NextToken(entries[i].seq_id, *s, absl::MakeSpan(rows + static_cast<size_t>(num_rows - 1) * V, V));
-      if (ev.ok()) {
-        s->tokens.push_back(ev->token);
-        s->result.text += ev->text;
-        s->result.token_ids.push_back(ev->token);
-        s->result.logprobs.push_back(ev->logprob);
-        s->result.top_logprobs.push_back(ev->top_logprobs);
-        if (ev->finish_reason) {
-          s->finished = true;
-          s->result.finish_reason = *ev->finish_reason;
+    s->num_fed += kept;
+    CachePrefixBlocks(seq_id, *s);
+    if (num_draft[i] == 0) {
+      if (plan[i].all_logits) r.status = AddPromptLogprobs(*s, start_pos, rows, num_rows_i);
+      if (r.status.ok() && s->num_fed == static_cast<int32_t>(s->tokens.size())) {
+        // All input is in the cache: sample the next token from the last row's logits.
+        absl::StatusOr<TokenEvent> ev = NextToken(
+            seq_id, *s, absl::MakeSpan(rows + static_cast<size_t>(num_rows_i - 1) * V, V));
+        if (ev.ok()) {
+          record(s, *ev);
+          r.event = *std::move(ev);
+        } else {
+          r.status = ev.status();
         }
-        r.event = *std::move(ev);
-      } else {
-        r.status = ev.status();
       }
     }
     if (!r.status.ok()) s->finished = true;
@@ -600,8 +863,8 @@ absl::StatusOr<std::vector<GenerationResult>> Engine::Generate(absl::Span<const 
     }
     ids.push_back(*id);
     const absl::Status queued = scheduler.Enqueue({*id, static_cast<int32_t>(r.prompt.size()),
-                                                   r.sampling.max_new_tokens, 0,
-                                                   r.threshold});
+                                                   r.sampling.max_new_tokens, 0, r.threshold,
+                                                   SpeculativeTokens(r)});
     if (!queued.ok()) {
       release_all();
       return queued;

@@ -49,6 +49,9 @@ absl::StatusOr<FaultInjection> ParseFaultInjection(absl::string_view spec);
 // for anything else.
 absl::StatusOr<std::optional<DType>> ParseKvDtype(absl::string_view name);
 
+// Most tokens one speculative decode step drafts (EngineOptions and Request).
+inline constexpr int32_t kMaxSpeculativeTokens = 16;
+
 struct EngineOptions {
   std::string model_dir;  // a checkpoint directory
   std::string backend = "cpu";
@@ -65,6 +68,13 @@ struct EngineOptions {
   // sequences with the same prefix (and routing threshold) from them (docs/DESIGN.md, prefix
   // caching). Outputs are the same with and without it.
   bool prefix_caching = false;
+  // Self-speculative decoding (docs/DESIGN.md, section 4.2): each decode step drafts up to
+  // speculative_tokens tokens with the same model at routing threshold speculative_threshold
+  // (1 skips every routed layer), then verifies them in one pass at the request's own
+  // threshold. 0 = off. Outputs are those of decoding without it (greedy: the same tokens and
+  // routing decisions; sampling: the same distribution). Requests may override both.
+  int32_t speculative_tokens = 0;
+  double speculative_threshold = 1.0;
   FaultInjection faults;
 };
 
@@ -77,6 +87,10 @@ struct Request {
   // under the model (log_softmax of the raw logits: no penalties, no temperature) and this many
   // top alternatives.
   int32_t prompt_logprobs = -1;
+  // Override EngineOptions::speculative_tokens ([0, kMaxSpeculativeTokens]) and
+  // ::speculative_threshold ((0, 1]) for this request.
+  std::optional<int32_t> speculative_tokens;
+  std::optional<double> speculative_threshold;
 };
 
 // One prompt token and how likely the model found it given the tokens before it.
@@ -92,6 +106,10 @@ struct PromptLogprob {
 struct StepEntry {
   SequenceId seq_id = 0;
   int32_t num_tokens = 1;
+  // Speculative decoding: a decoding sequence (one pending token) drafts up to this many tokens
+  // and verifies them in this step. Capped by the sequence's own setting, its remaining
+  // max_new_tokens and the rows left in the step; ignored for other entries.
+  int32_t num_draft = 0;
 };
 
 // A sampled token and what it adds to the output.
@@ -121,6 +139,11 @@ struct SequenceStepResult {
   // sequence's first step after admission, when a cached prefix matched); the sequence has
   // num_cached + num_fed more tokens in the cache.
   int32_t num_cached = 0;
+  // Speculative decoding: the tokens after `event` that this step also produced (accepted
+  // drafts and the token after them), in order; only the last may finish the request.
+  std::vector<TokenEvent> more_events;
+  int32_t num_drafted = 0;   // tokens drafted for this sequence in this step
+  int32_t num_accepted = 0;  // of those, accepted
 };
 
 struct StepResult {
@@ -133,6 +156,12 @@ struct StepResult {
   // tokens found (vLLM's query and hit counters count the same).
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
+  // Speculative decoding in this step: sequences that drafted, tokens drafted and accepted, and
+  // per draft position i (0-based) how many of those sequences had their i-th draft accepted.
+  int32_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;
 };
 
 // Prefix cache counters since the engine started, in tokens.
@@ -189,6 +218,10 @@ class Engine {
   // and, when the checkpoint has a tokenizer, name one of its tokens); OutOfRange when prompt +
   // max_new_tokens exceeds the model's max_seq_len.
   absl::StatusOr<SequenceId> Add(const Request& request);
+  // Tokens a request drafts per decode step: its override, else EngineOptions'.
+  int32_t SpeculativeTokens(const Request& request) const {
+    return request.speculative_tokens.value_or(options_.speculative_tokens);
+  }
   // One forward pass over the entries, then the next token of every sequence whose input is all
   // in the cache. Atomic per sequence: a sequence whose sampling or detokenization fails ends
   // alone (SequenceStepResult::status) and the others advance. A returned error means nothing
@@ -231,6 +264,21 @@ class Engine {
   // Samples, detokenizes and stop-checks the next token of `s` from its logits row (which it
   // may modify: ids that name no token are masked). Changes nothing in `s` on error.
   absl::StatusOr<TokenEvent> NextToken(SequenceId seq_id, Sequence& s, absl::Span<float> logits);
+  // Speculative decoding: the next token of `s` from the verification row `logits` given the
+  // drafted token and the draft's distribution q (empty for greedy); *accepted says whether the
+  // draft was kept. Like NextToken otherwise.
+  absl::StatusOr<TokenEvent> VerifyToken(SequenceId seq_id, Sequence& s, absl::Span<float> logits,
+                                         TokenId draft, absl::Span<const TokenLogprob> q,
+                                         bool* accepted);
+  // Detokenizes and stop-checks a chosen token (the second half of NextToken).
+  absl::StatusOr<TokenEvent> EmitToken(SequenceId seq_id, Sequence& s, SampleResult sample,
+                                       int64_t index);
+  // Drafts num_draft[i] tokens for each entry (1-row passes at the draft threshold), then rolls
+  // their KV entries back. A sequence whose draft cannot be sampled drafts fewer (num_draft
+  // shrinks). Errors of a pass come back after the rollback (nothing is left committed).
+  absl::Status Draft(absl::Span<const StepEntry> entries, absl::Span<Sequence* const> seqs,
+                     std::vector<int32_t>& num_draft, std::vector<std::vector<TokenId>>* drafts,
+                     std::vector<std::vector<std::vector<TokenLogprob>>>* dists);
   // Appends prompt logprobs from `num_rows` logits rows whose first row is at position `pos`
   // (masking ids that name no token). Internal for a non-finite logit.
   absl::Status AddPromptLogprobs(Sequence& s, int32_t pos, float* logits, int32_t num_rows);

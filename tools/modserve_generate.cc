@@ -46,6 +46,11 @@ ABSL_FLAG(std::string, kv_cache_dtype, "f32",
           "KV cache storage: auto (the layer weights' 16-bit type, else f32; modserve's default), "
           "f32, f16 or bf16; give the server's to reproduce its numbers");
 
+ABSL_FLAG(int32_t, speculative_tokens, 0,
+          "self-speculative decoding: tokens drafted per decode step (0 = off, at most 16)");
+ABSL_FLAG(double, speculative_threshold, 1.0,
+          "the draft's routing threshold in (0, 1]; 1 skips every routed layer");
+
 namespace {
 
 int Fail(const std::string& what) {
@@ -70,6 +75,8 @@ int main(int argc, char** argv) {
       modserve::engine::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
   if (!kv_dtype.ok()) return Fail("--kv_cache_dtype: " + std::string(kv_dtype.status().message()));
   opts.kv_dtype = *kv_dtype;
+  opts.speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens);
+  opts.speculative_threshold = absl::GetFlag(FLAGS_speculative_threshold);
   auto engine = Engine::Create(opts);
   if (!engine.ok()) return Fail(engine.status().ToString());
   Engine& e = **engine;

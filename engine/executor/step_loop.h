@@ -70,6 +70,12 @@ struct StepStats {
   double kv_bytes_per_token_dense = 0.0;  // every layer stores every token
   int64_t prefix_cache_queries = 0;       // prompt tokens looked up in the prefix cache
   int64_t prefix_cache_hits = 0;          // of those, found there
+  // Speculative decoding: sequences that drafted, tokens drafted and accepted, and accepted
+  // drafts per draft position (StepResult's counters).
+  int32_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;
 };
 
 // Metrics hook: called on the engine thread; must not block.

@@ -30,6 +30,7 @@ void BlockTable::Attach(absl::Span<const PageId> pages, int32_t num_tokens) {
   pages_.assign(pages.begin(), pages.end());
   num_tokens_ = num_tokens;
   owned_from_ = static_cast<int32_t>(pages_.size());
+  num_published_ = num_tokens;
 }
 
 void BlockTable::ReplaceTail(PageId page) {
@@ -63,6 +64,26 @@ void BlockTable::Clear(std::vector<PageId>* released) {
   pages_.clear();
   num_tokens_ = 0;
   owned_from_ = 0;
+  num_published_ = 0;
+}
+
+void BlockTable::Publish(int32_t num_entries) {
+  MODSERVE_CHECK(num_entries >= 0 && num_entries <= num_tokens_)
+      << "publish " << num_entries << " of " << num_tokens_ << " entries";
+  num_published_ = std::max(num_published_, num_entries);
+}
+
+void BlockTable::Truncate(int32_t num_tokens, std::vector<PageId>* released) {
+  MODSERVE_CHECK(num_tokens >= 0 && num_tokens <= num_tokens_)
+      << "truncate to " << num_tokens << " of " << num_tokens_ << " entries";
+  num_tokens_ = num_tokens;
+  TrimTo(released);
+  // Appending in place at entry num_tokens would overwrite published entries that share the
+  // tail page: give the page up for writing (the next append copies it).
+  // Only the tail's ownership is ever read, so marking every page unowned is enough.
+  if (num_tokens % block_size_ != 0 && num_tokens < num_published_) {
+    owned_from_ = static_cast<int32_t>(pages_.size());
+  }
 }
 
 }  // namespace modserve::engine

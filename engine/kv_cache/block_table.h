@@ -53,6 +53,16 @@ class BlockTable {
   void TrimTo(std::vector<PageId>* released);
   // Moves every page into `released` and resets num_tokens() to 0.
   void Clear(std::vector<PageId>* released);
+  // Records that entries [0, num_entries) may be read by others (a cached prefix block made
+  // from this table, or the cached chain it was attached from): Truncate never lets a later
+  // append overwrite them in place.
+  void Publish(int32_t num_entries);
+  int32_t num_published() const { return num_published_; }
+  // Rollback: keeps the first `num_tokens` entries (CHECK: <= num_tokens()) and moves the pages
+  // they do not need into `released`. When the kept tail page is partial and holds published
+  // entries past `num_tokens`, the table stops owning it, so the next append copies it first
+  // (copy-on-write) instead of overwriting entries another reader sees.
+  void Truncate(int32_t num_tokens, std::vector<PageId>* released);
 
  private:
   int32_t block_size_;
@@ -61,6 +71,8 @@ class BlockTable {
   // Pages at indices >= owned_from_ were allocated (or copied) for this table; those before it
   // came from the prefix cache and are read-only here.
   int32_t owned_from_ = 0;
+  // Entries [0, num_published_) are visible to readers other than this table.
+  int32_t num_published_ = 0;
 };
 
 }  // namespace modserve::engine

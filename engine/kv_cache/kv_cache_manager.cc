@@ -166,6 +166,28 @@ absl::Status KvCacheManager::Commit(SequenceId seq_id, absl::Span<const int32_t>
   return absl::OkStatus();
 }
 
+absl::Status KvCacheManager::Truncate(SequenceId seq_id,
+                                      absl::Span<const int32_t> num_tokens_per_layer) {
+  MODSERVE_ASSIGN_OR_RETURN(std::vector<BlockTable> * tables, FindTables(seq_id));
+  MODSERVE_RETURN_IF_ERROR(CheckCounts(num_tokens_per_layer));
+  for (int32_t l = 0; l < n_layers_; ++l) {
+    if (num_tokens_per_layer[l] > (*tables)[l].num_tokens()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache: truncating layer ", l, " of sequence ", seq_id, " to ",
+          num_tokens_per_layer[l], " entries; it holds ", (*tables)[l].num_tokens()));
+    }
+  }
+  std::vector<PageId> released;
+  for (int32_t l = 0; l < n_layers_; ++l) {
+    BlockTable& table = (*tables)[l];
+    tokens_per_layer_[l] -= table.num_tokens() - num_tokens_per_layer[l];
+    released.clear();
+    table.Truncate(num_tokens_per_layer[l], &released);
+    ReleaseFromLayer(l, released);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<absl::Span<const PageId>> KvCacheManager::PageTable(SequenceId seq_id,
                                                                    int32_t layer) const {
   MODSERVE_ASSIGN_OR_RETURN(const std::vector<BlockTable>* tables, FindTables(seq_id));
@@ -380,6 +402,7 @@ absl::StatusOr<uint64_t> KvCacheManager::CacheBlock(SequenceId seq_id, uint64_t 
   }
   const uint64_t key = block.key;
   if (!prefix_->Insert(std::move(block))) return uint64_t{0};
+  for (int32_t l = 0; l < n_layers_; ++l) (*tables)[l].Publish(counts[l]);
   return key;
 }
 

@@ -158,6 +158,13 @@ class KvCacheManager {
   // all layers before anything changes) and returns pages beyond ceil(tokens / block_size).
   absl::Status Commit(SequenceId seq_id, absl::Span<const int32_t> tokens_per_layer);
 
+  // Rollback (speculative decoding): keeps the first num_tokens_per_layer[l] entries of each
+  // layer (at a routed layer: the first routed-in tokens) and returns pages that hold none of
+  // them to the pool. A page the prefix cache or another sequence shares is never modified: a
+  // kept partial page whose later entries others read is copied before the next append.
+  // InvalidArgument when a count exceeds the layer's entries (nothing changes).
+  absl::Status Truncate(SequenceId seq_id, absl::Span<const int32_t> num_tokens_per_layer);
+
   absl::StatusOr<absl::Span<const PageId>> PageTable(SequenceId seq_id, int32_t layer) const;
   absl::StatusOr<int32_t> NumTokens(SequenceId seq_id, int32_t layer) const;
   absl::StatusOr<SequenceKvUsage> Usage(SequenceId seq_id) const;

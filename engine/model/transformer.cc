@@ -295,9 +295,10 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
           "sequence ", s.seq_id, ": positions up to ", s.start_pos + n, " exceed max_seq_len ",
           config_.max_seq_len));
     }
-    if (!(s.threshold > 0.0 && s.threshold < 1.0)) {
+    // 1 is allowed: nothing is selected (a speculative draft that skips every routed layer).
+    if (!(s.threshold > 0.0 && s.threshold <= 1.0)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", s.seq_id, ": threshold ", s.threshold, " is not in (0, 1)"));
+          absl::StrCat("sequence ", s.seq_id, ": threshold ", s.threshold, " is not in (0, 1]"));
     }
     for (int32_t t : s.tokens) {
       if (t < 0 || t >= config_.vocab_size) {

@@ -32,7 +32,8 @@ struct StepSequence {
   SequenceId seq_id = 0;
   absl::Span<const int32_t> tokens;  // new tokens, at positions start_pos, start_pos + 1, ...
   int32_t start_pos = 0;             // tokens the sequence has fed so far
-  double threshold = 0.5;            // request tau r (the compute knob); routed layer k selects
+  double threshold = 0.5;            // request tau r in (0, 1] (the compute knob; 1 selects
+                                     // nothing); routed layer k selects
                                      // sigmoid(z) > LayerThreshold(mod, k, r) (config.h)
   bool all_logits = false;           // logits for every new token, else for the last one only
 };

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/logging.h"
+#include "engine/common/status_macros.h"
 
 namespace modserve::engine {
 namespace {
@@ -131,9 +132,11 @@ std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<u
   return c;
 }
 
-double UniformDraw(uint64_t seed, uint64_t step) {
+double UniformDraw(uint64_t seed, uint64_t step) { return UniformDraw(seed, step, 0); }
+
+double UniformDraw(uint64_t seed, uint64_t step, uint32_t stream) {
   const std::array<uint32_t, 4> out =
-      Philox4x32({static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), 0, 0},
+      Philox4x32({static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), stream, 0},
                  {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
   const uint64_t bits = (uint64_t{out[0]} << 32 | out[1]) >> 11;
   return static_cast<double>(bits) * 0x1.0p-53;
@@ -170,14 +173,34 @@ SamplingState Sampler::NewState(const SamplingParams& params, absl::Span<const T
 
 absl::StatusOr<SampleResult> Sampler::Sample(absl::Span<const float> logits,
                                              const SamplingParams& params, SamplingState* state) {
-  absl::StatusOr<SampleResult> result = SampleImpl(logits, params, *state);
+  bool sorted = false;
+  if (absl::Status st = Process(logits, params, *state, &sorted); !st.ok()) return st;
+  absl::StatusOr<SampleResult> result = SampleImpl(params, *state, sorted);
   if (result.ok()) state->Accept(result->token);
   return result;
 }
 
-absl::StatusOr<SampleResult> Sampler::SampleImpl(absl::Span<const float> logits,
-                                                 const SamplingParams& params,
-                                                 const SamplingState& state) {
+absl::StatusOr<std::vector<TokenLogprob>> Sampler::Distribution(absl::Span<const float> logits,
+                                                                const SamplingParams& params,
+                                                                const SamplingState& state) {
+  std::vector<TokenLogprob> dist;
+  bool sorted = false;
+  if (absl::Status st = Process(logits, params, state, &sorted); !st.ok()) return st;
+  if (params.temperature < kGreedyTemperature) {
+    MODSERVE_ASSIGN_OR_RETURN(SampleResult r, SampleImpl(params, state, sorted));
+    dist.push_back({r.token, 0.0f});
+    return dist;
+  }
+  const double lse = LogSumExp(candidates_);
+  dist.reserve(candidates_.size());
+  for (const Candidate& c : candidates_) {
+    dist.push_back({c.id, static_cast<float>(c.logit - lse)});
+  }
+  return dist;
+}
+
+absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingParams& params,
+                              const SamplingState& state, bool* sorted) {
   const auto vocab = static_cast<TokenId>(logits.size());
   if (vocab == 0) return absl::InternalError("sampler: empty logits row");
   for (TokenId id = 0; id < vocab; ++id) {
@@ -185,14 +208,12 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(absl::Span<const float> logits,
       return absl::InternalError(absl::StrCat("sampler: logit of token ", id, " is ", logits[id]));
     }
   }
-  // Prompt ids come from the request; output ids were sampled from an earlier vocab-sized row.
   for (TokenId id : state.seen_tokens()) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(
           absl::StrCat("sampler: token id ", id, " outside vocabulary of ", vocab));
     }
   }
-
   work_.assign(logits.begin(), logits.end());
   if (params.repetition_penalty != 1.0f) {
     ApplyRepetitionPenalty(absl::MakeSpan(work_), state.seen_tokens(), params.repetition_penalty);
@@ -201,10 +222,40 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(absl::Span<const float> logits,
     ApplyPresenceFrequencyPenalties(absl::MakeSpan(work_), state.output_counts(),
                                     params.presence_penalty, params.frequency_penalty);
   }
-  const bool greedy = params.temperature < kGreedyTemperature;
-  if (!greedy) ApplyTemperature(absl::MakeSpan(work_), params.temperature);
+  *sorted = false;
+  if (params.temperature < kGreedyTemperature) {
+    ClampPositiveInfinity(work_);
+    return absl::OkStatus();  // the argmax needs no temperature and no candidate list
+  }
+  ApplyTemperature(absl::MakeSpan(work_), params.temperature);
   ClampPositiveInfinity(work_);
+  candidates_.clear();
+  for (TokenId id = 0; id < vocab; ++id) {
+    if (work_[id] != -INFINITY) candidates_.push_back({id, work_[id]});
+  }
+  if (candidates_.empty()) {
+    return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
+  }
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates_.size()) {
+    KeepTopK(candidates_, params.top_k);
+    *sorted = true;
+  }
+  if (params.top_p < 1.0f) {
+    double tail_weight = 0.0;
+    if (!*sorted) {
+      tail_weight = SortNucleusPrefix(candidates_, params.top_p);
+      *sorted = true;
+    }
+    candidates_.resize(TopPCount(candidates_, params.top_p, tail_weight));
+  }
+  KeepMinP(candidates_, params.min_p);
+  return absl::OkStatus();
+}
 
+absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
+                                                 const SamplingState& state, bool sorted) {
+  const auto vocab = static_cast<TokenId>(work_.size());
+  const bool greedy = params.temperature < kGreedyTemperature;
   const size_t num_alternatives = static_cast<size_t>(params.top_logprobs);
   SampleResult result;
   if (greedy) {
@@ -233,29 +284,6 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(absl::Span<const float> logits,
     }
     return result;
   }
-
-  candidates_.clear();
-  for (TokenId id = 0; id < vocab; ++id) {
-    if (work_[id] != -INFINITY) candidates_.push_back({id, work_[id]});
-  }
-  if (candidates_.empty()) {
-    return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
-  }
-
-  bool sorted = false;
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates_.size()) {
-    KeepTopK(candidates_, params.top_k);
-    sorted = true;
-  }
-  if (params.top_p < 1.0f) {
-    double tail_weight = 0.0;
-    if (!sorted) {
-      tail_weight = SortNucleusPrefix(candidates_, params.top_p);
-      sorted = true;
-    }
-    candidates_.resize(TopPCount(candidates_, params.top_p, tail_weight));
-  }
-  KeepMinP(candidates_, params.min_p);
 
   // Inverse CDF of the survivors' softmax, in double, at the request's own counter.
   const double lse = LogSumExp(candidates_);

@@ -55,6 +55,9 @@ std::array<uint32_t, 4> Philox4x32(std::array<uint32_t, 4> counter, std::array<u
 // Uniform double in [0, 1) with 53 random bits: the draw for step `step` of a request seeded
 // with `seed` (key = seed, counter = (step lo, step hi, 0, 0)).
 double UniformDraw(uint64_t seed, uint64_t step);
+// The same on an independent stream (counter = (step lo, step hi, stream, 0)); stream 0 is the
+// draw above. Speculative decoding draws its drafts and acceptance tests on other streams.
+double UniformDraw(uint64_t seed, uint64_t step, uint32_t stream);
 
 // What one request carries between steps: its seed, the step counter of its random stream, and
 // the token statistics the penalties need. Owned by the request; engine thread only.
@@ -127,9 +130,20 @@ class Sampler {
   absl::StatusOr<SampleResult> Sample(absl::Span<const float> logits, const SamplingParams& params,
                                       SamplingState* state);
 
+  // The final distribution Sample draws from, without drawing or recording anything: the
+  // survivors of steps 1-5 with their logprobs, in the order Sample walks them. Greedy: the
+  // argmax alone, logprob 0. Same errors as Sample.
+  absl::StatusOr<std::vector<TokenLogprob>> Distribution(absl::Span<const float> logits,
+                                                         const SamplingParams& params,
+                                                         const SamplingState& state);
+
  private:
-  absl::StatusOr<SampleResult> SampleImpl(absl::Span<const float> logits,
-                                          const SamplingParams& params, const SamplingState& state);
+  // Steps 1-5 into candidates_ (processed logits); sets *sorted when they are in canonical order.
+  absl::Status Process(absl::Span<const float> logits, const SamplingParams& params,
+                       const SamplingState& state, bool* sorted);
+  // Chooses from what Process left in work_ and candidates_.
+  absl::StatusOr<SampleResult> SampleImpl(const SamplingParams& params,
+                                          const SamplingState& state, bool sorted);
 
   uint64_t seed_generator_;            // SplitMix64 state
   std::vector<float> work_;            // [vocab] f32 processed logits

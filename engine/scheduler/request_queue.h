@@ -20,6 +20,8 @@ struct WaitingSequence {
   int32_t num_generated = 0;   // output tokens already sampled (non-zero after preemption)
   // Routing tau the sequence runs with; unset = the checkpoint's default (or a dense model).
   std::optional<double> threshold;
+  // Tokens drafted per decode step (speculative decoding; Engine::SpeculativeTokens); 0 = none.
+  int32_t speculative_tokens = 0;
 };
 
 // Thread contract: engine thread only.

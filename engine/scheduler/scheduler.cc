@@ -146,8 +146,8 @@ StepPlan Scheduler::Plan() {
       // its worst case fits the cache alone.
       if (!running_.empty() && promised + need > options_.num_pages) break;
       promised += need;
-      running_.push_back(
-          {w.seq_id, w.num_tokens, 0, w.max_new_tokens, w.num_generated, w.threshold, false});
+      running_.push_back({w.seq_id, w.num_tokens, 0, w.max_new_tokens, w.num_generated,
+                          w.threshold, w.speculative_tokens, false});
       plan.admitted.push_back(w.seq_id);
       waiting_.PopFront();
     }
@@ -159,6 +159,15 @@ StepPlan Scheduler::Plan() {
     plan.entries.push_back({r.seq_id, 1});
     if (r.num_computed > 0) ++plan.num_decode_entries;
     --budget;
+  }
+  for (StepEntry& e : plan.entries) {
+    if (budget == 0) break;
+    const Running& r = *std::find_if(running_.begin(), running_.end(),
+                                     [&](const Running& x) { return x.seq_id == e.seq_id; });
+    if (r.num_computed == 0) continue;  // a one-token prompt: its first step samples no draft
+    const int32_t left = r.max_new_tokens - r.num_generated - 1;
+    e.num_draft = std::max(0, std::min({r.speculative_tokens, left, budget}));
+    budget -= e.num_draft;
   }
   for (const Running& r : running_) {
     if (budget == 0) break;
@@ -180,6 +189,11 @@ std::vector<SequenceId> Scheduler::Commit(const StepResult& result) {
                            [&](const Running& r) { return r.seq_id == s.seq_id; });
     MODSERVE_CHECK(it != running_.end());
     it->num_computed += s.num_cached + s.num_fed;
+    // A speculative step feeds and samples several tokens at once.
+    const int32_t num_new =
+        s.event.has_value() ? 1 + static_cast<int32_t>(s.more_events.size()) : 0;
+    it->num_tokens += num_new;
+    it->num_generated += num_new;
     MODSERVE_CHECK(it->num_computed <= it->num_tokens);
     estimator_.Observe(it->threshold.value_or(estimator_.default_threshold()), s.routed_rows,
                        s.num_fed);
@@ -189,9 +203,8 @@ std::vector<SequenceId> Scheduler::Commit(const StepResult& result) {
       continue;
     }
     if (s.event.has_value()) {
-      ++it->num_tokens;
-      ++it->num_generated;
-      if (s.event->finish_reason.has_value()) {
+      const TokenEvent& last = s.more_events.empty() ? *s.event : s.more_events.back();
+      if (last.finish_reason.has_value()) {
         it->finished = true;
         finished.push_back(s.seq_id);
       }
@@ -213,7 +226,7 @@ std::optional<Scheduler::Eviction> Scheduler::PreemptOne() {
   const Running victim = *victim_it;
   running_.erase(victim_it);
   waiting_.PushFront({victim.seq_id, victim.num_tokens, victim.max_new_tokens,
-                      victim.num_generated, victim.threshold});
+                      victim.num_generated, victim.threshold, victim.speculative_tokens});
   admissions_held_ = true;
   const bool held_pages = victim.num_computed > 0;
   if (held_pages) ++num_preemptions_;

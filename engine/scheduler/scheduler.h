@@ -88,7 +88,7 @@ struct SchedulerOptions {
 struct StepPlan {
   std::vector<StepEntry> entries;
   std::vector<SequenceId> admitted;  // moved from waiting to running by this plan
-  int32_t num_tokens = 0;            // sum of entries' num_tokens
+  int32_t num_tokens = 0;            // sum of entries' num_tokens and num_draft
   int32_t num_decode_entries = 0;    // entries feeding one token after the first sample
 
   bool empty() const { return entries.empty(); }
@@ -109,7 +109,9 @@ class Scheduler {
 
   // Admits waiting sequences in FIFO order while the expected final pages of everything running
   // fit the cache (the first one always, when nothing runs), then fills the token budget: one
-  // token per decoding sequence, then prefill chunks in admission order. A long prompt thus
+  // token per decoding sequence, then the drafts of speculative decoding sequences (each draft
+  // is one more row of the step's verification pass, at most what the sequence may still
+  // generate), then prefill chunks in admission order. A long prompt thus
   // delays running decodes by at most one chunk of max_batch_tokens. Admissions held by a
   // preemption resume at the next Commit, or at once when nothing runs.
   StepPlan Plan();
@@ -150,6 +152,7 @@ class Scheduler {
     int32_t max_new_tokens;
     int32_t num_generated;
     std::optional<double> threshold;  // unset: the checkpoint's default
+    int32_t speculative_tokens = 0;   // drafted per decode step
     bool finished = false;  // set by Commit; never planned again
     int32_t FinalTokens() const { return num_tokens + (max_new_tokens - num_generated); }
   };

@@ -276,6 +276,44 @@ TEST(KvCacheManagerTest, AccountingMatchesRandomRoutingDecisions) {
   EXPECT_EQ(empty.tokens_per_layer, std::vector<int64_t>(kLayers, 0));
 }
 
+TEST(KvCacheManagerTest, TruncateMatchesASequenceThatNeverHeldTheDroppedEntries) {
+  // Random appends and rollbacks on a 3-layer cache (layer 1 sparse); after each rollback the
+  // pages, entries and free pages equal those of a sequence that appended the kept counts only.
+  constexpr int32_t kBlock = 4, kLayers = 3, kPages = 64;
+  auto kv = MakeManager(kPages, kBlock, kLayers);
+  std::mt19937 rng(17);
+  ASSERT_TRUE(kv->AddSequence(1).ok());
+  std::vector<int32_t> held(kLayers, 0);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int32_t> add(kLayers);
+    const int32_t n = static_cast<int32_t>(rng() % 6);
+    for (int32_t l = 0; l < kLayers; ++l) add[l] = l == 1 ? static_cast<int32_t>(rng() % (n + 1)) : n;
+    if (!kv->Reserve(1, add).ok()) break;
+    for (int32_t l = 0; l < kLayers; ++l) held[l] += add[l];
+    std::vector<int32_t> keep(kLayers);
+    for (int32_t l = 0; l < kLayers; ++l) keep[l] = held[l] - static_cast<int32_t>(rng() % (add[l] + 1));
+    ASSERT_TRUE(kv->Truncate(1, keep).ok());
+    held = keep;
+    auto usage = kv->Usage(1);
+    ASSERT_TRUE(usage.ok());
+    int32_t pages = 0;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      EXPECT_EQ(usage->tokens_per_layer[l], held[l]);
+      EXPECT_EQ(usage->pages_per_layer[l], CeilDiv(held[l], kBlock));
+      pages += static_cast<int32_t>(CeilDiv(held[l], kBlock));
+    }
+    EXPECT_EQ(kv->GetStats().num_free_pages, kPages - pages);
+  }
+  EXPECT_EQ(kv->Truncate(1, std::vector<int32_t>{held[0] + 1, 0, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv->Truncate(1, std::vector<int32_t>{-1, 0, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv->Truncate(7, std::vector<int32_t>{0, 0, 0}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*kv->NumTokens(1, 0), held[0]);
+  ASSERT_TRUE(kv->Truncate(1, std::vector<int32_t>{0, 0, 0}).ok());
+  EXPECT_EQ(kv->GetStats().num_free_pages, kPages);
+}
+
 TEST(KvCacheManagerTest, PagesNeededPredictsGrowth) {
   auto kv = MakeManager(64, 4, 2);
   ASSERT_TRUE(kv->AddSequence(1).ok());

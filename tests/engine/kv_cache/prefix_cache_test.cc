@@ -157,6 +157,69 @@ TEST(PrefixCacheTest, AttachedSequenceReadsTheCachedEntriesAndCopiesTheSharedPar
   EXPECT_EQ(st.num_prefix_cache_blocks, 0);
 }
 
+TEST(PrefixCacheTest, TruncateFreesEmptiedPagesAndNeverOverwritesEntriesOthersRead) {
+  auto kv = MakeManager(32);
+  ShadowPool shadow;
+  const std::vector<int32_t> tokens = Tokens(8);
+  ASSERT_TRUE(kv->AddSequence(1).ok());
+  // Layer 1 takes tokens 1, 5, 6: its one page is partial and shared with both cached blocks.
+  Feed(*kv, shadow, 1, 0, {false, true, false, false, false, true, true, false});
+  auto k0 = kv->CacheBlock(1, 0, absl::MakeConstSpan(tokens).subspan(0, 4), 9, {4, 1}, {});
+  ASSERT_TRUE(k0.ok() && *k0 != 0) << k0.status();
+  auto k1 = kv->CacheBlock(1, *k0, absl::MakeConstSpan(tokens).subspan(4, 4), 9, {8, 3}, {});
+  ASSERT_TRUE(k1.ok() && *k1 != 0) << k1.status();
+  const int32_t free_before = kv->GetStats().num_free_pages;
+
+  // Speculative entries past the cached ones, then rolled back: the page they alone filled
+  // goes back to the pool, and the kept entries are untouched.
+  Feed(*kv, shadow, 1, 8, {true, true});
+  EXPECT_EQ(*kv->NumTokens(1, 1), 5);
+  EXPECT_EQ(kv->PageTable(1, 1)->size(), 2u);
+  EXPECT_EQ(kv->Truncate(1, {12, 4}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(kv->Truncate(1, {9, 4}).ok());
+  EXPECT_EQ(kv->PageTable(1, 1)->size(), 1u);
+  EXPECT_EQ(*kv->NumTokens(1, 0), 9);
+  EXPECT_EQ(shadow.Read(*kv, 1, 1), (std::vector<int64_t>{10, 50, 60, 80}));
+  ASSERT_TRUE(kv->Truncate(1, {8, 3}).ok());
+  EXPECT_EQ(kv->GetStats().num_free_pages, free_before);
+  EXPECT_EQ(kv->GetStats().tokens_per_layer, (std::vector<int64_t>{8, 3}));
+
+  // Past the published entries the owner appends in place, as before the rollback.
+  auto in_place = kv->Reserve(1, {1, 1});
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_TRUE(in_place->copies.empty());
+  shadow.Write(*in_place, 0, {8});
+  shadow.Write(*in_place, 1, {80});
+  ASSERT_TRUE(kv->Truncate(1, {8, 3}).ok());
+
+  // Rolled back into entries the cache publishes: the next append copies the page first.
+  const PageId shared = (*kv->PageTable(1, 1))[0];
+  ASSERT_TRUE(kv->Truncate(1, {8, 2}).ok());
+  auto copied = kv->Reserve(1, {0, 1});
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  ASSERT_EQ(copied->copies.size(), 1u);
+  EXPECT_EQ(copied->copies[0].src, shared);
+  shadow.Write(*copied, 1, {-1});
+  EXPECT_EQ(shadow.Read(*kv, 1, 1), (std::vector<int64_t>{10, 50, -1}));
+  ASSERT_TRUE(kv->AddSequence(2).ok());
+  std::vector<int32_t> longer = tokens;
+  longer.push_back(7);
+  ASSERT_EQ(kv->AttachCachedPrefix(2, longer, 9)->size(), 2u);
+  EXPECT_EQ(shadow.Read(*kv, 2, 1), (std::vector<int64_t>{10, 50, 60}));
+
+  // An attached sequence rolls back its own appends; its copy of the shared page is private.
+  Feed(*kv, shadow, 2, 8, {false, true});
+  ASSERT_TRUE(kv->Truncate(2, {8, 3}).ok());
+  EXPECT_EQ(shadow.Read(*kv, 2, 1), (std::vector<int64_t>{10, 50, 60}));
+  ASSERT_TRUE(kv->AddSequence(3).ok());
+  ASSERT_EQ(kv->AttachCachedPrefix(3, longer, 9)->size(), 2u);
+  EXPECT_EQ(shadow.Read(*kv, 3, 1), (std::vector<int64_t>{10, 50, 60}));
+
+  for (SequenceId s : {1, 2, 3}) ASSERT_TRUE(kv->Free(s).ok());
+  kv->ClearPrefixCache();
+  EXPECT_EQ(kv->GetStats().num_referenced_pages, 0);
+}
+
 TEST(PrefixCacheTest, OnlyTheSameSaltAndWholeBlocksMatch) {
   auto kv = MakeManager(32);
   ShadowPool shadow;
