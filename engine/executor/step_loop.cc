@@ -189,7 +189,10 @@ void StepLoop::Finish(SequenceId seq_id, absl::StatusOr<FinishedRequest> result)
       observer_->OnRequestFailed(result.status().code());
     }
   }
-  state->sink->OnDone(std::move(result));
+  // The sink leaves with its result, so nothing that outlives the request (its handle, or a
+  // handle the sink itself holds) keeps the sink or what it refers to alive.
+  std::shared_ptr<GenerationSink> sink = std::move(state->sink);
+  sink->OnDone(std::move(result));
   if (num_in_flight_.fetch_sub(1) == 1) {
     absl::MutexLock lock(&mu_);
     idle_.SignalAll();
@@ -220,7 +223,8 @@ void StepLoop::AddIncoming(std::vector<std::shared_ptr<State>>& incoming) {
     if (!id.ok()) {
       // Never added: there is no sequence to release.
       if (observer_ != nullptr) observer_->OnRequestFailed(id.status().code());
-      state->sink->OnDone(id.status());
+      std::shared_ptr<GenerationSink> sink = std::move(state->sink);
+      sink->OnDone(id.status());
       EndUnadmitted();
       continue;
     }
@@ -245,7 +249,8 @@ void StepLoop::EndUnadmitted() {
 void StepLoop::Refuse(std::vector<std::shared_ptr<State>>& incoming, const absl::Status& status) {
   for (std::shared_ptr<State>& state : incoming) {
     if (observer_ != nullptr) observer_->OnRequestFailed(status.code());
-    state->sink->OnDone(status);
+    std::shared_ptr<GenerationSink> sink = std::move(state->sink);
+    sink->OnDone(status);
     EndUnadmitted();
   }
   incoming.clear();
