@@ -25,6 +25,10 @@ PROMPT_IDS = [1, 17, 42, 99, 5]
 # Long enough (about half a second per request on one CPU thread for the demo checkpoint) that a
 # replica seen running a request is still running one when it is killed a few ms later.
 LONG_TOKENS = 1000
+# Per request and for a whole load: generous, since the sanitizer builds (tools/ci_sanitizers.sh)
+# run these loads 10-15x slower than a release build, which takes a few seconds.
+REQUEST_TIMEOUT_S = 120
+LOAD_TIMEOUT_S = 300
 
 
 def _kill_when_busy(server, still_loading):
@@ -60,12 +64,12 @@ class ScaleOutTest(unittest.TestCase):
     def _loadgen(self, *flags):
         out = os.path.join(self.tmp.name, "loadgen.json")
         cmd = [LOADGEN, "--server", self.target, "--prompts", self.prompts, "--json_out", out,
-               "--timeout", "60s", *flags]
+               "--timeout", f"{REQUEST_TIMEOUT_S}s", *flags]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True), out
 
     def _finish(self, proc, out):
-        log, _ = proc.communicate(timeout=60)
+        log, _ = proc.communicate(timeout=LOAD_TIMEOUT_S)
         self.assertEqual(proc.returncode, 0, log)
         with open(out) as f:
             return json.load(f), log
@@ -145,7 +149,8 @@ class ScaleOutTest(unittest.TestCase):
 
     def test_python_retries_finish_every_request_after_a_replica_dies(self):
         total = 16
-        with Client(self.target, timeout=60, lb_policy="round_robin", retries=5) as client, \
+        with Client(self.target, timeout=REQUEST_TIMEOUT_S, lb_policy="round_robin",
+                    retries=5) as client, \
                 concurrent.futures.ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(client.generate, PROMPT_IDS, max_new_tokens=LONG_TOKENS,
                                    ignore_eos=True) for _ in range(total)]
