@@ -82,6 +82,11 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache storage: auto (the weights' 16-bit type, else f32), f32, f16 or bf16");
 ABSL_FLAG(std::string, prefix_caching, "true",
           "true or false: reuse the KV entries of cached prompt prefixes (same threshold)");
+ABSL_FLAG(int32_t, speculative_tokens, 0,
+          "self-speculative decoding: tokens drafted per decode step (0 = off, at most 16); "
+          "requests may override it");
+ABSL_FLAG(double, speculative_threshold, 1.0,
+          "the draft's routing threshold in (0, 1]; 1 skips every routed layer");
 ABSL_FLAG(std::string, inject_faults, "",
           "for fault-injection tests only: sampler=P,detokenizer=P,backend_step=N,seed=S");
 
@@ -125,6 +130,8 @@ int main(int argc, char** argv) {
     std::cerr << "modserve: --prefix_caching: '" << v << "' is not true or false" << std::endl;
     return 2;
   }
+  eo.speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens);
+  eo.speculative_threshold = absl::GetFlag(FLAGS_speculative_threshold);
   absl::StatusOr<modserve::engine::FaultInjection> faults =
       modserve::engine::ParseFaultInjection(absl::GetFlag(FLAGS_inject_faults));
   if (!faults.ok()) {

@@ -51,7 +51,10 @@ const std::vector<std::string>& MetricNames() {
       "modserve_layer_tokens_total",           "modserve_layer_batch_skips_total",
       "modserve_kv_bytes_per_token",           "modserve_kv_bytes_per_token_dense",
       "modserve_step_duration_seconds",        "modserve_prefix_cache_queries_total",
-      "modserve_prefix_cache_hits_total",
+      "modserve_prefix_cache_hits_total",      "modserve_spec_decode_num_drafts_total",
+      "modserve_spec_decode_num_draft_tokens_total",
+      "modserve_spec_decode_num_accepted_tokens_total",
+      "modserve_spec_decode_num_accepted_tokens_per_pos_total",
   };
   return *names;
 }
@@ -78,6 +81,19 @@ Metrics::Metrics(int32_t n_layers)
                                 "Prompt tokens looked up in the prefix cache.");
   prefix_hits_ = MakeCounter(r, "modserve_prefix_cache_hits_total",
                              "Prompt tokens found in the prefix cache (KV entries reused).");
+  spec_drafts_ = MakeCounter(r, "modserve_spec_decode_num_drafts_total",
+                             "Speculative decode steps of a sequence (one draft each).");
+  spec_draft_tokens_ = MakeCounter(r, "modserve_spec_decode_num_draft_tokens_total",
+                                   "Tokens drafted by speculative decoding.");
+  spec_accepted_tokens_ = MakeCounter(r, "modserve_spec_decode_num_accepted_tokens_total",
+                                      "Drafted tokens that verification accepted.");
+  spec_accepted_per_pos_ = &prometheus::BuildCounter()
+                                .Name("modserve_spec_decode_num_accepted_tokens_per_pos_total")
+                                .Help("Accepted drafts by position in the draft (0-based).")
+                                .Register(r);
+  for (int32_t pos = 0; pos < engine::kMaxSpeculativeTokens; ++pos) {
+    spec_accepted_per_pos_->Add({{"position", std::to_string(pos)}});
+  }
   running_ = MakeGauge(r, "modserve_num_requests_running", "Requests in the running batch.");
   waiting_ = MakeGauge(r, "modserve_num_requests_waiting", "Requests waiting for admission.");
   kv_usage_ = MakeGauge(r, "modserve_kv_cache_usage_ratio", "Fraction of KV pages in use.");
@@ -174,6 +190,14 @@ void Metrics::OnStep(const engine::StepStats& stats) {
   generation_tokens_->Increment(stats.num_sampled);
   prefix_queries_->Increment(static_cast<double>(stats.prefix_cache_queries));
   prefix_hits_->Increment(static_cast<double>(stats.prefix_cache_hits));
+  spec_drafts_->Increment(static_cast<double>(stats.spec_num_drafts));
+  spec_draft_tokens_->Increment(static_cast<double>(stats.spec_num_draft_tokens));
+  spec_accepted_tokens_->Increment(static_cast<double>(stats.spec_num_accepted_tokens));
+  for (size_t pos = 0; pos < stats.spec_accepted_per_position.size(); ++pos) {
+    if (stats.spec_accepted_per_position[pos] == 0) continue;
+    spec_accepted_per_pos_->Add({{"position", std::to_string(pos)}})
+        .Increment(static_cast<double>(stats.spec_accepted_per_position[pos]));
+  }
   for (double s : stats.inter_token_seconds) itl_->Observe(s);
   for (int32_t l = 0; l < n_layers_ && l < static_cast<int32_t>(stats.layer_computed.size()); ++l) {
     layer_computed_[l]->Increment(stats.layer_computed[l]);

@@ -61,6 +61,10 @@ class Metrics final : public engine::StepObserver {
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
+  prometheus::Counter* spec_drafts_;
+  prometheus::Counter* spec_draft_tokens_;
+  prometheus::Counter* spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_pos_;  // label: position
   prometheus::Counter* generation_tokens_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

@@ -232,7 +232,8 @@ void StepLoop::AddIncoming(std::vector<std::shared_ptr<State>>& incoming) {
     active_.emplace(*id, state);
     const absl::Status queued =
         scheduler_.Enqueue({*id, static_cast<int32_t>(r.prompt.size()),
-                            r.sampling.max_new_tokens, 0, r.threshold});
+                            r.sampling.max_new_tokens, 0, r.threshold,
+                            engine_->SpeculativeTokens(r)});
     if (!queued.ok()) Finish(*id, queued);
   }
   incoming.clear();
@@ -380,7 +381,17 @@ bool StepLoop::RunStep(absl::Time now) {
     }
     state.last_token = end;
     state.sink->OnToken(*s.event);
+    // Tokens a speculative step accepted arrive together: they add no inter-token samples of
+    // their own (the step's gap already counts once).
+    for (const TokenEvent& ev : s.more_events) {
+      ++stats.num_sampled;
+      state.sink->OnToken(ev);
+    }
   }
+  stats.spec_num_drafts = result.num_drafts;
+  stats.spec_num_draft_tokens = result.num_draft_tokens;
+  stats.spec_num_accepted_tokens = result.num_accepted_tokens;
+  stats.spec_accepted_per_position = result.accepted_per_position;
   for (SequenceId id : it.finished) {
     State& state = *active_.at(id);
     absl::StatusOr<GenerationResult> r = engine_->Result(id);
