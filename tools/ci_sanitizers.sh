@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# CI's sanitizer stages, after tools/test.sh: (1) asan: one clang-14 build with ASan + UBSan and
-# libFuzzer coverage, which runs the unit, integration and chaos suites and then every fuzz
-# target over its committed corpus; (2) tsan: a gcc TSan build of the threaded units (thread
-# pool, scheduler, step loop, and the in-process server and security tests) against Abseil and
-# gRPC built from Debian's own sources with -fsanitize=thread (about 7 minutes the first time).
-# All build at -O1 with line tables only, to keep CI short; the CMakePresets.json presets build
-# the same code at -O2 with full debug info for local debugging.
+# The sanitizer stages. (1) quick (what CI runs, about 10 minutes on 2 cores): a clang-14
+# ASan + UBSan + LeakSanitizer build of the memory-owning engine units (KV cache, prefix cache,
+# scheduler, step loop, engine, speculative decoding, thread pool) and the fuzz corpus replay,
+# which runs every committed fuzz input through its target. (2) asan: the same build of
+# everything, which runs the unit, integration and chaos suites and then every fuzz target under
+# libFuzzer. (3) tsan: a gcc TSan build of the threaded units (thread pool, scheduler, step loop,
+# and the in-process server and security tests) against Abseil and gRPC built from Debian's own
+# sources with -fsanitize=thread (about 7 minutes the first time). asan and tsan together take
+# about 50 minutes on 2 cores, too long for CI: run them before landing changes to threaded,
+# parsing or memory-owning code.
+# All build at -O1 with line tables only; the CMakePresets.json presets build the same code at
+# -O2 with full debug info for local debugging.
 #
-#   bash tools/ci_sanitizers.sh [asan] [tsan]     (default: both)
+#   bash tools/ci_sanitizers.sh [quick] [asan] [tsan]     (default: asan tsan)
 #
 # Environment: MODSERVE_FUZZ_SECONDS (per target, default 30), MODSERVE_JOBS (default nproc).
-# Build folders: build-ci-asan, build-ci-tsan, build-ci-tsan-abseil, build-ci-tsan-grpc,
-# build-ci-debian-src. Prints each stage's duration.
+# Build folders: build-ci-asan (quick and asan), build-ci-tsan, build-ci-tsan-abseil,
+# build-ci-tsan-grpc, build-ci-debian-src. Prints each stage's duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${MODSERVE_JOBS:-$(nproc)}"
@@ -23,23 +28,55 @@ stages=("$@")
 stamp() { date +%s; }
 report() { echo "== $1: $(( $(stamp) - $2 )) s"; }
 
-asan() {
-  local t0 build=build-ci-asan
-  t0=$(stamp)
+asan_build=build-ci-asan
+asan_env=(ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+          UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+
+asan_configure() {
   # The flags tests/fuzz/run.sh configures with, so its own configure step changes nothing.
   local flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMODSERVE_CUDA=OFF \
+  cmake -S . -B "$asan_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMODSERVE_CUDA=OFF \
     -DMODSERVE_FUZZ=ON -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="$fast" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$fast" >/dev/null
+}
+
+# The units whose code owns memory across requests, and every committed fuzz input.
+quick_tests=(fuzz_regressions_test block_pool_test block_table_test kv_cache_manager_test
+  prefix_cache_test scheduler_test backend_thread_pool_test step_loop_test engine_test
+  prefix_cache_engine_test speculative_decoding_test)
+
+quick() {
+  local t0 build=$asan_build
+  t0=$(stamp)
+  asan_configure
+  cmake --build "$build" -j "$jobs" --target "${quick_tests[@]}"
+  report "asan+ubsan build (quick)" "$t0"
+  t0=$(stamp)
+  local failed=0 t
+  for t in "${quick_tests[@]}"; do
+    if ! env "${asan_env[@]}" "$build/tests/$t" --gtest_brief=1 >"$build/$t.log" 2>&1; then
+      echo "ci_sanitizers.sh: $t failed under ASan/UBSan:" >&2
+      tail -n 80 "$build/$t.log" >&2
+      failed=1
+    else
+      echo "$t: $(grep -E '^\[  PASSED  \]' "$build/$t.log" || echo passed)"
+    fi
+  done
+  report "asan+ubsan tests (quick)" "$t0"
+  return "$failed"
+}
+
+asan() {
+  local t0 build=$asan_build
+  t0=$(stamp)
+  asan_configure
   cmake --build "$build" -j "$jobs"
   report "asan+ubsan build" "$t0"
 
   t0=$(stamp)
-  ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1" \
-  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-    ctest --test-dir "$build" --output-on-failure -j "$jobs" -L "cpu|integration|chaos" \
+  env "${asan_env[@]}" ctest --test-dir "$build" --output-on-failure -j "$jobs" -L "cpu|integration|chaos" \
       -LE "slow|cuda" --timeout 900
   # The pytest suites that drive built binaries (hostile checkpoints, deploy configs against a
   # live server) also run against the sanitized binaries.
@@ -146,8 +183,9 @@ tsan() {
 
 for stage in "${stages[@]}"; do
   case "$stage" in
+    quick) quick ;;
     asan) asan ;;
     tsan) tsan ;;
-    *) echo "ci_sanitizers.sh: unknown stage '$stage' (asan, tsan)" >&2; exit 2 ;;
+    *) echo "ci_sanitizers.sh: unknown stage '$stage' (quick, asan, tsan)" >&2; exit 2 ;;
   esac
 done
