@@ -1,11 +1,14 @@
-// modserve-bench: decode and prefill throughput of the real Engine (CPU backend) on synthetic
-// checkpoints of real shapes (~110M Llama and TinyLlama-1.1B, each dense and MoD), set beside the
-// machine's measured read bandwidth. A benchmark, not a test: it prints tables and asserts
+// modserve-bench: decode and prefill throughput of the real Engine (CPU or CUDA backend, one
+// Transformer for both) on synthetic checkpoints of real shapes (~110M Llama, TinyLlama-1.1B and
+// Llama-3-8B, each dense and MoD), set beside the machine's measured read bandwidth (CPU) or the
+// device's measured copy bandwidth (--backend cuda). A benchmark, not a test: it prints tables and asserts
 // nothing; the random weights make the generated text meaningless.
 //
 //   modserve-bench --shapes 110m,tinyllama --batches 1,4,16 --contexts 128,1024 --steps 32
 //   modserve-bench --model models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --batches 1
 //                  (any checkpoint directories or .gguf files, comma separated)
+//   modserve-bench --backend cuda --shapes tinyllama,8b --batches 1,8,64 --contexts 128,1024
+//                  (exits 1 with the registry's reason when no CUDA device is usable)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -40,7 +43,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "engine/backend/backend.h"
 #include "engine/backend/cpu/thread_pool.h"
+#include "engine/backend/registry.h"
 #include "engine/common/dtype.h"
 #include "engine/common/status_macros.h"
 #include "engine/engine.h"
@@ -51,7 +56,10 @@
 
 ABSL_FLAG(std::string, workdir, "/tmp/modserve-bench",
           "where the synthetic checkpoints are written (and reused when already there)");
-ABSL_FLAG(std::string, shapes, "110m,tinyllama", "model shapes to run: 110m, tinyllama");
+ABSL_FLAG(std::string, shapes, "110m,tinyllama", "model shapes to run: 110m, tinyllama, 8b");
+ABSL_FLAG(std::string, backend, "cpu",
+          "backend the engine runs on: cpu, or cuda (device 0; the bandwidth beside the numbers is "
+          "then the device's copy bandwidth)");
 ABSL_FLAG(std::string, batches, "1,4,16", "decode batch sizes (sequences per step)");
 ABSL_FLAG(std::string, contexts, "128,1024", "prompt tokens prefilled before decode is timed");
 ABSL_FLAG(int32_t, steps, 32, "timed decode steps per (batch, context)");
@@ -88,6 +96,8 @@ const std::vector<Shape>& KnownShapes() {
   static const std::vector<Shape> shapes = {
       {"110m", 768, 12, 12, 4, 64, 2048, 32000, 2048, 1e-5, 10000.0},
       {"tinyllama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 1e-5, 10000.0},
+      // Llama-3-8B: 16 GB of BF16 weights per checkpoint, meant for --backend cuda.
+      {"8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 1e-5, 500000.0},
   };
   return shapes;
 }
@@ -113,6 +123,7 @@ double g_fma_peak_gflops = 0;
 // "X GFLOP/s (Y% of the probe)" for a dense prefill at `tps` tokens/s.
 std::string PrefillGflops(const Shape& s, int tokens, double tps) {
   const double gflops = DensePrefillFlops(s, tokens) / (tokens / tps) / 1e9;
+  if (g_fma_peak_gflops <= 0) return absl::StrFormat("%.1f GFLOP/s", gflops);
   return absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
                          g_fma_peak_gflops > 0 ? 100 * gflops / g_fma_peak_gflops : 0.0);
 }
@@ -439,6 +450,32 @@ double MeasureReadBandwidth(int threads, bool huge_pages) {
   return best;
 }
 
+// Device copy bandwidth of a non-CPU backend through the Backend interface itself: a 2 GiB
+// buffer viewed as 16 pages of 128 MiB, the first 8 copied onto the last 8 (CopyKvPages, one
+// device-to-device copy each), 5 rounds per timing, best of 7. Counts bytes read plus bytes
+// written, as STREAM's copy does; a decode step mostly reads, so its GB/s is set beside this.
+absl::StatusOr<double> MeasureDeviceCopyBandwidth(backend::Backend& be) {
+  constexpr int64_t kPages = 16, kPageFloats = int64_t{32} << 20;  // 128 MiB of f32 per page
+  MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf,
+                            be.Allocate(static_cast<size_t>(kPages * kPageFloats * 4)));
+  // [pages, 2 * kv_heads, block_size, head_dim] as CopyKvPages takes it: 2 x 16 x 1 Mi floats.
+  const TensorView pool = buf.View(DType::kF32, {kPages, 2, 16, kPageFloats / 32});
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  for (int32_t p = 0; p < kPages / 2; ++p) copies.emplace_back(p, p + kPages / 2);
+  be.CopyKvPages(pool, copies);  // warm-up (first touch of the pages)
+  MODSERVE_RETURN_IF_ERROR(be.Synchronize());
+  constexpr int kRounds = 5;
+  double best = 0;
+  for (int rep = 0; rep < 7; ++rep) {
+    const auto t0 = Clock::now();
+    for (int r = 0; r < kRounds; ++r) be.CopyKvPages(pool, copies);
+    MODSERVE_RETURN_IF_ERROR(be.Synchronize());
+    const double sec = Seconds(t0, Clock::now());
+    best = std::max(best, 2.0 * kRounds * (kPages / 2) * kPageFloats * 4 / sec / 1e9);
+  }
+  return best;
+}
+
 // Drops the checkpoint file from the page cache (fdatasync first, so the pages are clean), so
 // the engine's first touches read it back the way a real checkpoint load from disk does:
 // readahead fills large folios, which the kernel maps with 2 MiB pages. A file still cached from
@@ -661,6 +698,7 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, con
                                                              int steps, DType kv_dtype) {
   engine::EngineOptions opt;
   opt.model_dir = dir;
+  opt.backend = absl::GetFlag(FLAGS_backend);
   opt.num_threads = absl::GetFlag(FLAGS_threads);
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.max_seqs = batches.back();
@@ -955,7 +993,7 @@ absl::Status Main() {
     }
     if (!found) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--shapes: unknown shape '", name, "' (known: 110m, tinyllama)"));
+          absl::StrCat("--shapes: unknown shape '", name, "' (known: 110m, tinyllama, 8b)"));
     }
   }
   std::vector<bool> variants;
@@ -969,18 +1007,37 @@ absl::Status Main() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
 
-  std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n",
-              CpuModel("unknown").c_str(), threads, kv.c_str(), steps);
-  const double bw = MeasureReadBandwidth(threads, /*huge_pages=*/true);
-  const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
-  g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads);
-  std::printf("matmul-peak probe (f32 AVX2 FMA chains on registers, %d threads, best of 5): "
-              "%.1f GFLOP/s\n",
-              threads, g_fma_peak_gflops);
-  std::printf(
-      "measured read bandwidth (2 GiB sum, %d threads, best of 7): %.2f GB/s with 2 MiB "
-      "pages (used below), %.2f GB/s with 4 KiB pages\n",
-      threads, bw, bw_4k);
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  double bw = 0;
+  if (backend_name == "cpu") {
+    std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n",
+                CpuModel("unknown").c_str(), threads, kv.c_str(), steps);
+    bw = MeasureReadBandwidth(threads, /*huge_pages=*/true);
+    const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
+    g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads);
+    std::printf("matmul-peak probe (f32 AVX2 FMA chains on registers, %d threads, best of 5): "
+                "%.1f GFLOP/s\n",
+                threads, g_fma_peak_gflops);
+    std::printf(
+        "measured read bandwidth (2 GiB sum, %d threads, best of 7): %.2f GB/s with 2 MiB "
+        "pages (used below), %.2f GB/s with 4 KiB pages\n",
+        threads, bw, bw_4k);
+  } else {
+    // Before anything slow: a build without the backend or a machine without its device ends
+    // here with the registry's reason (Unavailable / NotFound), not midway through a run.
+    absl::StatusOr<std::unique_ptr<backend::Backend>> probe =
+        backend::CreateBackend(backend_name);
+    if (!probe.ok()) {
+      return absl::Status(probe.status().code(),
+                          absl::StrCat("--backend ", backend_name, ": ", probe.status().message()));
+    }
+    std::printf("modserve-bench: backend %s (host %s), KV %s, %d timed decode steps\n",
+                backend_name.c_str(), CpuModel("unknown").c_str(), kv.c_str(), steps);
+    MODSERVE_ASSIGN_OR_RETURN(bw, MeasureDeviceCopyBandwidth(**probe));
+    std::printf("measured device copy bandwidth (1 GiB read + 1 GiB written per round, best of "
+                "7): %.1f GB/s (the %% of bw columns below use it)\n",
+                bw);
+  }
 
   if (const std::string models = absl::GetFlag(FLAGS_model); !models.empty()) {
     for (absl::string_view path : absl::StrSplit(models, ',', absl::SkipEmpty())) {
@@ -996,11 +1053,13 @@ absl::Status Main() {
     PrintShape(s, models, bw, batches, contexts, &summary);
   }
 
-  const double bw_end = MeasureReadBandwidth(threads, /*huge_pages=*/true);
-  std::printf(
-      "\nread bandwidth at the end: %.2f GB/s (start %.2f GB/s; a large gap means the "
-      "machine was not quiet)\n",
-      bw_end, bw);
+  if (backend_name == "cpu") {
+    const double bw_end = MeasureReadBandwidth(threads, /*huge_pages=*/true);
+    std::printf(
+        "\nread bandwidth at the end: %.2f GB/s (start %.2f GB/s; a large gap means the "
+        "machine was not quiet)\n",
+        bw_end, bw);
+  }
   std::printf("\n## Summary (read bandwidth %.2f GB/s)\n\n", bw);
   std::printf(
       "| shape | ctx | batch-%d decode, %% of read bw: dense | MoD | MoD/dense batch-%d "
@@ -1021,8 +1080,8 @@ absl::Status Main() {
 
 int main(int argc, char** argv) {
   modserve::cli::SetUsage(
-      "modserve-bench: decode/prefill throughput of the CPU engine on synthetic checkpoints "
-      "(or on --model files)",
+      "modserve-bench: decode/prefill throughput of the engine (--backend cpu or cuda) on "
+      "synthetic checkpoints (or on --model files)",
       __FILE__);
   absl::ParseCommandLine(argc, argv);
   const absl::Status st = modserve::bench::Main();

@@ -515,8 +515,12 @@ INSTANTIATE_TEST_SUITE_P(Goldens, EngineGoldenTest, ::testing::ValuesIn([] {
 TEST(EngineTest, BatchCompositionDoesNotChangeTokens) {
   const std::string dir = std::string(MODSERVE_SOURCE_DIR) +
                           "/tests/testdata/checkpoints/predictor_mlp_silu_bf16";
+  if (auto be = backend::CreateBackend(TestBackend()); !be.ok()) {
+    GTEST_SKIP() << "backend " << TestBackend() << " unavailable: " << be.status();
+  }
   EngineOptions opts;
   opts.model_dir = dir;
+  opts.backend = TestBackend();
   opts.kv_cache_bytes = 8 << 20;
   opts.max_batch_tokens = 64;  // forces chunked prefill mixed with decode
   auto engine = Engine::Create(opts);
