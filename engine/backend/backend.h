@@ -32,6 +32,7 @@ enum class OpKind : uint8_t {
   kGatherRows,
   kScatterCombine,
   kCopyKvPages,
+  kRouteSelect,
 };
 
 constexpr std::string_view OpKindName(OpKind op) {
@@ -58,6 +59,8 @@ constexpr std::string_view OpKindName(OpKind op) {
       return "ScatterCombine";
     case OpKind::kCopyKvPages:
       return "CopyKvPages";
+    case OpKind::kRouteSelect:
+      return "RouteSelect";
   }
   return "?";
 }
@@ -261,6 +264,18 @@ class Backend {
   // to. kv_pool as in RopeAndAppendKv; page ids in [0, num_pages), src != dst, each dst once.
   virtual void CopyKvPages(const TensorView& kv_pool,
                            absl::Span<const std::pair<int32_t, int32_t>> copies) = 0;
+
+  // The MoD routing decision of one routed layer, made where z lives (DESIGN.md section 5.1).
+  // For each row i: p = 1 / (1 + exp(-z[i])) evaluated in f64, probs[i] = p rounded to f32, and
+  // the row is routed in when p > tau[i] (tau widened to f64; the row's own threshold, so one
+  // call serves sequences of different request tau). The routed rows' indices, ascending, go to
+  // idx[0 .. count) and their router scores s[idx[j]] to s_sel[j]; count[0] = how many. Entries
+  // of idx and s_sel from count on are unspecified.
+  // z, tau, s, probs, s_sel [n] f32; idx [n] i32; count [1] i32; n >= 1. probs, idx, s_sel and
+  // count must not alias each other or the inputs.
+  virtual void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+                           const TensorView& probs, const TensorView& idx,
+                           const TensorView& s_sel, const TensorView& count) = 0;
 };
 
 }  // namespace modserve::backend

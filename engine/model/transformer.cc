@@ -183,6 +183,13 @@ absl::Status Transformer::AllocateBuffers() {
   MODSERVE_RETURN_IF_ERROR(alloc(z_, T, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(ph_, T * p, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(s_sel_, T, 4));
+  const int64_t num_routed = config_.mod ? static_cast<int64_t>(config_.mod->routed_layers.size()) : 0;
+  MODSERVE_RETURN_IF_ERROR(alloc(tau_, T, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(route_, 1 + T, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(probs_, std::max<int64_t>(1, num_routed) * T, 4));
+  h_tau_.resize(T);
+  h_route_.resize(1 + T);
+  h_probs_.resize(static_cast<size_t>(std::max<int64_t>(1, num_routed) * T));
   MODSERVE_RETURN_IF_ERROR(alloc(logits_, T * config_.vocab_size, 4));
   for (backend::DeviceBuffer* b : {&ids_, &idx_, &pos_, &slots_, &row_seq_, &row_kv_len_}) {
     MODSERVE_RETURN_IF_ERROR(alloc(*b, T, 4));
@@ -198,7 +205,7 @@ absl::Status Transformer::AllocateBuffers() {
   return absl::OkStatus();
 }
 
-absl::Status Transformer::RouteScores(int layer, int64_t n) {
+absl::Status Transformer::RouteScores(int layer, int64_t n, bool to_host) {
   const LayerWeights& lw = weights_.layers[layer];
   const ModConfig& mod = *config_.mod;
   const int64_t d = config_.d_model;
@@ -225,6 +232,7 @@ absl::Status Transformer::RouteScores(int layer, int64_t n) {
       backend_->Gemm(x, lw.predictor_out_weight, bias.predictor_out, z);
     }
   }
+  if (!to_host) return absl::OkStatus();  // decided by RouteSelect where z lives
   // The decision is made on the host; on the CPU backend these copies are memcpys.
   MODSERVE_RETURN_IF_ERROR(
       backend_->CopyToHost(s, TensorView(s_host_.data(), DType::kF32, {n, 1})));
@@ -388,15 +396,56 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   out.probs.assign(num_routed, std::vector<float>(N));
   int routed_idx = 0;
   std::vector<double> layer_tau(num_seqs);  // tau_l of each sequence at the routed layer
+  // Routed layers whose decision RouteSelect made (their probs are downloaded after the loop).
+  std::vector<uint8_t> decided_on_device(num_routed, 0);
   for (int l = 0; l < L; ++l) {
     const bool routed = config_.IsRouted(l);
+    bool on_device = false;  // this routed layer's decision came from RouteSelect
     // Rows that run the block: all of them, or those routed in.
     int64_t m = 0;
     if (routed) {
-      if (auto st = RouteScores(l, N); !st.ok()) return fail(st);
+      // RouteSelect compares sigmoid(z) in f64 with an f32 threshold widened to f64: the host
+      // comparison exactly when every tau_l is an f32 value (0.5, the default, is), so the
+      // decisions are the same bits on every backend that follows the reference. Otherwise the
+      // host decides, as it always has.
+      on_device = true;
       for (int64_t i = 0; i < num_seqs; ++i) {
         layer_tau[i] = LayerThreshold(*config_.mod, routed_idx, seqs[i].threshold);
+        if (static_cast<double>(static_cast<float>(layer_tau[i])) != layer_tau[i]) {
+          on_device = false;
+        }
       }
+      if (auto st = RouteScores(l, N, !on_device); !st.ok()) return fail(st);
+    }
+    if (routed && on_device) {
+      for (int64_t i = 0; i < num_seqs; ++i) {
+        for (int32_t r = out.row_offsets[i]; r < out.row_offsets[i + 1]; ++r) {
+          h_tau_[r] = static_cast<float>(layer_tau[i]);
+        }
+      }
+      if (auto st = Upload(backend_, h_tau_, N, tau_, DType::kF32); !st.ok()) return fail(st);
+      const bool z_is_s =
+          config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
+      backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
+                            tau_.View(DType::kF32, {N}), s_.View(DType::kF32, {N}),
+                            probs_.View(DType::kF32, {N}, static_cast<size_t>(routed_idx * N) * 4),
+                            route_.View(DType::kI32, {N}, 4), s_sel_.View(DType::kF32, {N}),
+                            route_.View(DType::kI32, {1}));
+      // The one download this layer needs: the count and the routed rows, for the KV
+      // reservation and the slots below.
+      if (auto st = backend_->CopyToHost(route_.View(DType::kI32, {1 + N}),
+                                         TensorView(h_route_.data(), DType::kI32, {1 + N}));
+          !st.ok()) {
+        return fail(st);
+      }
+      m = h_route_[0];
+      MODSERVE_CHECK(m >= 0 && m <= N) << "RouteSelect count " << m << " of " << N << " rows";
+      for (int64_t j = 0; j < m; ++j) {
+        h_idx_[j] = h_route_[1 + j];
+        out.selected[routed_idx][h_idx_[j]] = 1;
+      }
+      decided_on_device[routed_idx] = 1;
+    } else if (routed) {
       for (int64_t i = 0; i < num_seqs; ++i) {
         for (int32_t r = out.row_offsets[i]; r < out.row_offsets[i + 1]; ++r) {
           // sigmoid(z) > tau_l(r), in double so only true near-ties can differ from the reference
@@ -411,6 +460,8 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
           }
         }
       }
+    }
+    if (routed) {
       ++routed_idx;
       if (m == 0) {  // no row entered: the layer's weights are not read at all
         ++out.num_layer_skips;
@@ -468,16 +519,34 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     }
     // Gather the selected rows, run the block on that compact batch, scatter the weighted
     // update back: x' = x + g(s) (y - x) or g(s) y.
-    for (auto st : {Upload(backend_, h_idx_, m, idx_, DType::kI32),
-                    Upload(backend_, h_s_sel_, m, s_sel_, DType::kF32)}) {
-      if (!st.ok()) return fail(st);
+    // RouteSelect left the rows and their scores on the device already.
+    if (!on_device) {
+      for (auto st : {Upload(backend_, h_idx_, m, idx_, DType::kI32),
+                      Upload(backend_, h_s_sel_, m, s_sel_, DType::kF32)}) {
+        if (!st.ok()) return fail(st);
+      }
     }
     const TensorView xs = xs_.View(DType::kF32, {m, d});
-    const TensorView idx = idx_.View(DType::kI32, {m});
+    const TensorView idx =
+        on_device ? route_.View(DType::kI32, {m}, 4) : idx_.View(DType::kI32, {m});
     backend_->GatherRows(x, idx, xs);
     RunBlock(l, xs, m, num_seqs);
     backend_->ScatterCombine({ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)},
                              x, xs, idx, s_sel_.View(DType::kF32, {m}));
+  }
+
+  // sigmoid(z) of the layers RouteSelect decided: one download for the whole step.
+  if (std::find(decided_on_device.begin(), decided_on_device.end(), 1) != decided_on_device.end()) {
+    const int64_t count = int64_t{num_routed} * N;
+    if (auto st = backend_->CopyToHost(probs_.View(DType::kF32, {count}),
+                                       TensorView(h_probs_.data(), DType::kF32, {count}));
+        !st.ok()) {
+      return fail(st);
+    }
+    for (int k = 0; k < num_routed; ++k) {
+      if (!decided_on_device[k]) continue;
+      std::copy(h_probs_.begin() + k * N, h_probs_.begin() + (k + 1) * N, out.probs[k].begin());
+    }
   }
 
   // logits = lm_head(RMSNorm_final(x)) for the rows asked for

@@ -90,8 +90,9 @@ class Transformer {
   // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y); the
   // index buffers (positions, slots, row_seq, row_kv_len, page table) are already filled.
   void RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs);
-  // z and s for `n` rows of x_ (host copies land in z_host_, s_host_).
-  absl::Status RouteScores(int layer, int64_t n);
+  // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_; with to_host, host copies
+  // land in z_host_, s_host_.
+  absl::Status RouteScores(int layer, int64_t n, bool to_host);
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
@@ -128,10 +129,16 @@ class Transformer {
   // I32 index buffers: [T] each, and the page table [max_seqs, max_pages_per_seq].
   backend::DeviceBuffer ids_, idx_, pos_, slots_, row_seq_, row_kv_len_, page_table_;
 
+  // Routing on the device (Backend::RouteSelect): per-row thresholds tau_ [T] f32; route_
+  // [1 + T] i32 = the routed count, then the routed rows' indices (one download gives both);
+  // probs_ [num_routed, T] f32, every routed layer's sigmoid(z), downloaded once per step.
+  backend::DeviceBuffer tau_, route_, probs_;
+
   // Host staging (same shapes), reused every step.
   std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_,
       h_page_table_;
-  std::vector<float> z_host_, s_host_, h_s_sel_;
+  std::vector<float> z_host_, s_host_, h_s_sel_, h_tau_, h_probs_;
+  std::vector<int32_t> h_route_;
 };
 
 }  // namespace modserve::engine

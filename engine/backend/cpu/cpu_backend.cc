@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cpu/op_checks.h"
+#include "engine/backend/cpu/reference_ops.h"
 #include "engine/backend/cpu/scalar_convert.h"
 #include "engine/common/logging.h"
 #include "engine/common/quant.h"
@@ -84,6 +85,7 @@ bool CpuBackend::Supports(OpKind op, DType dtype) const {
     case OpKind::kAdd:
     case OpKind::kGatherRows:
     case OpKind::kScatterCombine:
+    case OpKind::kRouteSelect:
       return dtype == DType::kF32;
     case OpKind::kCopyKvPages:
       return float_storage;
@@ -701,6 +703,14 @@ void CpuBackend::CopyKvPages(const TensorView& kv_pool,
     std::memcpy(base + static_cast<size_t>(dst) * page_bytes,
                 base + static_cast<size_t>(src) * page_bytes, page_bytes);
   }
+}
+
+// One pass over n rows (n is at most a step's tokens): the reference's loop itself, so the
+// decisions are those the host made before this op existed, bit for bit.
+void CpuBackend::RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+                             const TensorView& probs, const TensorView& idx,
+                             const TensorView& s_sel, const TensorView& count) {
+  reference::RouteSelect(z, tau, s, probs, idx, s_sel, count);
 }
 
 }  // namespace modserve::backend::cpu

@@ -61,6 +61,9 @@ class CpuBackend final : public Backend {
                       const TensorView& idx, const TensorView& s) override;
   void CopyKvPages(const TensorView& kv_pool,
                    absl::Span<const std::pair<int32_t, int32_t>> copies) override;
+  void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+                   const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
+                   const TensorView& count) override;
 
  private:
   CpuBackend(const KernelTable& kernels, int num_threads);

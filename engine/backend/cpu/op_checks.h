@@ -34,6 +34,10 @@ void CheckGatherRowsArgs(Device device, const TensorView& x, const TensorView& i
                          const TensorView& out);
 void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorView& y,
                              const TensorView& idx, const TensorView& s);
+// z, tau, s, probs, s_sel [n] f32, idx [n] i32, count [1] i32 (Backend::RouteSelect).
+void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& tau,
+                          const TensorView& s, const TensorView& probs, const TensorView& idx,
+                          const TensorView& s_sel, const TensorView& count);
 // kv_pool [num_pages, 2 * n_kv_heads, block_size, head_dim] of a KV storage type; every page id
 // in range, src != dst, each dst once and never a src.
 void CheckCopyKvPagesArgs(Device device, const TensorView& kv_pool,

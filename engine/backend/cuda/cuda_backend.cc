@@ -77,6 +77,9 @@ class CudaBackend final : public Backend {
   void SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) override;
   void Activation(const ActivationParams& params, const TensorView& x) override;
   void Add(const TensorView& a, const TensorView& b, const TensorView& out) override;
+  void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+                   const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
+                   const TensorView& count) override;
   void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
   void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
                       const TensorView& idx, const TensorView& s) override;
@@ -193,6 +196,7 @@ bool CudaBackend::Supports(OpKind op, DType dtype) const {
     case OpKind::kAdd:
     case OpKind::kGatherRows:
     case OpKind::kScatterCombine:
+    case OpKind::kRouteSelect:
       return dtype == DType::kF32;
     case OpKind::kCopyKvPages:
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
@@ -511,6 +515,17 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
                                  x.dim(1), y.as<float>(), idx.as<int32_t>(), s.as<float>(),
                                  idx.dim(0)),
          "ScatterCombine");
+}
+
+void CudaBackend::RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+                              const TensorView& probs, const TensorView& idx,
+                              const TensorView& s_sel, const TensorView& count) {
+  cpu::CheckRouteSelectArgs(kDev, z, tau, s, probs, idx, s_sel, count);
+  MakeCurrent();
+  Record(kernels::RouteSelect(stream_, z.as<float>(), tau.as<float>(), s.as<float>(), z.dim(0),
+                              probs.as<float>(), idx.as<int32_t>(), s_sel.as<float>(),
+                              count.as<int32_t>()),
+         "RouteSelect");
 }
 
 void CudaBackend::CopyKvPages(const TensorView& kv_pool,

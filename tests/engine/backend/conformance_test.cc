@@ -447,6 +447,58 @@ TEST_P(BackendConformanceTest, ScatterCombineMatchesReferenceForEveryMode) {
   }
 }
 
+TEST_P(BackendConformanceTest, RouteSelectMatchesReferenceDecisionsAndCompaction) {
+  // 1500 rows span two tiles of the CUDA kernel's block; thresholds differ per row (sequences of
+  // different request tau in one step) and include 1 (nothing passes) and tiny ones (all pass).
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{64}, int64_t{1500}}) {
+    std::mt19937 rng(static_cast<uint32_t>(n) + 2024);
+    std::uniform_real_distribution<float> zd(-6.0f, 6.0f), td(0.02f, 0.98f);
+    std::vector<float> z(n), tau(n);
+    for (int64_t i = 0; i < n; ++i) {
+      z[i] = zd(rng);
+      tau[i] = i % 11 == 5 ? 1.0f : (i % 13 == 7 ? 1e-6f : td(rng));
+      // Keep clear of near-ties: a device exp may differ from the host's in the last f64 bit.
+      while (std::abs(1.0 / (1.0 + std::exp(-static_cast<double>(z[i]))) - tau[i]) < 1e-9) {
+        z[i] = zd(rng);
+      }
+    }
+    HostTensor z_t(DType::kF32, {n}), tau_t(DType::kF32, {n});
+    std::memcpy(z_t.storage.data(), z.data(), z.size() * 4);
+    std::memcpy(tau_t.storage.data(), tau.data(), tau.size() * 4);
+    HostTensor s_t = Random(rng, DType::kF32, {n}, 2.0f);
+    HostTensor want_probs(DType::kF32, {n}), want_s_sel(DType::kF32, {n});
+    HostTensor want_idx = Ints(std::vector<int32_t>(n, -1));
+    HostTensor want_count = Ints({-1});
+    std::memset(want_s_sel.storage.data(), 0, want_s_sel.storage.size());
+    cpu::reference::RouteSelect(z_t.view(), tau_t.view(), s_t.view(), want_probs.view(),
+                                want_idx.view(), want_s_sel.view(), want_count.view());
+    const int32_t m = want_count.view().as<int32_t>()[0];
+    ASSERT_GE(m, 0);
+    ASSERT_LE(m, n);
+    if (n >= 64) {
+      EXPECT_GT(m, 0);  // the inputs exercise both outcomes
+      EXPECT_LT(m, n);
+    }
+    const TensorView probs = Upload(want_probs), idx = Upload(want_idx),
+                     s_sel = Upload(want_s_sel), count = Upload(want_count);
+    backend_->RouteSelect(Upload(z_t), Upload(tau_t), Upload(s_t), probs, idx, s_sel, count);
+    const std::string what = "RouteSelect n=" + std::to_string(n);
+    HostTensor got_count = Download(count, want_count);
+    ASSERT_EQ(got_count.view().as<int32_t>()[0], m) << what;
+    HostTensor got_idx = Download(idx, want_idx);
+    HostTensor got_s_sel = Download(s_sel, want_s_sel);
+    for (int32_t j = 0; j < m; ++j) {
+      ASSERT_EQ(got_idx.view().as<int32_t>()[j], want_idx.view().as<int32_t>()[j])
+          << what << " j=" << j;
+      // A copy of s, so exact.
+      ASSERT_EQ(got_s_sel.view().as<float>()[j], want_s_sel.view().as<float>()[j])
+          << what << " j=" << j;
+    }
+    ExpectClose(Download(probs, want_probs), want_probs, kSameOrderRelTol, what + " probs");
+  }
+  EXPECT_TRUE(backend_->Supports(OpKind::kRouteSelect, DType::kF32));
+}
+
 // ---- block-quantized weights ----------------------------------------------------------------
 constexpr DType kQuantDTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K,
                                   DType::kQ6_K};

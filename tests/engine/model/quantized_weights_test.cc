@@ -96,6 +96,11 @@ class NoQuantBackend : public Backend {
                       const TensorView& y, const TensorView& idx, const TensorView& s) override {
     cpu_->ScatterCombine(p, x, y, idx, s);
   }
+  void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+                   const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
+                   const TensorView& count) override {
+    cpu_->RouteSelect(z, tau, s, probs, idx, s_sel, count);
+  }
   void CopyKvPages(const TensorView& kv_pool,
                    absl::Span<const std::pair<int32_t, int32_t>> copies) override {
     cpu_->CopyKvPages(kv_pool, copies);

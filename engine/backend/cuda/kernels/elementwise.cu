@@ -1,4 +1,5 @@
-// The f32 elementwise and row ops: SwiGLU, activations, add, row gather and the MoD weighted scatter.
+// The f32 elementwise and row ops: SwiGLU, activations, add, row gather, the MoD weighted scatter
+// and the MoD routing decision with its compaction.
 // Grid-stride loops in the reference's operation order (accurate expf/erff, no fast-math).
 #include <cmath>
 
@@ -80,6 +81,51 @@ __global__ void ScatterCombineKernel(int weight_fn, int scale_target, float* x, 
   }
 }
 
+// One block; tile t covers rows [t * blockDim.x, (t + 1) * blockDim.x). Each warp ballots its
+// decisions, the warp totals of the tile are summed in shared memory, and a routed row's output
+// slot is the rows routed before the tile + the earlier warps' totals + the earlier lanes of its
+// own warp: an ordered compaction, so idx comes out ascending as the host loop produced it.
+constexpr int kRouteThreads = 1024;
+
+__global__ void __launch_bounds__(kRouteThreads)
+    RouteSelectKernel(const float* __restrict__ z, const float* __restrict__ tau,
+                      const float* __restrict__ s, int64_t n, float* __restrict__ probs,
+                      int32_t* __restrict__ idx, float* __restrict__ s_sel,
+                      int32_t* __restrict__ count) {
+  __shared__ int warp_totals[kRouteThreads / 32];
+  __shared__ int before;  // rows routed in by earlier tiles
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+  if (threadIdx.x == 0) before = 0;
+  __syncthreads();
+  for (int64_t start = 0; start < n; start += blockDim.x) {
+    const int64_t i = start + threadIdx.x;
+    bool routed = false;
+    if (i < n) {
+      const double p = 1.0 / (1.0 + exp(-static_cast<double>(z[i])));
+      probs[i] = static_cast<float>(p);
+      routed = p > static_cast<double>(tau[i]);
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, routed);
+    if (lane == 0) warp_totals[warp] = __popc(ballot);
+    __syncthreads();
+    int slot = before + __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; ++w) slot += warp_totals[w];
+    if (routed) {
+      idx[slot] = static_cast<int32_t>(i);
+      s_sel[slot] = s[i];
+    }
+    __syncthreads();  // every thread has read `before` and warp_totals
+    if (threadIdx.x == 0) {
+      int tile = 0;
+      for (int w = 0; w < num_warps; ++w) tile += warp_totals[w];
+      before += tile;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *count = before;
+}
+
 }  // namespace
 
 cudaError_t SwiGlu(cudaStream_t stream, const float* gate, const float* up, int64_t count,
@@ -114,6 +160,12 @@ cudaError_t ScatterCombine(cudaStream_t stream, int weight_fn, int scale_target,
   if (m * d == 0) return cudaSuccess;
   ScatterCombineKernel<<<GridFor(m * d, kThreads), kThreads, 0, stream>>>(
       weight_fn, scale_target, x, n, d, y, idx, s, m);
+  return cudaGetLastError();
+}
+
+cudaError_t RouteSelect(cudaStream_t stream, const float* z, const float* tau, const float* s,
+                        int64_t n, float* probs, int32_t* idx, float* s_sel, int32_t* count) {
+  RouteSelectKernel<<<1, kRouteThreads, 0, stream>>>(z, tau, s, n, probs, idx, s_sel, count);
   return cudaGetLastError();
 }
 
