@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/common/logging.h"
 #include "engine/common/status_macros.h"
+#include "server/http_parse_beast.h"
 
 namespace modserve::server {
 
@@ -32,21 +33,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
-
-absl::string_view HttpRequest::Header(absl::string_view name) const {
-  for (const auto& [key, value] : headers) {
-    if (absl::EqualsIgnoreCase(key, name)) return value;
-  }
-  return {};
-}
-
-std::vector<absl::string_view> HttpRequest::Headers(absl::string_view name) const {
-  std::vector<absl::string_view> out;
-  for (const auto& [key, value] : headers) {
-    if (absl::EqualsIgnoreCase(key, name)) out.push_back(value);
-  }
-  return out;
-}
 
 namespace {
 
@@ -58,18 +44,6 @@ std::string StatusLine(int status) {
   const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
   return absl::StrCat("HTTP/1.1 ", status, " ", absl::string_view(reason.data(), reason.size()),
                       "\r\n");
-}
-
-// A small JSON error body for the refusals this layer makes itself (the API layer formats its
-// own); the same shape as OpenAI's error object.
-std::string ErrorBody(absl::string_view message, absl::string_view type) {
-  std::string escaped;
-  for (char c : message) {
-    if (c == '"' || c == '\\') escaped.push_back('\\');
-    escaped.push_back(c);
-  }
-  return absl::StrCat("{\"error\":{\"message\":\"", escaped, "\",\"type\":\"", type,
-                      "\",\"param\":null,\"code\":null}}");
 }
 
 class Connection;
@@ -103,6 +77,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(HttpServer::Impl* server, net::any_io_executor executor)
       : server_(server),
         options_(server->options),
+        limits_{server->options.max_body_bytes, server->options.max_header_bytes},
         executor_(executor),
         read_timer_(executor),
         write_timer_(executor) {}
@@ -226,8 +201,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     phase_ = Phase::kHeader;
     parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
-    parser_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
+    ConfigureHttpParser(*parser_, limits_);
     ArmReadTimer(options_.header_timeout);
     reading_ = true;
     AsyncReadHeader();
@@ -239,22 +213,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ++exchange_id_;
     response_started_ = true;
     response_done_ = true;
-    const std::string body = ErrorBody(message, type);
+    const std::string body = HttpErrorBody(message, type);
     Send(absl::StrCat(StatusLine(status), "Content-Type: application/json\r\nContent-Length: ",
                       body.size(), "\r\nConnection: close\r\n\r\n", body));
   }
 
-  void OnHeader(beast::error_code ec) {
+  void OnHeader(beast::error_code ec, size_t header_bytes) {
     reading_ = false;
     if (closed_) return;
     CancelReadTimer();
     if (ec) return OnReadError(ec);
-    if (const auto length = parser_->content_length();
-        length && *length > static_cast<uint64_t>(options_.max_body_bytes)) {
-      return Refuse(413,
-                    absl::StrCat("request body of ", *length, " bytes exceeds --http_max_body_bytes=",
-                                 options_.max_body_bytes),
-                    "invalid_request_error");
+    if (const auto refusal = CheckHttpHeader(*parser_, header_bytes, limits_)) {
+      return Refuse(refusal->status, refusal->message, "invalid_request_error");
     }
     const auto& header = parser_->get();
     if (absl::EqualsIgnoreCase(
@@ -285,20 +255,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         ec == ssl::error::stream_truncated) {
       return Close();
     }
-    if (ec == http::error::body_limit) {
-      return Refuse(413,
-                    absl::StrCat("request body exceeds --http_max_body_bytes=",
-                                 options_.max_body_bytes),
-                    "invalid_request_error");
-    }
-    if (ec == http::error::header_limit) {
-      return Refuse(431,
-                    absl::StrCat("request headers exceed ", options_.max_header_bytes, " bytes"),
-                    "invalid_request_error");
-    }
-    if (ec.category() == http::make_error_code(http::error::end_of_stream).category()) {
-      return Refuse(400, absl::StrCat("malformed HTTP request: ", ec.message()),
-                    "invalid_request_error");
+    if (const auto refusal = RefusalForParseError(ec, limits_)) {
+      return Refuse(refusal->status, refusal->message, "invalid_request_error");
     }
     Close();
   }
@@ -308,19 +266,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     CancelReadTimer();
     if (ec) return OnReadError(ec);
-    http::request<http::string_body> msg = parser_->release();
+    HttpRequest request = ToHttpRequest(parser_->release());
     parser_.reset();
-    keep_alive_ = msg.keep_alive();
-    HttpRequest request;
-    request.method = std::string(msg.method_string());
-    const beast::string_view target = msg.target();
-    const size_t q = target.find('?');
-    request.path = std::string(target.substr(0, q));
-    if (q != beast::string_view::npos) request.query = std::string(target.substr(q + 1));
-    for (const auto& field : msg) {
-      request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-    }
-    request.body = std::move(msg.body());
+    keep_alive_ = request.keep_alive;
     phase_ = Phase::kHandling;
     ++exchange_id_;
     response_started_ = false;
@@ -403,11 +351,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   HttpServer::Impl* server_;
   const HttpServerOptions& options_;
+  const HttpParseLimits limits_;
   net::any_io_executor executor_;
   net::steady_timer read_timer_;
   net::steady_timer write_timer_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<HttpRequestParser> parser_;
   Phase phase_ = Phase::kHandshake;
   bool closed_ = false;
   bool counted_ = false;
@@ -464,7 +413,7 @@ class PlainConnection final : public Connection {
   void Handshake() override { ReadHeader(); }
   void AsyncReadHeader() override {
     http::async_read_header(socket_, buffer_, *parser_,
-                            [self = Self()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+                            [self = Self()](beast::error_code ec, size_t n) { self->OnHeader(ec, n); });
   }
   void AsyncReadBody() override {
     http::async_read(socket_, buffer_, *parser_,
@@ -512,7 +461,7 @@ class TlsConnection final : public Connection {
   }
   void AsyncReadHeader() override {
     http::async_read_header(stream_, buffer_, *parser_,
-                            [self = Self()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+                            [self = Self()](beast::error_code ec, size_t n) { self->OnHeader(ec, n); });
   }
   void AsyncReadBody() override {
     http::async_read(stream_, buffer_, *parser_,

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/http_parse.h"
 #include "server/security.h"
 
 namespace modserve::server {
@@ -31,7 +32,7 @@ struct HttpServerOptions {
   int port = 0;  // 0 picks a free port
   int num_threads = 2;
   // A larger body (by Content-Length, or as a chunked body arrives) gets 413 naming
-  // --http_max_body_bytes, and the connection is closed.
+  // --http_max_body_bytes, and the connection is closed (server/http_parse.h has the framing).
   int64_t max_body_bytes = int64_t{4} << 20;
   int32_t max_header_bytes = 16 << 10;  // request line + headers; larger: 431
   // The request line and headers must arrive within header_timeout of the connection being
@@ -48,19 +49,6 @@ struct HttpServerOptions {
   absl::Duration write_timeout = absl::Seconds(30);
   int32_t max_connections = 1024;  // accepted past this: closed at once
   TlsOptions tls;                  // cert_file empty = plaintext
-};
-
-struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // the target without the query
-  std::string query;   // after '?', or empty
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-
-  // The first header of that name (case-insensitive), or empty.
-  absl::string_view Header(absl::string_view name) const;
-  // Every value of that header, in order.
-  std::vector<absl::string_view> Headers(absl::string_view name) const;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;

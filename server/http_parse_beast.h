@@ -1,0 +1,42 @@
+// The Beast-level half of server/http_parse.h, for the server's connections and the byte-buffer
+// parser: one parser configuration and one mapping from parse errors to refusals.
+#ifndef MODSERVE_SERVER_HTTP_PARSE_BEAST_H_
+#define MODSERVE_SERVER_HTTP_PARSE_BEAST_H_
+
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <optional>
+
+#include "server/http_parse.h"
+
+namespace modserve::server {
+
+using HttpRequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+
+// A fresh parser for the next request, with the limits set.
+void ConfigureHttpParser(HttpRequestParser& parser, const HttpParseLimits& limits);
+
+// Once the headers are in (`header_bytes`: what the parser took for the request line and
+// headers): 431 when they exceed the header limit, 413 when a declared Content-Length exceeds
+// the body limit (refused before any of the body is read), or nothing. Beast applies its
+// header_limit to the request line and to the header fields separately, so together they can
+// reach twice the limit; the first check holds the total to it. Beast's own body_limit check
+// already fails the header parse for too long a Content-Length (RefusalForParseError's 413);
+// the second is the server's guarantee should the parser ever let one through.
+std::optional<HttpRefusal> CheckHttpHeader(const HttpRequestParser& parser, size_t header_bytes,
+                                           const HttpParseLimits& limits);
+
+// The refusal for a parse error: 413 (body limit), 431 (header limit), 400 (any other HTTP
+// error). Nothing for errors that are not about the request (end of stream, socket errors):
+// the connection just closes.
+std::optional<HttpRefusal> RefusalForParseError(boost::beast::error_code ec,
+                                                const HttpParseLimits& limits);
+
+// The finished message as the handler sees it.
+HttpRequest ToHttpRequest(boost::beast::http::request<boost::beast::http::string_body>&& msg);
+
+}  // namespace modserve::server
+
+#endif  // MODSERVE_SERVER_HTTP_PARSE_BEAST_H_
