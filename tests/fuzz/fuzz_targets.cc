@@ -20,6 +20,7 @@ FuzzFn FindTarget(std::string_view name) {
       {"request", FuzzRequest},
       {"openai_request", FuzzOpenAiRequest},
       {"jinja", FuzzJinja},
+      {"http_request", FuzzHttpRequest},
   };
   for (const Entry& e : kTargets) {
     if (e.name == name) return e.fn;

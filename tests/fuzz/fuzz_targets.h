@@ -85,6 +85,16 @@ int FuzzOpenAiRequest(const uint8_t* data, size_t size);
 // InvalidArgument or ResourceExhausted.
 int FuzzJinja(const uint8_t* data, size_t size);
 
+// Byte 0: limits (bit 0: a small body and header limit; otherwise the server's defaults); bytes
+// 1-2: a split point; the rest is one connection's input for server::ParseHttpRequests, the
+// HTTP port's own framing (its Beast parser settings and refusals). Accepted requests must be
+// within every limit (body, request line + headers), with token method and header names, no CR /
+// LF / NUL in values, and a body as long as its Content-Length; a request that closes the
+// connection must be the last read; a refusal must be 400 / 413 / 431 naming its limit, with
+// the error object the server sends; and the bytes arriving in two reads split at that point
+// must give exactly what they give in one.
+int FuzzHttpRequest(const uint8_t* data, size_t size);
+
 // Name -> function, for the replay test and for fuzz_main.cc. nullptr for an unknown name.
 FuzzFn FindTarget(std::string_view name);
 

@@ -1,8 +1,8 @@
 // Fuzz targets for the HTTP API's request handling: bytes as an OpenAI request body through
 // ParseOpenAiRequest (JSON, types, chat templates, the shared rules) with the demo model, and
 // bytes as a Jinja template through Parse and Render. They check the contracts the headers state
-// (codes, field-naming messages, accepted requests within every limit, bounded renders); HTTP
-// framing itself is Boost.Beast's and is not fuzzed here.
+// (codes, field-naming messages, accepted requests within every limit, bounded renders); the
+// HTTP framing has its own target (http_fuzz.cc).
 #include <fstream>
 #include <iterator>
 #include <optional>

@@ -53,7 +53,7 @@ TEST_P(FuzzCorpusTest, ReplaysEveryCommittedInput) {
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzCorpusTest,
                          ::testing::Values("checkpoint", "gguf", "config", "bpe_json", "tokenizer_encode",
                                            "tokenizer_decode", "detokenizer", "request",
-                                           "openai_request", "jinja"));
+                                           "openai_request", "jinja", "http_request"));
 
 }  // namespace
 }  // namespace modserve::fuzz

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../.."
 seconds="${1:-60}"
 shift || true
 all=(checkpoint gguf config bpe_json tokenizer_encode tokenizer_decode detokenizer request
-     openai_request jinja)
+     openai_request jinja http_request)
 if (($#)); then specs=("$@"); else specs=("${all[@]}"); fi
 targets=()
 declare -A secs
@@ -66,6 +66,7 @@ for t in "${targets[@]}"; do
     request) args+=(-dict=tests/fuzz/dict/request.dict) ;;
     openai_request) args+=(-dict=tests/fuzz/dict/openai.dict) ;;
     jinja) args+=(-dict=tests/fuzz/dict/jinja.dict) ;;
+    http_request) args+=(-dict=tests/fuzz/dict/http.dict) ;;
   esac
   case "$t" in
     bpe_json) args+=(-max_len=16384) ;;
