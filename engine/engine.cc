@@ -152,6 +152,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
   if (options.prefix_caching) e->kv_->EnablePrefixCache();
+  {
+    const ModelWeights& w = e->model_.weights();
+    int64_t rows = std::min<int64_t>(options.max_batch_tokens,
+                                     e->backend_->MaxRowInvariantRows(w.lm_head.dtype));
+    auto bound = [&](const TensorView& t) {
+      if (!t.empty()) rows = std::min(rows, e->backend_->MaxRowInvariantRows(t.dtype));
+    };
+    for (const LayerWeights& lw : w.layers) {
+      for (const TensorView* t : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj,
+                                  &lw.up_proj, &lw.down_proj, &lw.router_weight,
+                                  &lw.predictor_hidden_weight, &lw.predictor_out_weight}) {
+        bound(*t);
+      }
+    }
+    e->max_row_invariant_rows_ = static_cast<int32_t>(std::max<int64_t>(1, rows));
+  }
   e->sampler_ = std::make_unique<Sampler>(options.seed);
   if (const Tokenizer* tok = e->tokenizer_.get(); tok != nullptr) {
     for (TokenId id = 0; id < cfg.vocab_size; ++id) {
@@ -601,10 +617,14 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     seqs.push_back(s);
   }
   // Speculation: decoding sequences draft tokens that the step then verifies, within the rows
-  // left in the step and the tokens they may still generate.
+  // left in the step and the tokens they may still generate. The whole step stays within the
+  // backend's row-invariant range, where each verified row gets the bits of a one-row decode
+  // step (a step whose plain rows already leave it drafts nothing): that is what makes the
+  // output equal decoding without speculation.
   std::vector<int32_t> num_draft(entries.size(), 0);
   bool speculate = false;
-  int32_t spare_rows = std::max(0, options_.max_batch_tokens - num_rows);
+  int32_t spare_rows = std::max(
+      0, std::min(options_.max_batch_tokens, max_row_invariant_rows_) - num_rows);
   for (size_t i = 0; i < entries.size(); ++i) {
     const Sequence* s = seqs[i];
     if (entries[i].num_draft <= 0 || s->speculative_tokens == 0 || s->num_fed == 0 ||
@@ -847,6 +867,7 @@ absl::StatusOr<std::vector<GenerationResult>> Engine::Generate(absl::Span<const 
   so.max_batch_tokens = options_.max_batch_tokens;
   so.max_queue = std::max<int32_t>(1, static_cast<int32_t>(requests.size()));
   so.num_pages = kv_->GetStats().num_pages;
+  so.max_speculative_step_rows = max_row_invariant_rows_;
   Scheduler scheduler(so, KvPageEstimator::ForModel(config(), kv_->block_size()));
   EngineExecutor executor(this);
   StepRunner runner(&executor, &scheduler);

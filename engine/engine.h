@@ -222,6 +222,10 @@ class Engine {
   int32_t SpeculativeTokens(const Request& request) const {
     return request.speculative_tokens.value_or(options_.speculative_tokens);
   }
+  // Most rows of a step in which the backend gives every row the bits of a one-row step, for
+  // this model's weight dtypes (Backend::MaxRowInvariantRows). A step speculates only within it:
+  // one whose plain rows already exceed it verifies no drafts.
+  int32_t max_row_invariant_rows() const { return max_row_invariant_rows_; }
   // One forward pass over the entries, then the next token of every sequence whose input is all
   // in the cache. Atomic per sequence: a sequence whose sampling or detokenization fails ends
   // alone (SequenceStepResult::status) and the others advance. A returned error means nothing
@@ -296,6 +300,7 @@ class Engine {
   DType kv_dtype_ = DType::kF32;
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   SequenceId next_id_ = 1;
+  int32_t max_row_invariant_rows_ = 1;
   int64_t num_steps_ = 0;  // forward passes attempted (the backend fault counts them)
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;

@@ -184,6 +184,16 @@ class Backend {
   // (RopeAndAppendKv/Attention). Activation-only ops support F32 only.
   virtual bool Supports(OpKind op, DType dtype) const = 0;
 
+  // Most x rows for which Gemm with weights of `weight_dtype` (and every other op of a step)
+  // gives each row the bits it gets in a one-row call: a row's result then does not depend on
+  // how many rows share the pass. Self-speculative decoding verifies drafts in one multi-row pass
+  // and is exact only within this bound (docs/DESIGN.md, section 4.2). The default, 1, claims
+  // nothing.
+  virtual int64_t MaxRowInvariantRows(DType weight_dtype) const {
+    (void)weight_dtype;
+    return 1;
+  }
+
   // Device memory of at least `bytes` bytes, aligned to 64 bytes. ResourceExhausted when the
   // device has no room (the message names the request size).
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;

@@ -62,6 +62,7 @@ namespace {
 
 SchedulerOptions WithPages(SchedulerOptions s, const Engine& engine) {
   s.num_pages = engine.kv_stats().num_pages;
+  s.max_speculative_step_rows = engine.max_row_invariant_rows();
   return s;
 }
 

@@ -160,15 +160,7 @@ StepPlan Scheduler::Plan() {
     if (r.num_computed > 0) ++plan.num_decode_entries;
     --budget;
   }
-  for (StepEntry& e : plan.entries) {
-    if (budget == 0) break;
-    const Running& r = *std::find_if(running_.begin(), running_.end(),
-                                     [&](const Running& x) { return x.seq_id == e.seq_id; });
-    if (r.num_computed == 0) continue;  // a one-token prompt: its first step samples no draft
-    const int32_t left = r.max_new_tokens - r.num_generated - 1;
-    e.num_draft = std::max(0, std::min({r.speculative_tokens, left, budget}));
-    budget -= e.num_draft;
-  }
+  const size_t num_single = plan.entries.size();
   for (const Running& r : running_) {
     if (budget == 0) break;
     const int32_t pending = r.num_tokens - r.num_computed;
@@ -176,6 +168,23 @@ StepPlan Scheduler::Plan() {
     const int32_t n = std::min(pending, budget);
     plan.entries.push_back({r.seq_id, n});
     budget -= n;
+  }
+  // Drafts only while the whole step stays in the backend's row-invariant range (the engine
+  // enforces the same bound; planning it here leaves the rows to prefill instead).
+  const int32_t spec_rows = options_.max_speculative_step_rows > 0
+                                ? std::min(options_.max_speculative_step_rows,
+                                           options_.max_batch_tokens)
+                                : options_.max_batch_tokens;
+  int32_t draft_budget = std::max(0, spec_rows - (options_.max_batch_tokens - budget));
+  for (size_t i = 0; i < num_single && draft_budget > 0; ++i) {
+    StepEntry& e = plan.entries[i];
+    const Running& r = *std::find_if(running_.begin(), running_.end(),
+                                     [&](const Running& x) { return x.seq_id == e.seq_id; });
+    if (r.num_computed == 0) continue;  // a one-token prompt: its first step samples no draft
+    const int32_t left = r.max_new_tokens - r.num_generated - 1;
+    e.num_draft = std::max(0, std::min({r.speculative_tokens, left, draft_budget}));
+    draft_budget -= e.num_draft;
+    budget -= e.num_draft;
   }
   plan.num_tokens = options_.max_batch_tokens - budget;
   return plan;

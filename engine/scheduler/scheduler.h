@@ -82,6 +82,9 @@ struct SchedulerOptions {
   int32_t max_batch_tokens = 512;  // rows of one step: decode tokens plus prefill chunks
   int32_t max_queue = 256;         // sequences waiting for admission; more are refused
   int32_t num_pages = 0;           // KV pages of the cache
+  // Rows a step with drafts may have: the backend's row-invariant range
+  // (Engine::max_row_invariant_rows), within which speculation is exact. 0 = max_batch_tokens.
+  int32_t max_speculative_step_rows = 0;
 };
 
 // One step's work, decodes first then prefill chunks, plus what the plan changed.
@@ -109,10 +112,11 @@ class Scheduler {
 
   // Admits waiting sequences in FIFO order while the expected final pages of everything running
   // fit the cache (the first one always, when nothing runs), then fills the token budget: one
-  // token per decoding sequence, then the drafts of speculative decoding sequences (each draft
-  // is one more row of the step's verification pass, at most what the sequence may still
-  // generate), then prefill chunks in admission order. A long prompt thus
-  // delays running decodes by at most one chunk of max_batch_tokens. Admissions held by a
+  // token per decoding sequence, then prefill chunks in admission order, then the drafts of
+  // speculative decoding sequences (each draft is one more row of the step's verification pass,
+  // at most what the sequence may still generate) while the step stays within
+  // max_speculative_step_rows. A long prompt thus delays running decodes by at most one chunk
+  // of max_batch_tokens, and a step with a long prompt chunk drafts nothing. Admissions held by a
   // preemption resume at the next Commit, or at once when nothing runs.
   StepPlan Plan();
 

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/sampler/speculative_sampling.h"
 #include "gtest/gtest.h"
+#include "tests/common/real_model.h"
 
 namespace modserve::engine {
 namespace {
@@ -174,6 +175,43 @@ TEST(SpeculativeDecodingTest, RealMoDModelGivesTheSameGreedyOutput) {
                      "smollm2-mod T=" + std::to_string(t));
     EXPECT_GT(drafted, 0);
   }
+}
+
+TEST(SpeculativeDecodingTest, BatchedVerificationStaysWithinTheBackendsRowInvariantRange) {
+  // Four decoding sequences drafting K = 4 each would verify 20 rows in one pass; past the CPU
+  // backend's decode-kernel range (16 rows with quantized weights) a row no longer gets the bits
+  // of a one-row step, and on models/smollm2-mod that changes greedy tokens. The engine keeps a
+  // speculative step within the range the backend reports, so the batch gives exactly what
+  // plain batched decoding gives.
+  MODSERVE_REQUIRE_SMOLLM2(gguf);
+  auto engine = MakeEngine(kSmolMod);
+  const int32_t bound = engine->max_row_invariant_rows();
+  EXPECT_GE(bound, 1);
+  EXPECT_LT(bound, 20);  // the case this test is about: 4 x (1 + 4) rows would leave the range
+  const char* const texts[] = {"The capital of France is Paris. The capital of Italy is",
+                               "def fibonacci(n):\n    if n < 2:\n        return",
+                               "Once upon a time, in a small village by the sea, there lived",
+                               "The three primary colors are"};
+  std::vector<Request> plain;
+  for (const char* text : texts) {
+    plain.push_back(Greedy(engine->tokenizer()->Encode(text, true).value(), 32));
+  }
+  auto want = engine->Generate(plain);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (double t : {0.9, 0.8}) {
+    std::vector<Request> spec = plain;
+    for (Request& r : spec) {
+      r.speculative_tokens = 4;
+      r.speculative_threshold = t;
+    }
+    auto got = engine->Generate(spec);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t i = 0; i < plain.size(); ++i) {
+      ExpectSameOutput((*got)[i], (*want)[i],
+                       "request " + std::to_string(i) + " T=" + std::to_string(t));
+    }
+  }
+  EXPECT_EQ(engine->kv_stats().num_free_pages, engine->kv_stats().num_pages);
 }
 
 TEST(SpeculativeDecodingTest, PreemptedSpeculativeSequenceResumesWithTheSameOutput) {

@@ -35,6 +35,12 @@ class CpuBackend final : public Backend {
   int num_threads() const { return pool_.num_threads(); }
 
   std::string_view name() const override { return "cpu"; }
+  // The decode kernels' range: float weights up to the ISA's measured float_small_n_max,
+  // quantized ones up to kGemmSmallNMax (kernels.h); the prefill kernels beyond it sum in
+  // another order. Elementwise ops, attention and the activation quantizer work row by row.
+  int64_t MaxRowInvariantRows(DType weight_dtype) const override {
+    return DTypeIsQuantized(weight_dtype) ? kGemmSmallNMax : kernels_.float_small_n_max;
+  }
   Device device() const override { return Device::kCpu; }
   bool Supports(OpKind op, DType dtype) const override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;

@@ -378,5 +378,41 @@ TEST(SchedulerTest, PhaseNamesTheStepKind) {
   EXPECT_EQ(sched.Plan().Phase(), "decode");
 }
 
+TEST(SchedulerTest, DraftsKeepTheStepWithinTheSpeculativeRowBound) {
+  // Four decoding sequences drafting up to 4 tokens each: within a 16-row bound the drafts get
+  // the 12 rows after the decodes; a prompt chunk that leaves no room below the bound takes the
+  // step's rows and nothing is drafted; without a bound every sequence drafts 4.
+  for (int32_t bound : {16, 0}) {
+    SCOPED_TRACE(absl::StrCat("bound ", bound));
+    FakeExecutor fake(1, 0, 4, 1000);
+    SchedulerOptions o = Options(8, 64, 1000);
+    o.max_speculative_step_rows = bound;
+    Scheduler sched(o, KvPageEstimator(1, {}, 1.0, 4));
+    for (SequenceId id = 1; id <= 4; ++id) {
+      fake.Add(id, 2, 20);
+      ASSERT_THAT(sched.Enqueue({id, 2, 20, 0, std::nullopt, 4}), IsOk());
+    }
+    StepPlan prefill = sched.Plan();
+    for (const StepEntry& e : prefill.entries) EXPECT_EQ(e.num_draft, 0);
+    sched.Commit(*fake.Step(prefill.entries));
+    StepPlan decode = sched.Plan();
+    ASSERT_EQ(decode.entries.size(), 4u);
+    std::vector<int32_t> drafts;
+    for (const StepEntry& e : decode.entries) drafts.push_back(e.num_draft);
+    EXPECT_EQ(drafts, bound == 16 ? std::vector<int32_t>({4, 4, 4, 0})
+                                  : std::vector<int32_t>({4, 4, 4, 4}));
+    EXPECT_EQ(decode.num_tokens, bound == 16 ? 16 : 20);
+    sched.Commit(*fake.Step(decode.entries));
+    fake.Add(5, 30, 2);
+    ASSERT_THAT(sched.Enqueue({5, 30, 2, 0, std::nullopt, 4}), IsOk());
+    StepPlan mixed = sched.Plan();
+    ASSERT_EQ(mixed.entries.size(), 5u);
+    int32_t drafted = 0;
+    for (const StepEntry& e : mixed.entries) drafted += e.num_draft;
+    EXPECT_EQ(drafted, bound == 16 ? 0 : 16);
+    EXPECT_EQ(mixed.num_tokens, 34 + drafted);
+  }
+}
+
 }  // namespace
 }  // namespace modserve::engine
