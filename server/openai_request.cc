@@ -144,6 +144,8 @@ absl::Status CommonFields(const json& body, GenerationFields* f, OpenAiRequest* 
   MODSERVE_ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, Bool(body, "ignore_eos"));
   f->ignore_eos = ignore_eos.value_or(false);
   MODSERVE_ASSIGN_OR_RETURN(f->threshold, Number(body, "routing_threshold"));
+  MODSERVE_ASSIGN_OR_RETURN(f->speculative_tokens, Integer(body, "speculative_tokens"));
+  MODSERVE_ASSIGN_OR_RETURN(f->speculative_threshold, Number(body, "speculative_threshold"));
   MODSERVE_ASSIGN_OR_RETURN(std::optional<bool> routing, Bool(body, "return_routing"));
   out->return_routing = routing.value_or(false);
 
@@ -430,6 +432,8 @@ const FieldNames& OpenAiFieldNames(OpenAiEndpoint endpoint) {
       .top_logprobs = "logprobs",
       .prompt_logprobs = "logprobs",
       .threshold = "routing_threshold",
+      .speculative_tokens = "speculative_tokens",
+      .speculative_threshold = "speculative_threshold",
   };
   static constexpr FieldNames kChat = [] {
     FieldNames n = kCompletions;

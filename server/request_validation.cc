@@ -69,6 +69,8 @@ const FieldNames& GrpcFieldNames() {
       .top_logprobs = "top_logprobs",
       .prompt_logprobs = "prompt_logprobs",
       .threshold = "routing.threshold",
+      .speculative_tokens = "speculative_tokens",
+      .speculative_threshold = "speculative_threshold",
   };
   return kNames;
 }
@@ -239,6 +241,25 @@ absl::StatusOr<engine::LoopRequest> ValidateGeneration(const GenerationFields& f
     r.threshold = tau;
   }
 
+  if (f.speculative_tokens) {
+    const int64_t k = *f.speculative_tokens;
+    if (k < 0) return Invalid(names.speculative_tokens, absl::StrCat(k, " is < 0"));
+    if (k > limits.max_speculative_tokens) {
+      return Invalid(names.speculative_tokens,
+                     absl::StrCat(k, " exceeds the server's --speculative_tokens=",
+                                  limits.max_speculative_tokens,
+                                  " (a request may lower it or set 0, not raise it)"));
+    }
+    r.speculative_tokens = static_cast<int32_t>(k);
+  }
+  if (f.speculative_threshold) {
+    const double t = *f.speculative_threshold;
+    if (!(t > 0.0 && t <= 1.0)) {
+      return Invalid(names.speculative_threshold, absl::StrCat(t, " is not in (0, 1]"));
+    }
+    r.speculative_threshold = t;
+  }
+
   // In int64: a JSON max_tokens may be far beyond int32.
   const int64_t total = prompt_len + max_new;
   if (total > config.max_seq_len) {
@@ -296,6 +317,10 @@ absl::StatusOr<engine::LoopRequest> ToLoopRequest(const v1::GenerateRequest& req
   f.top_logprobs = request.top_logprobs();
   if (request.has_prompt_logprobs()) f.prompt_logprobs = request.prompt_logprobs();
   if (request.routing().has_threshold()) f.threshold = request.routing().threshold();
+  if (request.has_speculative_tokens()) f.speculative_tokens = request.speculative_tokens();
+  if (request.has_speculative_threshold()) {
+    f.speculative_threshold = request.speculative_threshold();
+  }
   return ValidateGeneration(f, GrpcFieldNames(), config, tokenizer, deadline, limits);
 }
 

@@ -33,6 +33,9 @@ struct RequestLimits {
   // The largest stopping.max_new_tokens a request may ask for. An unset stopping.max_new_tokens
   // is kDefaultMaxNewTokens, lowered to this limit when the limit is smaller.
   int32_t max_new_tokens = 0;
+  // The most speculative tokens a request may ask for: the server's --speculative_tokens (a
+  // request may lower it or turn speculation off, not raise it).
+  int32_t max_speculative_tokens = engine::kMaxSpeculativeTokens;
 };
 
 // One request's values, whichever API carried them, after that API's type checks. Numbers are
@@ -63,6 +66,9 @@ struct GenerationFields {
   // Set: every prompt token's logprob, with this many alternatives (0..20).
   std::optional<int64_t> prompt_logprobs;
   std::optional<double> threshold;
+  // Self-speculative decoding overrides; unset: the engine's defaults (the server's flags).
+  std::optional<int64_t> speculative_tokens;
+  std::optional<double> speculative_threshold;
 };
 
 // How an API names each field in its messages.
@@ -83,6 +89,8 @@ struct FieldNames {
   const char* top_logprobs;
   const char* prompt_logprobs;
   const char* threshold;
+  const char* speculative_tokens;
+  const char* speculative_threshold;
 };
 
 // modserve.v1.GenerateRequest's names ("sampling.top_p", "stopping.max_new_tokens", ...).

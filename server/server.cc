@@ -46,6 +46,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                       engine::EngineOptions engine_options) {
   std::unique_ptr<Server> s(new Server());
   s->options_ = options;
+  // A request may lower the server's speculation, never raise it.
+  s->options_.request_limits.max_speculative_tokens = engine_options.speculative_tokens;
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_message_bytes: ", options.max_message_bytes, " is not > 0"));
@@ -75,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   MODSERVE_ASSIGN_OR_RETURN(
       s->loop_, engine::StepLoop::Create(s->engine_.get(), options.loop, s->metrics_.get()));
   s->gate_ = std::make_unique<CallGate>(std::move(auth), options.max_concurrent_streams,
-                                        options.request_limits, s->metrics_.get());
+                                        s->options_.request_limits, s->metrics_.get());
   s->service_ = std::make_unique<GenerateService>(s->engine_.get(), s->loop_.get(),
                                                   s->metrics_.get(), s->gate_.get(),
                                                   options.stream_interval);

@@ -74,7 +74,7 @@ TEST_F(OpenAiRequestTest, FieldsBuildTheSameEngineRequestAsGrpc) {
       "top_p": 0.9, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1,
       "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 99, "stop": ["\n\n", "x"],
       "stop_token_ids": [3], "ignore_eos": true, "logprobs": 4, "routing_threshold": 0.3,
-      "user": "someone", "unknown_field": {"is": "ignored"}})");
+      "speculative_tokens": 3, "speculative_threshold": 0.8, "user": "someone", "unknown_field": {"is": "ignored"}})");
   ASSERT_THAT(r, IsOk());
   v1::GenerateRequest g;
   for (int id : {1, 17, 42}) g.mutable_prompt_token_ids()->add_ids(id);
@@ -94,6 +94,8 @@ TEST_F(OpenAiRequestTest, FieldsBuildTheSameEngineRequestAsGrpc) {
   g.mutable_stopping()->set_ignore_eos(true);
   g.set_top_logprobs(4);
   g.mutable_routing()->set_threshold(0.3);
+  g.set_speculative_tokens(3);
+  g.set_speculative_threshold(0.8);
   auto grpc = ToLoopRequest(g, config_, tokenizer_.get(), absl::InfiniteFuture());
   ASSERT_THAT(grpc, IsOk());
   const engine::Request& a = r->requests[0].request;
@@ -113,6 +115,10 @@ TEST_F(OpenAiRequestTest, FieldsBuildTheSameEngineRequestAsGrpc) {
   EXPECT_EQ(a.sampling.ignore_eos, b.sampling.ignore_eos);
   EXPECT_EQ(a.sampling.top_logprobs, b.sampling.top_logprobs);
   EXPECT_EQ(a.threshold, b.threshold);
+  EXPECT_EQ(a.speculative_tokens, 3);
+  EXPECT_EQ(a.speculative_tokens, b.speculative_tokens);
+  EXPECT_EQ(a.speculative_threshold, 0.8);
+  EXPECT_EQ(a.speculative_threshold, b.speculative_threshold);
   EXPECT_EQ(r->logprobs, 4);
 }
 
@@ -220,6 +226,16 @@ TEST_F(OpenAiRequestTest, BadValuesNameTheField) {
        absl::StatusCode::kInvalidArgument, "stream_options.include_usage: must be a boolean"},
       {R"({"prompt": "x", "routing_threshold": 1.5})", absl::StatusCode::kInvalidArgument,
        "routing_threshold: 1.5 is not in (0, 1)"},
+      {R"({"prompt": "x", "speculative_tokens": 2.5})", absl::StatusCode::kInvalidArgument,
+       "speculative_tokens: must be an integer"},
+      {R"({"prompt": "x", "speculative_tokens": -1})", absl::StatusCode::kInvalidArgument,
+       "speculative_tokens: -1 is < 0"},
+      {R"({"prompt": "x", "speculative_tokens": 99999999999})", absl::StatusCode::kInvalidArgument,
+       "speculative_tokens: 99999999999 exceeds the server's --speculative_tokens="},
+      {R"({"prompt": "x", "speculative_threshold": "high"})", absl::StatusCode::kInvalidArgument,
+       "speculative_threshold: must be a number"},
+      {R"({"prompt": "x", "speculative_threshold": 0})", absl::StatusCode::kInvalidArgument,
+       "speculative_threshold: 0 is not in (0, 1]"},
       {R"({"prompt": 7})", absl::StatusCode::kInvalidArgument, "prompt: must be a string"},
       {R"({"max_tokens": 5})", absl::StatusCode::kInvalidArgument, "prompt: is required"},
       {R"({"prompt": ""})", absl::StatusCode::kInvalidArgument, "prompt: is empty"},

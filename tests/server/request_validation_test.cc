@@ -3,6 +3,8 @@
 // limits (prompt tokens, stopping.max_new_tokens) with the flag named in each refusal.
 #include "server/request_validation.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
@@ -124,6 +126,44 @@ TEST(RequestValidationTest, PromptLogprobsAreOffUnlessAskedAndBounded) {
   req.set_prompt_logprobs(-1);
   EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture()),
               StatusIs(absl::StatusCode::kInvalidArgument, "prompt_logprobs: -1 is not in"));
+}
+
+TEST(RequestValidationTest, SpeculationMayBeLoweredOrTurnedOffButNotRaised) {
+  RequestLimits limits;
+  limits.max_speculative_tokens = 4;  // the server's --speculative_tokens
+  auto unset = ToLoopRequest(Request(), Config(), nullptr, absl::InfiniteFuture(), limits);
+  ASSERT_THAT(unset, IsOk());
+  EXPECT_FALSE(unset->request.speculative_tokens.has_value());  // the engine's default
+  EXPECT_FALSE(unset->request.speculative_threshold.has_value());
+  for (int32_t k : {0, 2, 4}) {
+    v1::GenerateRequest req = Request();
+    req.set_speculative_tokens(k);
+    req.set_speculative_threshold(0.75);
+    auto r = ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits);
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->request.speculative_tokens, k);
+    EXPECT_EQ(r->request.speculative_threshold, 0.75);
+  }
+  v1::GenerateRequest req = Request();
+  req.set_speculative_tokens(5);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "speculative_tokens: 5 exceeds the server's --speculative_tokens=4"));
+  limits.max_speculative_tokens = 0;  // a server without speculation
+  req.set_speculative_tokens(1);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "speculative_tokens: 1 exceeds the server's --speculative_tokens=0"));
+  req.set_speculative_tokens(-1);
+  EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits),
+              StatusIs(absl::StatusCode::kInvalidArgument, "speculative_tokens: -1 is < 0"));
+  req = Request();
+  for (double t : {0.0, -0.25, 1.5, std::nan("")}) {
+    req.set_speculative_threshold(t);
+    EXPECT_THAT(ToLoopRequest(req, Config(), nullptr, absl::InfiniteFuture(), limits),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("speculative_threshold: ", t, " is not in (0, 1]")));
+  }
 }
 
 TEST(RequestValidationTest, PromptPlusMaxNewTokensBeyondContextIsOutOfRange) {

@@ -222,9 +222,11 @@ class Client:
                 stop: Sequence[str] = (), ignore_eos: bool = False,
                 threshold: Optional[float] = None, top_logprobs: int = 0,
                 request_id: str = "",
-                prompt_logprobs: Optional[int] = None) -> modserve_pb2.GenerateRequest:
+                prompt_logprobs: Optional[int] = None,
+                speculative_tokens: Optional[int] = None,
+                speculative_threshold: Optional[float] = None) -> modserve_pb2.GenerateRequest:
         """Builds a GenerateRequest; a str prompt is text, a sequence of ints is token ids.
-        Unset temperature means greedy."""
+        Unset temperature means greedy; unset speculative_* means the server's flags."""
         req = modserve_pb2.GenerateRequest(request_id=request_id, top_logprobs=top_logprobs)
         if isinstance(prompt, str):
             req.prompt = prompt
@@ -245,6 +247,10 @@ class Client:
             req.routing.threshold = threshold
         if prompt_logprobs is not None:
             req.prompt_logprobs = prompt_logprobs
+        if speculative_tokens is not None:
+            req.speculative_tokens = speculative_tokens
+        if speculative_threshold is not None:
+            req.speculative_threshold = speculative_threshold
         return req
 
     @classmethod
