@@ -54,6 +54,10 @@ CONTRACT = {
     "modserve_step_duration_seconds": ("histogram", {"phase"}),
     "modserve_prefix_cache_queries_total": ("counter", set()),
     "modserve_prefix_cache_hits_total": ("counter", set()),
+    "modserve_spec_decode_num_drafts_total": ("counter", set()),
+    "modserve_spec_decode_num_draft_tokens_total": ("counter", set()),
+    "modserve_spec_decode_num_accepted_tokens_total": ("counter", set()),
+    "modserve_spec_decode_num_accepted_tokens_per_pos_total": ("counter", {"position"}),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_TOKEN = re.compile(r"\bmodserve_[a-z0-9_]+\b")
@@ -654,6 +658,13 @@ def test_dashboard_has_the_panels_of_issue_6():
     uses("Whole-batch layer skips", "modserve_layer_batch_skips_total")
     uses("Prefix cache hit rate", "rate(modserve_prefix_cache_hits_total",
          "rate(modserve_prefix_cache_queries_total")
+    uses("Speculative acceptance rate", "rate(modserve_spec_decode_num_accepted_tokens_total",
+         "rate(modserve_spec_decode_num_draft_tokens_total")
+    assert "sum by (position)" in uses("Acceptance rate by draft position",
+                                       "rate(modserve_spec_decode_num_accepted_tokens_per_pos_total",
+                                       "rate(modserve_spec_decode_num_drafts_total")
+    uses("Speculative tokens/s", "modserve_spec_decode_num_draft_tokens_total",
+         "modserve_spec_decode_num_accepted_tokens_total", "modserve_spec_decode_num_drafts_total")
     # Layout: unique ids, inside the 24-column grid, no two panels overlapping.
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
