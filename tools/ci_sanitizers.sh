@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer stages. (1) quick (what CI runs, about 10 minutes on 2 cores): a clang-14
+# The sanitizer stages. (1) quick (what CI runs, about 7 minutes on 2 cores): a clang-14
 # ASan + UBSan + LeakSanitizer build of the memory-owning engine units (KV cache, prefix cache,
 # scheduler, step loop, engine, speculative decoding, thread pool) and the fuzz corpus replay,
 # which runs every committed fuzz input through its target. (2) asan: the same build of
