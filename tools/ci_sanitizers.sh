@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The sanitizer stages. (1) quick (what CI runs, about 7 minutes on 2 cores): a clang-14
+# The sanitizer stages. (1) quick (what CI runs, about 10 minutes on 2 cores): a clang-14
 # ASan + UBSan + LeakSanitizer build of the memory-owning engine units (KV cache, prefix cache,
-# scheduler, step loop, engine, speculative decoding, thread pool) and the fuzz corpus replay,
-# which runs every committed fuzz input through its target. (2) asan: the same build of
+# scheduler, step loop, engine, speculative decoding, thread pool), the in-process gRPC and HTTP
+# server tests (request validation, streams, cancellation, TLS, tokens, limits, HTTP framing and
+# the OpenAI endpoints) and the fuzz corpus replay, which runs every committed fuzz input
+# through its target. (2) asan: the same build of
 # everything, which runs the unit, integration and chaos suites and then every fuzz target under
 # libFuzzer. (3) tsan: a gcc TSan build of the threaded units (thread pool, scheduler, step loop,
 # and the in-process server and security tests) against Abseil and gRPC built from Debian's own
@@ -42,10 +44,12 @@ asan_configure() {
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="$fast" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$fast" >/dev/null
 }
 
-# The units whose code owns memory across requests, and every committed fuzz input.
+# The units whose code owns memory across requests, the in-process gRPC and HTTP servers (where
+# hostile input arrives), and every committed fuzz input.
 quick_tests=(fuzz_regressions_test block_pool_test block_table_test kv_cache_manager_test
   prefix_cache_test scheduler_test backend_thread_pool_test step_loop_test engine_test
-  prefix_cache_engine_test speculative_decoding_test)
+  prefix_cache_engine_test speculative_decoding_test request_validation_test server_test
+  security_test http_parse_test http_server_test http_api_test)
 # Left to tools/test.sh's release run: tests that take a minute or more at -O1 with ASan and add
 # no code path the others miss (the two on SmolLM2-135M, the 1,200-seed sampling comparison).
 declare -A quick_filters=(
