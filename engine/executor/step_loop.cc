@@ -14,12 +14,20 @@ namespace modserve::engine {
 
 struct StepLoop::State {
   LoopRequest request;
-  std::shared_ptr<GenerationSink> sink;
+  std::shared_ptr<GenerationSink> sink;  // null once the request has ended
   std::atomic<bool> cancelled{false};
   RequestTimings timings;
   absl::Time last_token = absl::InfinitePast();
   SequenceId seq_id = 0;  // 0 until added to the engine
   bool admitted_once = false;
+
+  // Hands the request's result to its sink, which leaves the state with it, so nothing that
+  // outlives the request (its handle, or a handle the sink itself holds) keeps the sink or what
+  // it refers to alive.
+  void End(absl::StatusOr<FinishedRequest> result) {
+    const std::shared_ptr<GenerationSink> done = std::move(sink);
+    done->OnDone(std::move(result));
+  }
 };
 
 class StepLoop::Handle final : public RequestHandle {
@@ -190,10 +198,7 @@ void StepLoop::Finish(SequenceId seq_id, absl::StatusOr<FinishedRequest> result)
       observer_->OnRequestFailed(result.status().code());
     }
   }
-  // The sink leaves with its result, so nothing that outlives the request (its handle, or a
-  // handle the sink itself holds) keeps the sink or what it refers to alive.
-  std::shared_ptr<GenerationSink> sink = std::move(state->sink);
-  sink->OnDone(std::move(result));
+  state->End(std::move(result));
   if (num_in_flight_.fetch_sub(1) == 1) {
     absl::MutexLock lock(&mu_);
     idle_.SignalAll();
@@ -224,8 +229,7 @@ void StepLoop::AddIncoming(std::vector<std::shared_ptr<State>>& incoming) {
     if (!id.ok()) {
       // Never added: there is no sequence to release.
       if (observer_ != nullptr) observer_->OnRequestFailed(id.status().code());
-      std::shared_ptr<GenerationSink> sink = std::move(state->sink);
-      sink->OnDone(id.status());
+      state->End(id.status());
       EndUnadmitted();
       continue;
     }
@@ -251,8 +255,7 @@ void StepLoop::EndUnadmitted() {
 void StepLoop::Refuse(std::vector<std::shared_ptr<State>>& incoming, const absl::Status& status) {
   for (std::shared_ptr<State>& state : incoming) {
     if (observer_ != nullptr) observer_->OnRequestFailed(status.code());
-    std::shared_ptr<GenerationSink> sink = std::move(state->sink);
-    sink->OnDone(status);
+    state->End(status);
     EndUnadmitted();
   }
   incoming.clear();
