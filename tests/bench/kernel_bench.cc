@@ -231,6 +231,22 @@ void BenchQuantPrefill(CpuBackend& backend, DType dtype, int64_t m, int64_t k, i
               peak > 0 ? 100.0 * gflops / peak : 0.0);
 }
 
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Process CPU seconds per call of call(i) (i = 0, 1, ... counts the calls), over one run of at
+// least min_seconds.
+template <class Fn>
+double CpuSecondsPerCall(double min_seconds, Fn&& call) {
+  int calls = 0;
+  const double t0 = ProcessCpuSeconds();
+  while (ProcessCpuSeconds() - t0 < min_seconds) call(calls++);
+  return (ProcessCpuSeconds() - t0) / calls;
+}
+
 // Kernel throughput on one thread with w resident in L2 (m * k small), timed in CPU time of the
 // process, so that other processes on the machine barely change it: how many quantized bytes per
 // second one core can consume. Decode is memory-bound only if this is well above the read
@@ -245,21 +261,12 @@ void BenchQuantCompute(CpuBackend& backend, DType dtype, int64_t k, int64_t n) {
   TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
   TensorView wv(w.data(), dtype, {m, k});
   backend.Gemm(xv, wv, TensorView(), ov);
-  auto cpu_now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-  };
   // Best of 5 runs of 0.1 s: CPU time still picks up cache misses caused by other processes.
   double sec = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
-    int calls = 0;
-    const double t0 = cpu_now();
-    while (cpu_now() - t0 < 0.1) {
-      backend.Gemm(xv, wv, TensorView(), ov);
-      ++calls;
-    }
-    sec = std::min(sec, (cpu_now() - t0) / calls);
+    sec = std::min(sec, CpuSecondsPerCall(0.1, [&](int) {
+                     backend.Gemm(xv, wv, TensorView(), ov);
+                   }));
   }
   const double w_bytes = static_cast<double>(DTypeRowBytes(dtype, k) * m);
   std::printf(
@@ -298,20 +305,11 @@ void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k,
   TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
   TensorView wv(w.data(), dtype, {m, k});
   backend.Gemm(xv, wv, TensorView(), ov);
-  auto cpu_now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-  };
   double sec = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
-    int calls = 0;
-    const double t0 = cpu_now();
-    while (cpu_now() - t0 < 0.3) {
-      backend.Gemm(xv, wv, TensorView(), ov);
-      ++calls;
-    }
-    sec = std::min(sec, (cpu_now() - t0) / calls);
+    sec = std::min(sec, CpuSecondsPerCall(0.3, [&](int) {
+                     backend.Gemm(xv, wv, TensorView(), ov);
+                   }));
   }
   const double gflops = 2.0 * n * m * k / sec / 1e9;
   std::printf("  prefill %-4s m=%-5lld k=%-5lld n=%-4lld %6.1f GFLOP/s per core-second  %5.1f%% of "
@@ -329,28 +327,20 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
   const KernelTable& kt = KernelsFor(isa);
   std::mt19937 rng(9);
   HugeBuffer<bf16_t> w = RandomWeights<bf16_t>(2 * m * k, rng);
-  auto cpu_now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-  };
   for (int64_t n : {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
     std::vector<float> x(n * k, 0.25f), out(n * m);
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep) {
       for (int which = 0; which < 2; ++which) {
-        int calls = 0;
-        const double t0 = cpu_now();
-        while (cpu_now() - t0 < 0.2) {
-          const bf16_t* wc = w.data() + (calls % 2) * m * k;
+        const double sec = CpuSecondsPerCall(0.2, [&](int call) {
+          const bf16_t* wc = w.data() + (call % 2) * m * k;
           if (which == 0) {
             kt.gemm_small_bf16(x.data(), n, k, wc, nullptr, out.data(), m, 0, m);
           } else {
             kt.gemm_large_bf16(x.data(), 0, n, k, wc, nullptr, out.data(), m, 0, m);
           }
-          ++calls;
-        }
-        best[which] = std::min(best[which], (cpu_now() - t0) / calls);
+        });
+        best[which] = std::min(best[which], sec);
       }
     }
     std::printf("  crossover BF16 m=%lld k=%lld n=%-3lld small-n %8.1f us (%5.1f GFLOP/s)  "
