@@ -84,6 +84,19 @@ std::vector<int32_t> Tokens(int32_t n, int32_t base = 100) {
   return t;
 }
 
+// Adds sequence `seq`, feeds it the 8 `tokens` with layer 1 taking tokens 1, 5 and 6, and caches
+// both 4-token blocks (salt 9): layer 1 then holds 1 entry after block 0 and 3 after block 1, on
+// one partial page that both blocks share.
+void FeedAndCacheTwoBlocks(KvCacheManager& kv, ShadowPool& shadow, SequenceId seq,
+                           const std::vector<int32_t>& tokens) {
+  ASSERT_TRUE(kv.AddSequence(seq).ok());
+  Feed(kv, shadow, seq, 0, {false, true, false, false, false, true, true, false});
+  auto k0 = kv.CacheBlock(seq, 0, absl::MakeConstSpan(tokens).subspan(0, 4), 9, {4, 1}, {});
+  ASSERT_TRUE(k0.ok() && *k0 != 0) << k0.status();
+  auto k1 = kv.CacheBlock(seq, *k0, absl::MakeConstSpan(tokens).subspan(4, 4), 9, {8, 3}, {});
+  ASSERT_TRUE(k1.ok() && *k1 != 0) << k1.status();
+}
+
 TEST(PrefixCacheTest, KeyDependsOnParentTokensAndSalt) {
   const std::vector<int32_t> a = {1, 2, 3, 4}, b = {1, 2, 3, 5};
   EXPECT_NE(PrefixCache::Key(0, a, 0), PrefixCache::Key(0, b, 0));
@@ -97,14 +110,7 @@ TEST(PrefixCacheTest, AttachedSequenceReadsTheCachedEntriesAndCopiesTheSharedPar
   auto kv = MakeManager(32);
   ShadowPool shadow;
   const std::vector<int32_t> tokens = Tokens(8);
-  ASSERT_TRUE(kv->AddSequence(1).ok());
-  // Two blocks; layer 1 takes tokens 1, 5, 6: 1 entry after block 0, 3 after block 1 (a
-  // partial page shared by both blocks).
-  Feed(*kv, shadow, 1, 0, {false, true, false, false, false, true, true, false});
-  auto k0 = kv->CacheBlock(1, 0, absl::MakeConstSpan(tokens).subspan(0, 4), 9, {4, 1}, {});
-  ASSERT_TRUE(k0.ok() && *k0 != 0) << k0.status();
-  auto k1 = kv->CacheBlock(1, *k0, absl::MakeConstSpan(tokens).subspan(4, 4), 9, {8, 3}, {});
-  ASSERT_TRUE(k1.ok() && *k1 != 0) << k1.status();
+  ASSERT_NO_FATAL_FAILURE(FeedAndCacheTwoBlocks(*kv, shadow, 1, tokens));
   // The owner keeps appending to its own partial page in place: no copy.
   auto own = kv->Reserve(1, {1, 1});
   ASSERT_TRUE(own.ok());
@@ -161,13 +167,7 @@ TEST(PrefixCacheTest, TruncateFreesEmptiedPagesAndNeverOverwritesEntriesOthersRe
   auto kv = MakeManager(32);
   ShadowPool shadow;
   const std::vector<int32_t> tokens = Tokens(8);
-  ASSERT_TRUE(kv->AddSequence(1).ok());
-  // Layer 1 takes tokens 1, 5, 6: its one page is partial and shared with both cached blocks.
-  Feed(*kv, shadow, 1, 0, {false, true, false, false, false, true, true, false});
-  auto k0 = kv->CacheBlock(1, 0, absl::MakeConstSpan(tokens).subspan(0, 4), 9, {4, 1}, {});
-  ASSERT_TRUE(k0.ok() && *k0 != 0) << k0.status();
-  auto k1 = kv->CacheBlock(1, *k0, absl::MakeConstSpan(tokens).subspan(4, 4), 9, {8, 3}, {});
-  ASSERT_TRUE(k1.ok() && *k1 != 0) << k1.status();
+  ASSERT_NO_FATAL_FAILURE(FeedAndCacheTwoBlocks(*kv, shadow, 1, tokens));
   const int32_t free_before = kv->GetStats().num_free_pages;
 
   // Speculative entries past the cached ones, then rolled back: the page they alone filled
