@@ -19,7 +19,8 @@
 namespace modserve::backend {
 
 // One value per op of Backend, for capability queries.
-// `Logits` is not an op of its own: it is Gemm with the LM head as w.
+// `Logits` is not an op of its own: it is Gemm with the LM head as w; GemmGroup runs wherever
+// Gemm does (Supports(kGemm, dtype) of each member's weight dtype).
 enum class OpKind : uint8_t {
   kEmbed,
   kRmsNorm,
@@ -160,6 +161,13 @@ struct ScatterCombineParams {
   ScaleTarget scale_target = ScaleTarget::kUpdate;
 };
 
+// One member of a GemmGroup: out = x @ w^T (+ bias), with Gemm's shapes and dtypes.
+struct GemmOperand {
+  TensorView w;
+  TensorView bias;  // empty: none
+  TensorView out;
+};
+
 // A compute device. Contracts shared by every implementation:
 // - Threads: one engine thread drives a backend; no method may be called concurrently with
 //   another on the same object (implementations keep per-op scratch space).
@@ -224,6 +232,16 @@ class Backend {
   // tolerance says how far that moves the result from the dequantize-then-f32 reference).
   virtual void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                     const TensorView& out) = 0;
+
+  // Gemm of one x with several weight matrices (the q/k/v projections, gate and up): for each
+  // member g, g.out = x @ g.w^T (+ g.bias), every member following Gemm's contract; the weights
+  // may differ in dtype and row count. Each g.out gets exactly the bits Gemm(x, g.w, g.bias,
+  // g.out) gives, so a backend may only share work that does not change them (the CPU backend
+  // rounds x once per activation layout and runs one parallel pass over all members' weight
+  // rows). Outputs must not alias x or each other. The default calls Gemm per member.
+  virtual void GemmGroup(const TensorView& x, absl::Span<const GemmOperand> group) {
+    for (const GemmOperand& g : group) Gemm(x, g.w, g.bias, g.out);
+  }
 
   // Rotates q and k (HF rotate-half RoPE at positions[i]; angles position * theta^(-2j/head_dim)
   // are formed in fp64, cos/sin rounded to f32, the rotation in f32) and writes token i's rotated k

@@ -218,19 +218,30 @@ absl::Status Transformer::RouteScores(int layer, int64_t n, bool to_host) {
     backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, x, lw.input_layernorm, u);
   }
   const Biases& bias = biases_[layer];
-  backend_->Gemm(u, lw.router_weight, bias.router, s);
+  const backend::GemmOperand router{lw.router_weight, bias.router, s};
   TensorView z = s;
   if (mod.inference_routing == InferenceRouting::kPredictorThreshold) {
-    // z = P(x): Linear -> act -> Linear, or one Linear
+    // z = P(x): Linear -> act -> Linear, or one Linear. Its first Linear reads x, as the router
+    // does when it takes the residual stream: one group then.
     z = z_.View(DType::kF32, {n, 1});
-    if (mod.predictor->type == PredictorType::kMlp) {
-      const TensorView ph = ph_.View(DType::kF32, {n, mod.predictor->hidden_size});
-      backend_->Gemm(x, lw.predictor_hidden_weight, bias.predictor_hidden, ph);
+    const bool mlp = mod.predictor->type == PredictorType::kMlp;
+    const TensorView ph =
+        mlp ? ph_.View(DType::kF32, {n, mod.predictor->hidden_size}) : TensorView();
+    const backend::GemmOperand first =
+        mlp ? backend::GemmOperand{lw.predictor_hidden_weight, bias.predictor_hidden, ph}
+            : backend::GemmOperand{lw.predictor_out_weight, bias.predictor_out, z};
+    if (u.data == x.data) {
+      backend_->GemmGroup(x, {router, first});
+    } else {
+      backend_->Gemm(u, router.w, router.bias, router.out);
+      backend_->Gemm(x, first.w, first.bias, first.out);
+    }
+    if (mlp) {
       backend_->Activation({ToBackend(mod.predictor->activation)}, ph);
       backend_->Gemm(ph, lw.predictor_out_weight, bias.predictor_out, z);
-    } else {
-      backend_->Gemm(x, lw.predictor_out_weight, bias.predictor_out, z);
     }
+  } else {
+    backend_->Gemm(u, router.w, router.bias, router.out);
   }
   if (!to_host) return absl::OkStatus();  // decided by RouteSelect where z lives
   // The decision is made on the host; on the CPU backend these copies are memcpys.
@@ -264,9 +275,7 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t
 
   // h = x + Attn(RMSNorm_in(x))
   backend_->RmsNorm({eps}, rows, lw.input_layernorm, a);
-  backend_->Gemm(a, lw.q_proj, {}, q2);
-  backend_->Gemm(a, lw.k_proj, {}, k2);
-  backend_->Gemm(a, lw.v_proj, {}, v2);
+  backend_->GemmGroup(a, {{lw.q_proj, {}, q2}, {lw.k_proj, {}, k2}, {lw.v_proj, {}, v2}});
   backend_->RopeAndAppendKv(rope, q_.View(DType::kF32, {m, H, hd}),
                             k_.View(DType::kF32, {m, KV, hd}), v_.View(DType::kF32, {m, KV, hd}),
                             pos, slots, pool);
@@ -277,8 +286,7 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t
   backend_->Add(rows, o, rows);
   // y = h + MLP(RMSNorm_post(h)), MLP(z) = down(silu(gate(z)) * up(z))
   backend_->RmsNorm({eps}, rows, lw.post_attention_layernorm, a);
-  backend_->Gemm(a, lw.gate_proj, {}, gate);
-  backend_->Gemm(a, lw.up_proj, {}, up);
+  backend_->GemmGroup(a, {{lw.gate_proj, {}, gate}, {lw.up_proj, {}, up}});
   backend_->SwiGlu(gate, up, gate);
   backend_->Gemm(gate, lw.down_proj, {}, o);
   backend_->Add(rows, o, rows);

@@ -260,104 +260,191 @@ void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
 }
 
-// ---- Gemm ------------------------------------------------------------------------------------
-template <typename W>
-void CpuBackend::GemmT(const TensorView& x, const TensorView& w, const TensorView& bias,
-                       const TensorView& out, GemmSmallNFn<W> small_n, GemmLargeNFn<W> large_n) {
-  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
-  if (n == 0 || m == 0) return;
-  const float* bias_f32 = nullptr;
-  if (!bias.empty() && bias.dtype == DType::kF32) {
-    bias_f32 = bias.as<float>();
-  } else if (!bias.empty()) {
-    bias_f32_.resize(m);
-    WeightToF32(bias.as<W>(), m, bias_f32_.data());
-    bias_f32 = bias_f32_.data();
-  }
-  const float* xp = x.as<float>();
-  const W* wp = w.as<W>();
-  float* o = out.as<float>();
-  if (n <= kernels_.float_small_n_max) {
-    // Decode: bound by reading w, so split the weight rows and let every thread stream its share.
-    pool_.ParallelFor(0, m, kGemmRowGrain,
-                      [&](int64_t b, int64_t e) { small_n(xp, n, k, wp, bias_f32, o, m, b, e); });
-    return;
-  }
-  // Prefill: 2-D tiles over (weight-row block, x-row block); each tile packs its w block once.
-  const int64_t col_blocks = (m + kGemmColBlock - 1) / kGemmColBlock;
-  const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
-  pool_.ParallelFor(0, col_blocks * row_blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t cb = t / row_blocks, rb = t % row_blocks;
-      large_n(xp, rb * kGemmRowBlock, std::min(n, (rb + 1) * kGemmRowBlock), k, wp, bias_f32, o, m,
-              cb * kGemmColBlock, std::min(m, (cb + 1) * kGemmColBlock));
-    }
-  });
-}
-
-// Quantized w: x is rounded to 8 bits per 32-element block once per call (QuantizedActs), then
-// every weight block is an integer dot product (kernels.h). Threads split like GemmT.
-void CpuBackend::GemmQuantized(const TensorView& x, const TensorView& w, const TensorView& bias,
-                               const TensorView& out, QuantGemmFn gemm) {
-  const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
-  if (n == 0 || m == 0) return;
-  const size_t scratch_bytes = QuantizedActs::Bytes(n, k);
-  if (act_scratch_bytes_ < scratch_bytes) {
-    act_scratch_.reset(static_cast<char*>(
-        std::aligned_alloc(kAlignment, (scratch_bytes + kAlignment - 1) / kAlignment * kAlignment)));
-    MODSERVE_CHECK(act_scratch_ != nullptr) << "cannot allocate " << scratch_bytes << " bytes";
-    act_scratch_bytes_ = scratch_bytes;
-  }
-  const QuantizedActs acts =
-      QuantizedActs::In(act_scratch_.get(), n, k, ActLayoutFor(w.dtype, n));
-  const float* xp = x.as<float>();
-  pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / k), [&](int64_t b, int64_t e) {
-    kernels_.quantize_acts(xp, b, e, acts);
-  });
-  const float* bias_f32 = bias.empty() ? nullptr : bias.as<float>();
-  float* o = out.as<float>();
-  if (n <= kGemmSmallNMax) {
-    // Decode: bound by reading w, so split the weight rows and let every thread stream its share.
-    pool_.ParallelFor(0, m, kGemmRowGrain, [&](int64_t b, int64_t e) {
-      gemm(acts, 0, n, w.data, bias_f32, o, m, b, e);
-    });
-    return;
-  }
-  const int64_t col_blocks = (m + kGemmColBlock - 1) / kGemmColBlock;
-  const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
-  pool_.ParallelFor(0, col_blocks * row_blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t cb = t / row_blocks, rb = t % row_blocks;
-      gemm(acts, rb * kGemmRowBlock, std::min(n, (rb + 1) * kGemmRowBlock), w.data, bias_f32, o, m,
-           cb * kGemmColBlock, std::min(m, (cb + 1) * kGemmColBlock));
-    }
-  });
-}
-
+// ---- Gemm and GemmGroup ------------------------------------------------------------------------
+// Gemm is a group of one. A group runs every member's kernels on the same tiles as its own Gemm
+// would (the kernels compute each output element independently of the row range they are given),
+// so sharing one parallel pass and one quantization of x changes no bit.
 void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                       const TensorView& out) {
-  CheckGemmArgs(kHost, x, w, bias, out);
-  switch (w.dtype) {
+  const GemmOperand member{w, bias, out};
+  GemmGroup(x, absl::MakeConstSpan(&member, 1));
+}
+
+void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64_t k,
+                           int64_t x_begin, int64_t x_end, int64_t row_begin,
+                           int64_t row_end) const {
+  if (g.acts != nullptr) {
+    return g.quant(*g.acts, x_begin, x_end, g.w, g.bias, g.out, g.m, row_begin, row_end);
+  }
+  // Float weights: the decode kernel always takes all n rows of x.
+  switch (g.dtype) {
     case DType::kF32:
-      return GemmT<float>(x, w, bias, out, kernels_.gemm_small_f32, kernels_.gemm_large_f32);
+      return g.large ? kernels_.gemm_large_f32(x, x_begin, x_end, k, static_cast<const float*>(g.w),
+                                               g.bias, g.out, g.m, row_begin, row_end)
+                     : kernels_.gemm_small_f32(x, n, k, static_cast<const float*>(g.w), g.bias,
+                                               g.out, g.m, row_begin, row_end);
     case DType::kF16:
-      return GemmT<f16_t>(x, w, bias, out, kernels_.gemm_small_f16, kernels_.gemm_large_f16);
+      return g.large ? kernels_.gemm_large_f16(x, x_begin, x_end, k, static_cast<const f16_t*>(g.w),
+                                               g.bias, g.out, g.m, row_begin, row_end)
+                     : kernels_.gemm_small_f16(x, n, k, static_cast<const f16_t*>(g.w), g.bias,
+                                               g.out, g.m, row_begin, row_end);
     case DType::kBF16:
-      return GemmT<bf16_t>(x, w, bias, out, kernels_.gemm_small_bf16, kernels_.gemm_large_bf16);
-    case DType::kQ8_0:
-      return GemmQuantized(x, w, bias, out, kernels_.gemm_q8_0);
-    case DType::kQ4_0:
-      return GemmQuantized(x, w, bias, out, kernels_.gemm_q4_0);
-    case DType::kQ4_1:
-      return GemmQuantized(x, w, bias, out, kernels_.gemm_q4_1);
-    case DType::kQ4_K:
-      return GemmQuantized(x, w, bias, out, kernels_.gemm_q4_k);
-    case DType::kQ6_K:
-      return GemmQuantized(x, w, bias, out, kernels_.gemm_q6_k);
-    case DType::kI32:
+      return g.large
+                 ? kernels_.gemm_large_bf16(x, x_begin, x_end, k, static_cast<const bf16_t*>(g.w),
+                                            g.bias, g.out, g.m, row_begin, row_end)
+                 : kernels_.gemm_small_bf16(x, n, k, static_cast<const bf16_t*>(g.w), g.bias,
+                                            g.out, g.m, row_begin, row_end);
+    default:
       break;
   }
-  MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);
+  MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(g.dtype);
+}
+
+QuantGemmFn CpuBackend::QuantKernel(DType dtype) const {
+  switch (dtype) {
+    case DType::kQ8_0:
+      return kernels_.gemm_q8_0;
+    case DType::kQ4_0:
+      return kernels_.gemm_q4_0;
+    case DType::kQ4_1:
+      return kernels_.gemm_q4_1;
+    case DType::kQ4_K:
+      return kernels_.gemm_q4_k;
+    case DType::kQ6_K:
+      return kernels_.gemm_q6_k;
+    default:
+      break;
+  }
+  return nullptr;
+}
+
+// Decode (n up to the kernels' small-n bound): bound by reading w, so the threads split the union
+// of all members' weight rows and each streams its share. Prefill: 2-D tiles over (weight-row
+// block, x-row block) of every member, each tile packing its w block once. With a quantized w,
+// x is rounded to 8 bits per 32-element block (QuantizedActs) once per activation layout the
+// group's kernels want, then every weight block is an integer dot product (kernels.h).
+void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> group) {
+  for (size_t i = 0; i < group.size(); ++i) {
+    const GemmOperand& g = group[i];
+    CheckGemmArgs(kHost, x, g.w, g.bias, g.out);
+    MODSERVE_CHECK(DTypeIsQuantized(g.w.dtype) || g.w.dtype == DType::kF32 ||
+                   g.w.dtype == DType::kF16 || g.w.dtype == DType::kBF16)
+        << "Gemm w dtype " << DTypeName(g.w.dtype);
+    const char* lo = static_cast<const char*>(g.out.data);
+    for (size_t j = 0; j < i; ++j) {
+      const char* other = static_cast<const char*>(group[j].out.data);
+      MODSERVE_CHECK(g.out.bytes() == 0 || group[j].out.bytes() == 0 ||
+                     lo + g.out.bytes() <= other || other + group[j].out.bytes() <= lo)
+          << "GemmGroup outputs " << j << " and " << i << " overlap";
+    }
+  }
+  const int64_t n = x.dim(0), k = x.dim(1);
+  if (n == 0) return;
+
+  // Float biases in w's 16-bit dtype, widened once into one buffer for the whole group.
+  int64_t bias_elems = 0;
+  bool layouts[2] = {false, false};  // ActLayout::kNatural, kPairInterleaved
+  for (const GemmOperand& g : group) {
+    if (!g.bias.empty() && g.bias.dtype != DType::kF32) bias_elems += g.w.dim(0);
+    if (DTypeIsQuantized(g.w.dtype)) {
+      layouts[static_cast<int>(ActLayoutFor(g.w.dtype, n))] = true;
+    }
+  }
+  if (static_cast<int64_t>(bias_f32_.size()) < bias_elems) bias_f32_.resize(bias_elems);
+
+  // x as the quantized kernels read it, once per layout needed.
+  QuantizedActs acts[2];
+  const int num_layouts = int{layouts[0]} + int{layouts[1]};
+  if (num_layouts > 0) {
+    const size_t one = (QuantizedActs::Bytes(n, k) + kAlignment - 1) / kAlignment * kAlignment;
+    const size_t scratch_bytes = one * static_cast<size_t>(num_layouts);
+    if (act_scratch_bytes_ < scratch_bytes) {
+      act_scratch_.reset(static_cast<char*>(std::aligned_alloc(kAlignment, scratch_bytes)));
+      MODSERVE_CHECK(act_scratch_ != nullptr) << "cannot allocate " << scratch_bytes << " bytes";
+      act_scratch_bytes_ = scratch_bytes;
+    }
+    size_t offset = 0;
+    for (int l = 0; l < 2; ++l) {
+      if (!layouts[l]) continue;
+      acts[l] = QuantizedActs::In(act_scratch_.get() + offset, n, k, static_cast<ActLayout>(l));
+      offset += one;
+    }
+    const float* xp = x.as<float>();
+    // Rows of every layout in one pass: [0, n) the first layout's, [n, 2n) the second's.
+    const int first = layouts[0] ? 0 : 1;
+    pool_.ParallelFor(0, n * num_layouts, std::max<int64_t>(1, kElementwiseGrain / k),
+                      [&](int64_t b, int64_t e) {
+                        for (int64_t lo = b; lo < e;) {
+                          const int64_t part = lo / n;
+                          const int64_t hi = std::min(e, (part + 1) * n);
+                          kernels_.quantize_acts(xp, lo - part * n, hi - part * n,
+                                                 acts[first + static_cast<int>(part)]);
+                          lo = hi;
+                        }
+                      });
+  }
+
+  gemm_members_.clear();
+  int64_t small_rows = 0, large_tiles = 0, bias_used = 0;
+  const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
+  for (const GemmOperand& g : group) {
+    GemmMember mem;
+    mem.dtype = g.w.dtype;
+    mem.w = g.w.data;
+    mem.out = g.out.as<float>();
+    mem.m = g.w.dim(0);
+    if (mem.m == 0) continue;
+    if (!g.bias.empty() && g.bias.dtype == DType::kF32) {
+      mem.bias = g.bias.as<float>();
+    } else if (!g.bias.empty()) {
+      float* dst = bias_f32_.data() + bias_used;
+      if (g.bias.dtype == DType::kF16) {
+        WeightToF32(g.bias.as<f16_t>(), mem.m, dst);
+      } else {
+        WeightToF32(g.bias.as<bf16_t>(), mem.m, dst);
+      }
+      mem.bias = dst;
+      bias_used += mem.m;
+    }
+    if (DTypeIsQuantized(mem.dtype)) {
+      mem.quant = QuantKernel(mem.dtype);
+      mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
+      mem.large = n > kGemmSmallNMax;
+    } else {
+      mem.large = n > kernels_.float_small_n_max;
+    }
+    if (mem.large) {
+      mem.first = large_tiles;
+      large_tiles += (mem.m + kGemmColBlock - 1) / kGemmColBlock * row_blocks;
+    } else {
+      mem.first = small_rows;
+      small_rows += mem.m;
+    }
+    gemm_members_.push_back(mem);
+  }
+  const float* xp = x.as<float>();
+  if (small_rows > 0) {
+    pool_.ParallelFor(0, small_rows, kGemmRowGrain, [&](int64_t b, int64_t e) {
+      for (const GemmMember& g : gemm_members_) {
+        if (g.large) continue;
+        const int64_t lo = std::max(b, g.first), hi = std::min(e, g.first + g.m);
+        if (lo < hi) GemmRange(g, xp, n, k, 0, n, lo - g.first, hi - g.first);
+      }
+    });
+  }
+  if (large_tiles > 0) {
+    pool_.ParallelFor(0, large_tiles, 1, [&](int64_t b, int64_t e) {
+      for (const GemmMember& g : gemm_members_) {
+        if (!g.large) continue;
+        const int64_t tiles = (g.m + kGemmColBlock - 1) / kGemmColBlock * row_blocks;
+        for (int64_t t = std::max(b, g.first); t < std::min(e, g.first + tiles); ++t) {
+          const int64_t cb = (t - g.first) / row_blocks, rb = (t - g.first) % row_blocks;
+          GemmRange(g, xp, n, k, rb * kGemmRowBlock, std::min(n, (rb + 1) * kGemmRowBlock),
+                    cb * kGemmColBlock, std::min(g.m, (cb + 1) * kGemmColBlock));
+        }
+      }
+    });
+  }
 }
 
 // ---- RopeAndAppendKv -------------------------------------------------------------------------

@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
                const TensorView& out) override;
   void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
             const TensorView& out) override;
+  void GemmGroup(const TensorView& x, absl::Span<const GemmOperand> group) override;
   void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
                        const TensorView& v, const TensorView& positions, const TensorView& slots,
                        const TensorView& kv_pool) override;
@@ -77,13 +78,25 @@ class CpuBackend final : public Backend {
   template <typename W>
   void EmbedT(const TensorView& ids, const TensorView& table, const TensorView& out);
   void EmbedQuantized(const TensorView& ids, const TensorView& table, const TensorView& out);
-  void GemmQuantized(const TensorView& x, const TensorView& w, const TensorView& bias,
-                     const TensorView& out, QuantGemmFn gemm);
   template <typename W>
   void RmsNormT(float eps, const TensorView& x, const TensorView& weight, const TensorView& out);
-  template <typename W>
-  void GemmT(const TensorView& x, const TensorView& w, const TensorView& bias,
-             const TensorView& out, GemmSmallNFn<W> small_n, GemmLargeNFn<W> large_n);
+  // One GemmGroup member as the threads see it.
+  struct GemmMember {
+    DType dtype = DType::kF32;
+    const void* w = nullptr;
+    const float* bias = nullptr;  // f32 or null
+    float* out = nullptr;
+    int64_t m = 0;                      // weight rows (out's row stride)
+    QuantGemmFn quant = nullptr;        // quantized w: its kernel,
+    const QuantizedActs* acts = nullptr;  // and x as that kernel reads it
+    bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
+    int64_t first = 0;  // its first weight row (decode) or tile (prefill) in the group's pass
+  };
+  // Weight rows [row_begin, row_end) of one member for the x rows [x_begin, x_end) (all n rows
+  // for the decode kernels).
+  void GemmRange(const GemmMember& g, const float* x, int64_t n, int64_t k, int64_t x_begin,
+                 int64_t x_end, int64_t row_begin, int64_t row_end) const;
+  QuantGemmFn QuantKernel(DType dtype) const;
   template <typename T>
   void RopeAndAppendKvT(const RopeParams& params, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& positions, const TensorView& slots,
@@ -101,10 +114,12 @@ class CpuBackend final : public Backend {
   const KernelTable& kernels_;
   ThreadPool pool_;
   // Scratch reused across calls so a decode step does not allocate once sizes have been seen.
-  std::vector<float> bias_f32_;      // [m] f32: the Gemm bias converted once per call
+  std::vector<float> bias_f32_;      // f32 Gemm biases of a group, converted once per call
+  std::vector<GemmMember> gemm_members_;
   std::vector<float> norm_weight_;   // [d] f32: the RmsNorm weight converted once per call
   std::vector<float> attn_partial_;  // [n, n_kv_heads, splits, group, head_dim + 2] f32
-  // QuantizedActs of the quantized-weight Gemm's x (64-byte aligned), grown to the largest seen.
+  // QuantizedActs of the quantized-weight Gemm's x, one per activation layout a group needs
+  // (64-byte aligned), grown to the largest seen.
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }
   };
