@@ -336,19 +336,29 @@ absl::Status Engine::AddPromptLogprobs(Sequence& s, int32_t pos, float* logits,
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenEvent> Engine::NextToken(SequenceId seq_id, Sequence& s,
-                                              absl::Span<float> logits) {
-  const int64_t index = static_cast<int64_t>(s.result.token_ids.size());
+absl::Status Engine::PrepareSample(SequenceId seq_id, absl::Span<float> logits, int64_t index) {
   for (TokenId id : unnamed_ids_) logits[id] = -INFINITY;
   if (InjectFault(options_.faults.sampler_rate, seq_id, index, 1)) {
     return absl::InternalError(absl::StrCat("injected sampler fault at token ", index));
   }
-  absl::StatusOr<SampleResult> sample = sampler_->Sample(logits, s.request.sampling, &s.sampling);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenEvent> Engine::FinishSample(SequenceId seq_id, Sequence& s,
+                                                absl::StatusOr<SampleResult> sample,
+                                                int64_t index) {
   if (!sample.ok()) {
     return absl::Status(sample.status().code(),
                         absl::StrCat("sampling token ", index, ": ", sample.status().message()));
   }
   return EmitToken(seq_id, s, *std::move(sample), index);
+}
+
+absl::StatusOr<TokenEvent> Engine::NextToken(SequenceId seq_id, Sequence& s,
+                                              absl::Span<float> logits) {
+  const int64_t index = static_cast<int64_t>(s.result.token_ids.size());
+  MODSERVE_RETURN_IF_ERROR(PrepareSample(seq_id, logits, index));
+  return FinishSample(seq_id, s, sampler_->Sample(logits, s.request.sampling, &s.sampling), index);
 }
 
 absl::StatusOr<TokenEvent> Engine::VerifyToken(SequenceId seq_id, Sequence& s,
@@ -733,6 +743,16 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
       s->result.finish_reason = *ev.finish_reason;
     }
   };
+  // Sequences whose next token is sampled after the loop, all rows at once.
+  struct PendingSample {
+    size_t seq;     // index into entries / seqs
+    size_t result;  // index into result.sequences
+    absl::Span<float> logits;
+    int64_t index;  // the token's index in the output
+    absl::StatusOr<SampleResult> sample = absl::UnknownError("not sampled");
+    bool prepared = true;  // false: PrepareSample failed, and `sample` holds why
+  };
+  std::vector<PendingSample> pending;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = seqs[i];
     const SequenceId seq_id = entries[i].seq_id;
@@ -809,19 +829,42 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     if (num_draft[i] == 0) {
       if (plan[i].all_logits) r.status = AddPromptLogprobs(*s, start_pos, rows, num_rows_i);
       if (r.status.ok() && s->num_fed == static_cast<int32_t>(s->tokens.size())) {
-        // All input is in the cache: sample the next token from the last row's logits.
-        absl::StatusOr<TokenEvent> ev = NextToken(
-            seq_id, *s, absl::MakeSpan(rows + static_cast<size_t>(num_rows_i - 1) * V, V));
-        if (ev.ok()) {
-          record(s, *ev);
-          r.event = *std::move(ev);
-        } else {
-          r.status = ev.status();
+        // All input is in the cache: the next token comes from the last row's logits.
+        const absl::Span<float> row(rows + static_cast<size_t>(num_rows_i - 1) * V, V);
+        const auto index = static_cast<int64_t>(s->result.token_ids.size());
+        PendingSample p{i, result.sequences.size(), row, index};
+        if (absl::Status st = PrepareSample(seq_id, row, index); !st.ok()) {
+          p.sample = st;
+          p.prepared = false;
         }
+        pending.push_back(std::move(p));
       }
     }
     if (!r.status.ok()) s->finished = true;
     result.sequences.push_back(std::move(r));
+  }
+  // Sampled in parallel on the backend's host threads: each sequence has its own state, and its
+  // draw depends on its own seed and token count only, so the tokens are those of sampling the
+  // rows one by one. Detokenizing and stop checks follow in sequence order.
+  backend_->HostParallelFor(static_cast<int64_t>(pending.size()), [&](int64_t j) {
+    PendingSample& p = pending[static_cast<size_t>(j)];
+    if (p.prepared) {
+      Sequence* s = seqs[p.seq];
+      p.sample = sampler_->Sample(p.logits, s->request.sampling, &s->sampling);
+    }
+  });
+  for (PendingSample& p : pending) {
+    Sequence* s = seqs[p.seq];
+    SequenceStepResult& r = result.sequences[p.result];
+    absl::StatusOr<TokenEvent> ev =
+        FinishSample(entries[p.seq].seq_id, *s, std::move(p.sample), p.index);
+    if (ev.ok()) {
+      record(s, *ev);
+      r.event = *std::move(ev);
+    } else {
+      r.status = ev.status();
+      s->finished = true;
+    }
   }
   return result;
 }

@@ -268,6 +268,13 @@ class Engine {
   // Samples, detokenizes and stop-checks the next token of `s` from its logits row (which it
   // may modify: ids that name no token are masked). Changes nothing in `s` on error.
   absl::StatusOr<TokenEvent> NextToken(SequenceId seq_id, Sequence& s, absl::Span<float> logits);
+  // NextToken in three parts, so that a step's rows are sampled in parallel between them: masks
+  // the row's unnamed ids and makes the injected sampler fault (token `index`) ...
+  absl::Status PrepareSample(SequenceId seq_id, absl::Span<float> logits, int64_t index);
+  // ... (then Sampler::Sample) ... and detokenizes and stop-checks the sample, or names the
+  // token in the error.
+  absl::StatusOr<TokenEvent> FinishSample(SequenceId seq_id, Sequence& s,
+                                          absl::StatusOr<SampleResult> sample, int64_t index);
   // Speculative decoding: the next token of `s` from the verification row `logits` given the
   // drafted token and the draft's distribution q (empty for greedy); *accepted says whether the
   // draft was kept. Like NextToken otherwise.

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -200,6 +201,14 @@ class Backend {
   virtual int64_t MaxRowInvariantRows(DType weight_dtype) const {
     (void)weight_dtype;
     return 1;
+  }
+
+  // Host work between ops, e.g. sampling the rows of a step: calls task(i) once for every i in
+  // [0, count) and returns when all have run, spread over the host threads the backend keeps
+  // (the CPU backend's pool, idle between ops) or, by default, in the calling thread in index
+  // order. Tasks must be independent of each other and must not call the backend.
+  virtual void HostParallelFor(int64_t count, absl::FunctionRef<void(int64_t)> task) {
+    for (int64_t i = 0; i < count; ++i) task(i);
   }
 
   // Device memory of at least `bytes` bytes, aligned to 64 bytes. ResourceExhausted when the

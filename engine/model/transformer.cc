@@ -190,7 +190,10 @@ absl::Status Transformer::AllocateBuffers() {
   h_tau_.resize(T);
   h_route_.resize(1 + T);
   h_probs_.resize(static_cast<size_t>(std::max<int64_t>(1, num_routed) * T));
-  MODSERVE_RETURN_IF_ERROR(alloc(logits_, T * config_.vocab_size, 4));
+  // Logits are asked for one row per sequence, except by prompt logprobs and speculative
+  // verification: start at max_seqs rows and grow to what a step asks for (EnsureLogitRows).
+  logit_rows_ = std::min<int64_t>(T, options_.max_seqs);
+  MODSERVE_RETURN_IF_ERROR(alloc(logits_, logit_rows_ * config_.vocab_size, 4));
   for (backend::DeviceBuffer* b : {&ids_, &idx_, &pos_, &slots_, &row_seq_, &row_kv_len_}) {
     MODSERVE_RETURN_IF_ERROR(alloc(*b, T, 4));
   }
@@ -202,6 +205,22 @@ absl::Status Transformer::AllocateBuffers() {
   z_host_.resize(T);
   s_host_.resize(T);
   h_s_sel_.resize(T);
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::EnsureLogitRows(int64_t rows) {
+  if (rows <= logit_rows_) return absl::OkStatus();
+  // Doubling bounds the reallocations to a few over the server's life; never past max_batch_tokens.
+  const int64_t grown =
+      std::min<int64_t>(options_.max_batch_tokens, std::max(rows, 2 * logit_rows_));
+  const size_t bytes = static_cast<size_t>(grown * config_.vocab_size) * 4;
+  absl::StatusOr<backend::DeviceBuffer> buf = backend_->Allocate(bytes);
+  if (!buf.ok()) {
+    return absl::Status(buf.status().code(),
+                        absl::StrCat("logits of ", rows, " rows: ", buf.status().message()));
+  }
+  logits_ = *std::move(buf);
+  logit_rows_ = grown;
   return absl::OkStatus();
 }
 
@@ -566,6 +585,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     out.logit_offsets.push_back(static_cast<int32_t>(R));
   }
   if (auto st = Upload(backend_, h_idx_, R, idx_, DType::kI32); !st.ok()) return fail(st);
+  if (auto st = EnsureLogitRows(R); !st.ok()) return fail(st);
   const TensorView rows = xs_.View(DType::kF32, {R, d});
   const TensorView logits = logits_.View(DType::kF32, {R, config_.vocab_size});
   backend_->GatherRows(x, idx_.View(DType::kI32, {R}), rows);

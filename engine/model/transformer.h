@@ -54,7 +54,8 @@ struct StepOutput {
 };
 
 // Thread contract: engine thread only. The config, weights, backend and KV manager must outlive
-// the Transformer; the KV pool and all work buffers are allocated once in Create().
+// the Transformer; the KV pool and the work buffers are allocated once in Create(), except the
+// logits buffer, which grows when a step asks for more rows than it holds (prompt logprobs).
 class Transformer {
  public:
   // InvalidArgument for options that cannot work (non-positive sizes, a KV dtype the backend
@@ -70,7 +71,8 @@ class Transformer {
   // tokens routed in only. Everything is committed at the end, or returned on error.
   // Errors: InvalidArgument (too many rows or sequences, empty token list, token id outside the
   // vocabulary, position past max_seq_len), NotFound (unknown sequence), ResourceExhausted (not
-  // enough free KV pages: nothing was written, the caller may preempt and retry), Internal
+  // enough free KV pages, or no device memory to grow the logits to the rows asked for: nothing
+  // was written, the caller may preempt and retry), Internal
   // (device failure). On error no KV entry was committed.
   absl::StatusOr<StepOutput> Step(absl::Span<const StepSequence> seqs);
 
@@ -93,6 +95,9 @@ class Transformer {
   // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_; with to_host, host copies
   // land in z_host_, s_host_.
   absl::Status RouteScores(int layer, int64_t n, bool to_host);
+  // Grows logits_ to hold `rows` rows (ResourceExhausted naming them when the backend has no
+  // room; the step then fails whole, as when KV pages run out).
+  absl::Status EnsureLogitRows(int64_t rows);
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
@@ -125,7 +130,8 @@ class Transformer {
   backend::DeviceBuffer z_;        // [T, 1] f32 decision logits
   backend::DeviceBuffer ph_;       // [T, max(p, 1)] f32 predictor hidden
   backend::DeviceBuffer s_sel_;    // [T] f32 router scores of the selected rows
-  backend::DeviceBuffer logits_;   // [T, vocab_size] f32
+  backend::DeviceBuffer logits_;   // [logit_rows_, vocab_size] f32
+  int64_t logit_rows_ = 0;         // min(T, max_seqs) at first; grown to the most a step asked
   // I32 index buffers: [T] each, and the page table [max_seqs, max_pages_per_seq].
   backend::DeviceBuffer ids_, idx_, pos_, slots_, row_seq_, row_kv_len_, page_table_;
 

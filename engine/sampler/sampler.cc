@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +164,30 @@ void SamplingState::See(TokenId token) {
 
 Sampler::Sampler(uint64_t engine_seed) : seed_generator_(engine_seed) {}
 
+class Sampler::ScratchLease {
+ public:
+  explicit ScratchLease(Sampler* sampler) : sampler_(sampler) {
+    absl::MutexLock lock(&sampler_->mu_);
+    if (!sampler_->spare_.empty()) {
+      scratch_ = std::move(sampler_->spare_.back());
+      sampler_->spare_.pop_back();
+    }
+    if (scratch_ == nullptr) scratch_ = std::make_unique<Scratch>();
+  }
+  ~ScratchLease() {
+    absl::MutexLock lock(&sampler_->mu_);
+    sampler_->spare_.push_back(std::move(scratch_));
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  Scratch& operator*() { return *scratch_; }
+  Scratch* operator->() { return scratch_.get(); }
+
+ private:
+  Sampler* sampler_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
 uint64_t Sampler::RequestSeed(const SamplingParams& params) {
   return params.seed.has_value() ? *params.seed : SplitMix64(seed_generator_);
 }
@@ -173,9 +198,10 @@ SamplingState Sampler::NewState(const SamplingParams& params, absl::Span<const T
 
 absl::StatusOr<SampleResult> Sampler::Sample(absl::Span<const float> logits,
                                              const SamplingParams& params, SamplingState* state) {
+  ScratchLease scratch(this);
   bool sorted = false;
-  if (absl::Status st = Process(logits, params, *state, &sorted); !st.ok()) return st;
-  absl::StatusOr<SampleResult> result = SampleImpl(params, *state, sorted);
+  if (absl::Status st = Process(logits, params, *state, &sorted, *scratch); !st.ok()) return st;
+  absl::StatusOr<SampleResult> result = SampleImpl(params, *state, sorted, *scratch);
   if (result.ok()) state->Accept(result->token);
   return result;
 }
@@ -183,24 +209,28 @@ absl::StatusOr<SampleResult> Sampler::Sample(absl::Span<const float> logits,
 absl::StatusOr<std::vector<TokenLogprob>> Sampler::Distribution(absl::Span<const float> logits,
                                                                 const SamplingParams& params,
                                                                 const SamplingState& state) {
+  ScratchLease scratch(this);
   std::vector<TokenLogprob> dist;
   bool sorted = false;
-  if (absl::Status st = Process(logits, params, state, &sorted); !st.ok()) return st;
+  if (absl::Status st = Process(logits, params, state, &sorted, *scratch); !st.ok()) return st;
   if (params.temperature < kGreedyTemperature) {
-    MODSERVE_ASSIGN_OR_RETURN(SampleResult r, SampleImpl(params, state, sorted));
+    MODSERVE_ASSIGN_OR_RETURN(SampleResult r, SampleImpl(params, state, sorted, *scratch));
     dist.push_back({r.token, 0.0f});
     return dist;
   }
-  const double lse = LogSumExp(candidates_);
-  dist.reserve(candidates_.size());
-  for (const Candidate& c : candidates_) {
+  const std::vector<Candidate>& candidates = scratch->candidates;
+  const double lse = LogSumExp(candidates);
+  dist.reserve(candidates.size());
+  for (const Candidate& c : candidates) {
     dist.push_back({c.id, static_cast<float>(c.logit - lse)});
   }
   return dist;
 }
 
 absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingParams& params,
-                              const SamplingState& state, bool* sorted) {
+                              const SamplingState& state, bool* sorted, Scratch& scratch) {
+  std::vector<float>& work = scratch.work;
+  std::vector<Candidate>& candidates = scratch.candidates;
   const auto vocab = static_cast<TokenId>(logits.size());
   if (vocab == 0) return absl::InternalError("sampler: empty logits row");
   for (TokenId id = 0; id < vocab; ++id) {
@@ -214,47 +244,50 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
           absl::StrCat("sampler: token id ", id, " outside vocabulary of ", vocab));
     }
   }
-  work_.assign(logits.begin(), logits.end());
+  work.assign(logits.begin(), logits.end());
   if (params.repetition_penalty != 1.0f) {
-    ApplyRepetitionPenalty(absl::MakeSpan(work_), state.seen_tokens(), params.repetition_penalty);
+    ApplyRepetitionPenalty(absl::MakeSpan(work), state.seen_tokens(), params.repetition_penalty);
   }
   if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
-    ApplyPresenceFrequencyPenalties(absl::MakeSpan(work_), state.output_counts(),
+    ApplyPresenceFrequencyPenalties(absl::MakeSpan(work), state.output_counts(),
                                     params.presence_penalty, params.frequency_penalty);
   }
   *sorted = false;
   if (params.temperature < kGreedyTemperature) {
-    ClampPositiveInfinity(work_);
+    ClampPositiveInfinity(work);
     return absl::OkStatus();  // the argmax needs no temperature and no candidate list
   }
-  ApplyTemperature(absl::MakeSpan(work_), params.temperature);
-  ClampPositiveInfinity(work_);
-  candidates_.clear();
+  ApplyTemperature(absl::MakeSpan(work), params.temperature);
+  ClampPositiveInfinity(work);
+  candidates.clear();
   for (TokenId id = 0; id < vocab; ++id) {
-    if (work_[id] != -INFINITY) candidates_.push_back({id, work_[id]});
+    if (work[id] != -INFINITY) candidates.push_back({id, work[id]});
   }
-  if (candidates_.empty()) {
+  if (candidates.empty()) {
     return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
   }
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates_.size()) {
-    KeepTopK(candidates_, params.top_k);
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates.size()) {
+    KeepTopK(candidates, params.top_k);
     *sorted = true;
   }
   if (params.top_p < 1.0f) {
     double tail_weight = 0.0;
     if (!*sorted) {
-      tail_weight = SortNucleusPrefix(candidates_, params.top_p);
+      tail_weight = SortNucleusPrefix(candidates, params.top_p);
       *sorted = true;
     }
-    candidates_.resize(TopPCount(candidates_, params.top_p, tail_weight));
+    candidates.resize(TopPCount(candidates, params.top_p, tail_weight));
   }
-  KeepMinP(candidates_, params.min_p);
+  KeepMinP(candidates, params.min_p);
   return absl::OkStatus();
 }
 
 absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
-                                                 const SamplingState& state, bool sorted) {
-  const auto vocab = static_cast<TokenId>(work_.size());
+                                                 const SamplingState& state, bool sorted,
+                                                 Scratch& scratch) {
+  const std::vector<float>& work = scratch.work;
+  std::vector<Candidate>& candidates = scratch.candidates;
+  const auto vocab = static_cast<TokenId>(work.size());
   const bool greedy = params.temperature < kGreedyTemperature;
   const size_t num_alternatives = static_cast<size_t>(params.top_logprobs);
   SampleResult result;
@@ -262,23 +295,23 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
     // Strict '>' over ascending ids: ties resolve to the lowest id.
     TokenId best = 0;
     for (TokenId id = 1; id < vocab; ++id) {
-      if (work_[id] > work_[best]) best = id;
+      if (work[id] > work[best]) best = id;
     }
-    if (work_[best] == -INFINITY) {
+    if (work[best] == -INFINITY) {
       return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
     }
     double total = 0.0;
-    for (float logit : work_) total += std::exp(static_cast<double>(logit) - work_[best]);
-    const double lse = work_[best] + std::log(total);
+    for (float logit : work) total += std::exp(static_cast<double>(logit) - work[best]);
+    const double lse = work[best] + std::log(total);
     result.token = best;
-    result.logprob = static_cast<float>(work_[best] - lse);
+    result.logprob = static_cast<float>(work[best] - lse);
     if (num_alternatives > 0) {
-      candidates_.clear();
+      candidates.clear();
       for (TokenId id = 0; id < vocab; ++id) {
-        if (work_[id] != -INFINITY) candidates_.push_back({id, work_[id]});
+        if (work[id] != -INFINITY) candidates.push_back({id, work[id]});
       }
-      KeepTopK(candidates_, static_cast<int32_t>(num_alternatives));
-      for (const Candidate& c : candidates_) {
+      KeepTopK(candidates, static_cast<int32_t>(num_alternatives));
+      for (const Candidate& c : candidates) {
         result.top_logprobs.push_back({c.id, static_cast<float>(c.logit - lse)});
       }
     }
@@ -286,29 +319,29 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
   }
 
   // Inverse CDF of the survivors' softmax, in double, at the request's own counter.
-  const double lse = LogSumExp(candidates_);
+  const double lse = LogSumExp(candidates);
   const double target = UniformDraw(state.seed(), static_cast<uint64_t>(state.num_generated()));
   double cumulative = 0.0;
-  size_t chosen = candidates_.size() - 1;  // rounding can leave target just above the total
-  for (size_t i = 0; i < candidates_.size(); ++i) {
-    cumulative += std::exp(candidates_[i].logit - lse);
+  size_t chosen = candidates.size() - 1;  // rounding can leave target just above the total
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    cumulative += std::exp(candidates[i].logit - lse);
     if (target < cumulative) {
       chosen = i;
       break;
     }
   }
-  result.token = candidates_[chosen].id;
-  result.logprob = static_cast<float>(candidates_[chosen].logit - lse);
+  result.token = candidates[chosen].id;
+  result.logprob = static_cast<float>(candidates[chosen].logit - lse);
   if (num_alternatives > 0) {
     if (!sorted) {
-      const size_t n = std::min(num_alternatives, candidates_.size());
-      std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<ptrdiff_t>(n),
-                        candidates_.end(), CandidateBefore);
+      const size_t n = std::min(num_alternatives, candidates.size());
+      std::partial_sort(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(n),
+                        candidates.end(), CandidateBefore);
     }
-    const size_t n = std::min(num_alternatives, candidates_.size());
+    const size_t n = std::min(num_alternatives, candidates.size());
     for (size_t i = 0; i < n; ++i) {
       result.top_logprobs.push_back(
-          {candidates_[i].id, static_cast<float>(candidates_[i].logit - lse)});
+          {candidates[i].id, static_cast<float>(candidates[i].logit - lse)});
     }
   }
   return result;

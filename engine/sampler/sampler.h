@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/sampler/logits_processors.h"
 
@@ -113,7 +115,9 @@ struct SampleResult {
 // The draw for a request's n-th token is UniformDraw(seed, n), walked along the survivors'
 // cumulative mass (canonical order when truncating, id order otherwise): the output depends on
 // the seed and the request's own step count only, never on the batch.
-// Thread contract: engine thread only (scratch buffers are reused across calls).
+// Thread contract: RequestSeed and NewState on one thread (the engine's). Sample and
+// Distribution may run concurrently with each other for distinct states (a batch's rows are
+// sampled in parallel): each call borrows scratch buffers from a pool the sampler owns.
 class Sampler {
  public:
   // engine_seed seeds the generator that hands out seeds to requests without one.
@@ -138,16 +142,26 @@ class Sampler {
                                                          const SamplingState& state);
 
  private:
-  // Steps 1-5 into candidates_ (processed logits); sets *sorted when they are in canonical order.
-  absl::Status Process(absl::Span<const float> logits, const SamplingParams& params,
-                       const SamplingState& state, bool* sorted);
-  // Chooses from what Process left in work_ and candidates_.
-  absl::StatusOr<SampleResult> SampleImpl(const SamplingParams& params,
-                                          const SamplingState& state, bool sorted);
+  struct Scratch {
+    std::vector<float> work;            // [vocab] f32 processed logits
+    std::vector<Candidate> candidates;  // survivors of truncation
+  };
+  // Scratch of one call: taken from spare_ (or new) and given back when the call ends.
+  class ScratchLease;
 
-  uint64_t seed_generator_;            // SplitMix64 state
-  std::vector<float> work_;            // [vocab] f32 processed logits
-  std::vector<Candidate> candidates_;  // survivors of truncation
+  // Steps 1-5 into scratch.candidates (processed logits); sets *sorted when they are in
+  // canonical order.
+  static absl::Status Process(absl::Span<const float> logits, const SamplingParams& params,
+                              const SamplingState& state, bool* sorted, Scratch& scratch);
+  // Chooses from what Process left in scratch.
+  static absl::StatusOr<SampleResult> SampleImpl(const SamplingParams& params,
+                                                 const SamplingState& state, bool sorted,
+                                                 Scratch& scratch);
+
+  uint64_t seed_generator_;  // SplitMix64 state
+  absl::Mutex mu_;
+  // Scratch not in use; as many as calls ever ran at once (one per thread of a batch).
+  std::vector<std::unique_ptr<Scratch>> spare_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace modserve::engine

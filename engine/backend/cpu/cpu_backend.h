@@ -42,6 +42,12 @@ class CpuBackend final : public Backend {
     return DTypeIsQuantized(weight_dtype) ? kGemmSmallNMax : kernels_.float_small_n_max;
   }
   Device device() const override { return Device::kCpu; }
+  // On the pool, one task per chunk at least: a task (sampling one row) is worth a wake-up.
+  void HostParallelFor(int64_t count, absl::FunctionRef<void(int64_t)> task) override {
+    pool_.ParallelFor(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) task(i);
+    });
+  }
   bool Supports(OpKind op, DType dtype) const override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
