@@ -202,6 +202,7 @@ absl::Status Transformer::AllocateBuffers() {
     v->resize(T);
   }
   h_page_table_.resize(static_cast<size_t>(options_.max_seqs) * max_pages_per_seq_);
+  h_pages_.resize(static_cast<size_t>(options_.max_seqs));
   z_host_.resize(T);
   s_host_.resize(T);
   h_s_sel_.resize(T);
@@ -269,7 +270,8 @@ absl::Status Transformer::RouteScores(int layer, int64_t n, bool to_host) {
   return backend_->CopyToHost(z, TensorView(z_host_.data(), DType::kF32, {n, 1}));
 }
 
-void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs) {
+void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs,
+                           int64_t page_stride) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t d = config_.d_model, hd = config_.head_dim;
   const int64_t H = config_.n_heads, KV = config_.n_kv_heads, f = config_.d_ff;
@@ -299,7 +301,7 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t
                             k_.View(DType::kF32, {m, KV, hd}), v_.View(DType::kF32, {m, KV, hd}),
                             pos, slots, pool);
   backend_->Attention(attn, q_.View(DType::kF32, {m, H, hd}), pool,
-                      page_table_.View(DType::kI32, {num_seqs, max_pages_per_seq_}),
+                      page_table_.View(DType::kI32, {num_seqs, page_stride}),
                       row_seq_.View(DType::kI32, {m}), row_kv_len_.View(DType::kI32, {m}), att);
   backend_->Gemm(att, lw.o_proj, {}, o);
   backend_->Add(rows, o, rows);
@@ -524,24 +526,32 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       h_row_seq_[j] = static_cast<int32_t>(i);
       h_row_kv_len_[j] = base[i][l] + rank + 1;
     }
+    // This layer's page table: each sequence's pages, padded with page 0 to the longest list
+    // of the step (attention reads no entry past a row's kv length), so what is built and
+    // uploaded follows the step's context, not max_seq_len.
+    int64_t page_stride = 1;
     for (int64_t i = 0; i < num_seqs; ++i) {
       auto pages = kv_->PageTable(seqs[i].seq_id, l);
       if (!pages.ok()) return fail(pages.status());
       MODSERVE_CHECK_LE(static_cast<int64_t>(pages->size()), max_pages_per_seq_);
-      int32_t* row = h_page_table_.data() + i * max_pages_per_seq_;
-      std::fill(row, row + max_pages_per_seq_, 0);
-      std::copy(pages->begin(), pages->end(), row);
+      h_pages_[i] = *pages;
+      page_stride = std::max(page_stride, static_cast<int64_t>(pages->size()));
+    }
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      int32_t* row = h_page_table_.data() + i * page_stride;
+      std::copy(h_pages_[i].begin(), h_pages_[i].end(), row);
+      std::fill(row + h_pages_[i].size(), row + page_stride, 0);
     }
     for (auto st : {Upload(backend_, h_pos_, m, pos_, DType::kI32),
                     Upload(backend_, h_slots_, m, slots_, DType::kI32),
                     Upload(backend_, h_row_seq_, m, row_seq_, DType::kI32),
                     Upload(backend_, h_row_kv_len_, m, row_kv_len_, DType::kI32),
-                    Upload(backend_, h_page_table_, num_seqs * max_pages_per_seq_, page_table_,
+                    Upload(backend_, h_page_table_, num_seqs * page_stride, page_table_,
                            DType::kI32)}) {
       if (!st.ok()) return fail(st);
     }
     if (!routed) {
-      RunBlock(l, x, N, num_seqs);  // x' = the dense block
+      RunBlock(l, x, N, num_seqs, page_stride);  // x' = the dense block
       continue;
     }
     // Gather the selected rows, run the block on that compact batch, scatter the weighted
@@ -557,7 +567,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     const TensorView idx =
         on_device ? route_.View(DType::kI32, {m}, 4) : idx_.View(DType::kI32, {m});
     backend_->GatherRows(x, idx, xs);
-    RunBlock(l, xs, m, num_seqs);
+    RunBlock(l, xs, m, num_seqs, page_stride);
     backend_->ScatterCombine({ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)},
                              x, xs, idx, s_sel_.View(DType::kF32, {m}));
   }

@@ -90,8 +90,10 @@ class Transformer {
   absl::Status PrepareBiases();
   absl::StatusOr<TensorView> PrepareBias(const TensorView& w, const TensorView& b);
   // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y); the
-  // index buffers (positions, slots, row_seq, row_kv_len, page table) are already filled.
-  void RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs);
+  // index buffers (positions, slots, row_seq, row_kv_len, page table of `page_stride` pages per
+  // sequence) are already filled.
+  void RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs,
+                int64_t page_stride);
   // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_; with to_host, host copies
   // land in z_host_, s_host_.
   absl::Status RouteScores(int layer, int64_t n, bool to_host);
@@ -132,7 +134,8 @@ class Transformer {
   backend::DeviceBuffer s_sel_;    // [T] f32 router scores of the selected rows
   backend::DeviceBuffer logits_;   // [logit_rows_, vocab_size] f32
   int64_t logit_rows_ = 0;         // min(T, max_seqs) at first; grown to the most a step asked
-  // I32 index buffers: [T] each, and the page table [max_seqs, max_pages_per_seq].
+  // I32 index buffers: [T] each, and the page table (capacity [max_seqs, max_pages_per_seq]; a
+  // layer uses [num_seqs, its longest page list of the step]).
   backend::DeviceBuffer ids_, idx_, pos_, slots_, row_seq_, row_kv_len_, page_table_;
 
   // Routing on the device (Backend::RouteSelect): per-row thresholds tau_ [T] f32; route_
@@ -144,6 +147,7 @@ class Transformer {
   std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_,
       h_page_table_;
   std::vector<float> z_host_, s_host_, h_s_sel_, h_tau_, h_probs_;
+  std::vector<absl::Span<const PageId>> h_pages_;  // [max_seqs] one layer's page lists
   std::vector<int32_t> h_route_;
 };
 
