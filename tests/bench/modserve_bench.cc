@@ -391,6 +391,62 @@ __attribute__((target("avx2"))) uint64_t SumAvx2(const uint64_t* p, int64_t n) {
 }
 #endif
 
+#if defined(__x86_64__)
+// The same sum as kStreams interleaved sequential streams (the range cut into kStreams equal
+// parts, one 64-byte line of each in turn), optionally with a software prefetch 2 KiB ahead in
+// each: more independent misses in flight than one stream and the hardware prefetcher keep,
+// which is what a decode GEMV over several weight rows (or with prefetching) can reach.
+template <int kStreams, bool kPrefetch>
+__attribute__((target("avx2"))) uint64_t SumStreamsAvx2(const uint64_t* p, int64_t n) {
+  const int64_t part = n / kStreams / 8 * 8;  // whole 64-byte lines per stream
+  __m256i a[kStreams];
+  for (__m256i& v : a) v = _mm256_setzero_si256();
+  for (int64_t i = 0; i < part; i += 8) {
+    for (int s = 0; s < kStreams; ++s) {
+      const uint64_t* q = p + s * part + i;
+      if constexpr (kPrefetch) __builtin_prefetch(q + 256, 0, 0);
+      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(q));
+      const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 4));
+      a[s] = _mm256_add_epi64(a[s], _mm256_add_epi64(lo, hi));
+    }
+  }
+  __m256i t = a[0];
+  for (int s = 1; s < kStreams; ++s) t = _mm256_add_epi64(t, a[s]);
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
+  uint64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (int64_t i = kStreams * part; i < n; ++i) total += p[i];
+  return total;
+}
+#endif
+
+// The read-bandwidth probes: kind 0 is one plain sequential stream per thread (widest vectors
+// the CPU has); kinds 1-3 (AVX2 CPUs) are 8 interleaved streams, 8 streams with prefetch, and
+// one stream with prefetch.
+constexpr int kNumProbeKinds = 4;
+constexpr const char* kProbeKindNames[kNumProbeKinds] = {
+    "1 stream", "8 streams", "8 streams + prefetch", "1 stream + prefetch"};
+
+uint64_t Sum(const uint64_t* p, int64_t n);
+
+uint64_t SumKind(int kind, const uint64_t* p, int64_t n) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) {
+    switch (kind) {
+      case 1:
+        return SumStreamsAvx2<8, false>(p, n);
+      case 2:
+        return SumStreamsAvx2<8, true>(p, n);
+      case 3:
+        return SumStreamsAvx2<1, true>(p, n);
+      default:
+        break;
+    }
+  }
+#endif
+  return Sum(p, n);
+}
+
 uint64_t Sum(const uint64_t* p, int64_t n) {
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) return SumAvx512(p, n);
@@ -408,12 +464,13 @@ uint64_t Sum(const uint64_t* p, int64_t n) {
   return s0 + s1 + s2 + s3;
 }
 
-// Multi-threaded sum over a 2 GiB buffer (far beyond the caches), best of 7 passes, one
-// contiguous half per thread. huge_pages: the buffer is madvise'd for 2 MiB transparent huge
+// Multi-threaded sum over a 2 GiB buffer (far beyond the caches), best of 7 passes of each
+// probe kind (the strongest kind is the result; kinds_out gets every kind's GB/s), one
+// contiguous share per thread. huge_pages: the buffer is madvise'd for 2 MiB transparent huge
 // pages. On this kind of VM (nested paging) 4 KiB pages cost about a third of the bandwidth in
 // TLB walks, so the two numbers differ a lot; the weights' file mapping gets 2 MiB pages when
 // the checkpoint was read into the page cache by faults (see EvictFromPageCache).
-double MeasureReadBandwidth(int threads, bool huge_pages) {
+double MeasureReadBandwidth(int threads, bool huge_pages, std::string* kinds_out = nullptr) {
   const int64_t bytes = int64_t{2} << 30;
   const int64_t words = bytes / 8;
   uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes));
@@ -428,26 +485,37 @@ double MeasureReadBandwidth(int threads, bool huge_pages) {
     });
   }
   for (std::thread& th : pool) th.join();
-  double best = 0;
+  double best[kNumProbeKinds] = {};
   uint64_t keep = 0;
+  // The kinds take turns within each repetition, so a load spike hits them alike.
   for (int rep = 0; rep < 7; ++rep) {
-    std::vector<uint64_t> sums(threads);
-    pool.clear();
-    const auto t0 = Clock::now();
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        const int64_t b = words * t / threads, e = words * (t + 1) / threads;
-        sums[t] = Sum(buf + b, e - b);
-      });
+    for (int kind = 0; kind < kNumProbeKinds; ++kind) {
+      std::vector<uint64_t> sums(threads);
+      pool.clear();
+      const auto t0 = Clock::now();
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          const int64_t b = words * t / threads, e = words * (t + 1) / threads;
+          sums[t] = SumKind(kind, buf + b, e - b);
+        });
+      }
+      for (std::thread& th : pool) th.join();
+      const double sec = Seconds(t0, Clock::now());
+      for (uint64_t v : sums) keep += v;
+      best[kind] = std::max(best[kind], bytes / sec / 1e9);
     }
-    for (std::thread& th : pool) th.join();
-    const double sec = Seconds(t0, Clock::now());
-    for (uint64_t v : sums) keep += v;
-    best = std::max(best, bytes / sec / 1e9);
   }
   if (keep == 42) std::printf(" ");  // keeps the sums alive
   std::free(buf);
-  return best;
+  if (kinds_out != nullptr) {
+    std::string line;
+    for (int kind = 0; kind < kNumProbeKinds; ++kind) {
+      absl::StrAppendFormat(&line, "%s%s %.2f", kind == 0 ? "" : ", ", kProbeKindNames[kind],
+                            best[kind]);
+    }
+    *kinds_out = line;
+  }
+  return *std::max_element(best, best + kNumProbeKinds);
 }
 
 // Device copy bandwidth of a non-CPU backend through the Backend interface itself: a 2 GiB
@@ -1012,16 +1080,18 @@ absl::Status Main() {
   if (backend_name == "cpu") {
     std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n",
                 CpuModel("unknown").c_str(), threads, kv.c_str(), steps);
-    bw = MeasureReadBandwidth(threads, /*huge_pages=*/true);
+    std::string kinds;
+    bw = MeasureReadBandwidth(threads, /*huge_pages=*/true, &kinds);
     const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
     g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads);
     std::printf("matmul-peak probe (f32 AVX2 FMA chains on registers, %d threads, best of 5): "
                 "%.1f GFLOP/s\n",
                 threads, g_fma_peak_gflops);
     std::printf(
-        "measured read bandwidth (2 GiB sum, %d threads, best of 7): %.2f GB/s with 2 MiB "
-        "pages (used below), %.2f GB/s with 4 KiB pages\n",
-        threads, bw, bw_4k);
+        "measured read bandwidth (2 GiB sum, %d threads, best of 7, strongest probe): %.2f GB/s "
+        "with 2 MiB pages (used below), %.2f GB/s with 4 KiB pages\n"
+        "read-bandwidth probes, GB/s with 2 MiB pages: %s\n",
+        threads, bw, bw_4k, kinds.c_str());
   } else {
     // Before anything slow: a build without the backend or a machine without its device ends
     // here with the registry's reason (Unavailable / NotFound), not midway through a run.
