@@ -119,7 +119,13 @@ int main(int argc, char** argv) {
       for (int32_t i = 0; i < batch; ++i) {
         Request r;
         const std::string text = absl::GetFlag(FLAGS_prompt) + " " + std::to_string(i);
-        r.prompt = (*engine)->tokenizer()->Encode(text, true).value();
+        if ((*engine)->tokenizer() != nullptr) {
+          r.prompt = (*engine)->tokenizer()->Encode(text, true).value();
+        } else {
+          // A checkpoint without a tokenizer (modserve-bench's synthetic shapes): the text's
+          // bytes as token ids, which every vocabulary of 256 or more holds.
+          for (unsigned char c : text) r.prompt.push_back(c);
+        }
         r.sampling.temperature = 0.0f;
         r.sampling.max_new_tokens = absl::GetFlag(FLAGS_new_tokens);
         r.sampling.ignore_eos = true;
