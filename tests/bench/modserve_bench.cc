@@ -120,6 +120,21 @@ double DensePrefillFlops(const Shape& s, int64_t tokens) {
 // The matmul-peak probe of this run (tests/bench/matmul_peak.h), set once in Main.
 double g_fma_peak_gflops = 0;
 
+// FLOPs of one decode token at an average context of `ctx`: every layer's matrices and attention
+// for a dense model; for MoD, the routed layers at the measured routed fraction (their attention
+// over the routed share of the context), and the LM head.
+double DecodeTokenFlops(const Shape& s, double ctx, int routed_layers, double routed_frac) {
+  const double q = static_cast<double>(s.n_heads * s.head_dim);
+  const double kv = static_cast<double>(s.n_kv_heads * s.head_dim);
+  const double d = static_cast<double>(s.d_model);
+  const double matrices = d * q + 2 * d * kv + q * d + 3 * d * static_cast<double>(s.d_ff);
+  const double dense_layer = 2 * matrices + 4 * q * ctx;
+  const double routed_layer = routed_frac * (2 * matrices + 4 * q * ctx * routed_frac);
+  return static_cast<double>(s.n_layers - routed_layers) * dense_layer +
+         static_cast<double>(routed_layers) * routed_layer +
+         2 * d * static_cast<double>(s.vocab_size);
+}
+
 // "X GFLOP/s (Y% of the probe)" for a dense prefill at `tps` tokens/s.
 std::string PrefillGflops(const Shape& s, int tokens, double tps) {
   const double gflops = DensePrefillFlops(s, tokens) / (tokens / tps) / 1e9;
@@ -851,20 +866,32 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
       static_cast<long long>(s.n_heads), static_cast<long long>(s.n_kv_heads),
       static_cast<long long>(s.d_ff), static_cast<long long>(s.vocab_size),
       dense_b.total_weights / 1e9);
+  // Roofline: the lower of the bandwidth bound (batch sequences per step time at the measured
+  // read bandwidth) and the compute bound (the matmul-peak probe over the FLOPs per token).
   std::printf(
       "| model | ctx | batch | tok/s | ms/step | MB read/step | GB/s | %% of read bw "
-      "| routed frac | skipped frac |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| routed frac | skipped frac | roofline tok/s (bw / compute bound) | %% of roofline |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int ctx : contexts) {
     for (const ModelResult& m : models) {
       for (int b : batches) {
         const DecodeRun& r = m.decode.at({ctx, b});
         const double per_step = (r.weight_bytes + r.kv_bytes) / r.steps;
-        std::printf("| %s | %d | %d | %.1f | %.1f | %.0f | %.1f | %.0f%% | %s | %s |\n",
-                    m.mod ? "MoD" : "dense", ctx, b, r.tokens_per_s(), 1e3 * r.seconds / r.steps,
-                    per_step / 1e6, r.gb_per_s(), 100 * r.gb_per_s() / bw,
-                    m.mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-",
-                    m.mod ? absl::StrFormat("%.3f", r.skip_fraction()).c_str() : "-");
+        const double bw_bound = b / (per_step / (bw * 1e9));
+        const double flops = DecodeTokenFlops(s, ctx + r.steps / 2.0,
+                                              m.mod ? static_cast<int>(mod_layers.size()) : 0,
+                                              m.mod ? r.routed_fraction() : 1.0);
+        const double compute_bound =
+            g_fma_peak_gflops > 0 ? g_fma_peak_gflops * 1e9 / flops : bw_bound;
+        const double roofline = std::min(bw_bound, compute_bound);
+        std::printf(
+            "| %s | %d | %d | %.1f | %.1f | %.0f | %.1f | %.0f%% | %s | %s | %.1f (%.1f / %.1f) "
+            "| %.0f%% |\n",
+            m.mod ? "MoD" : "dense", ctx, b, r.tokens_per_s(), 1e3 * r.seconds / r.steps,
+            per_step / 1e6, r.gb_per_s(), 100 * r.gb_per_s() / bw,
+            m.mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-",
+            m.mod ? absl::StrFormat("%.3f", r.skip_fraction()).c_str() : "-", roofline, bw_bound,
+            compute_bound, 100 * r.tokens_per_s() / roofline);
       }
     }
   }
