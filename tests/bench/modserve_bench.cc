@@ -106,11 +106,18 @@ const std::vector<Shape>& KnownShapes() {
 // (2 per multiply-add) plus causal attention (scores and values, 2 * 2 * head_dim per query head
 // and visible key), and the LM head for the last token only (the prompt's other logits are not
 // computed unless asked for).
-double DensePrefillFlops(const Shape& s, int64_t tokens) {
+// Multiply-adds of one token through one layer's matrices (q, k, v, o, gate, up, down).
+double LayerMatrixMacs(const Shape& s) {
   const double q = static_cast<double>(s.n_heads * s.head_dim);
   const double kv = static_cast<double>(s.n_kv_heads * s.head_dim);
   const double d = static_cast<double>(s.d_model);
-  const double matrices = d * q + 2 * d * kv + q * d + 3 * d * static_cast<double>(s.d_ff);
+  return d * q + 2 * d * kv + q * d + 3 * d * static_cast<double>(s.d_ff);
+}
+
+double DensePrefillFlops(const Shape& s, int64_t tokens) {
+  const double q = static_cast<double>(s.n_heads * s.head_dim);
+  const double d = static_cast<double>(s.d_model);
+  const double matrices = LayerMatrixMacs(s);
   const double t = static_cast<double>(tokens);
   const double attention = 4.0 * q * t * (t + 1) / 2;
   return static_cast<double>(s.n_layers) * (2 * matrices * t + attention) +
@@ -125,9 +132,8 @@ double g_fma_peak_gflops = 0;
 // over the routed share of the context), and the LM head.
 double DecodeTokenFlops(const Shape& s, double ctx, int routed_layers, double routed_frac) {
   const double q = static_cast<double>(s.n_heads * s.head_dim);
-  const double kv = static_cast<double>(s.n_kv_heads * s.head_dim);
   const double d = static_cast<double>(s.d_model);
-  const double matrices = d * q + 2 * d * kv + q * d + 3 * d * static_cast<double>(s.d_ff);
+  const double matrices = LayerMatrixMacs(s);
   const double dense_layer = 2 * matrices + 4 * q * ctx;
   const double routed_layer = routed_frac * (2 * matrices + 4 * q * ctx * routed_frac);
   return static_cast<double>(s.n_layers - routed_layers) * dense_layer +
