@@ -135,11 +135,6 @@ absl::Status CpuBackend::CopyToHost(const TensorView& src, const TensorView& hos
 // Every op runs to completion before returning, so there is never anything to wait for.
 absl::Status CpuBackend::Synchronize() { return absl::OkStatus(); }
 
-template <typename T>
-void CpuBackend::KvToF32(const T* src, int64_t count, float* dst) const {
-  WeightToF32(src, count, dst);
-}
-
 template <typename W>
 void CpuBackend::WeightToF32(const W* src, int64_t count, float* dst) const {
   if constexpr (std::is_same_v<W, float>) {
@@ -528,10 +523,36 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
 }
 
 // ---- Attention -------------------------------------------------------------------------------
+namespace {
+
+template <typename T>
+auto AttnScoresFor(const KernelTable& k) {
+  if constexpr (std::is_same_v<T, float>) {
+    return k.attn_scores;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return k.attn_scores_f16;
+  } else {
+    return k.attn_scores_bf16;
+  }
+}
+
+template <typename T>
+auto AttnAccumulateFor(const KernelTable& k) {
+  if constexpr (std::is_same_v<T, float>) {
+    return k.attn_accumulate;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return k.attn_accumulate_f16;
+  } else {
+    return k.attn_accumulate_bf16;
+  }
+}
+
+}  // namespace
+
 // Flash-style: per (row, kv head, split) task, keys are visited in tiles of kKeyTile; each tile's
 // scores update a running max m, denominator l and unnormalised output acc for every q head of
-// the GQA group, so memory is O(tile) whatever the context. K/V of a tile are converted to f32 once
-// and shared by the group's q heads. With more than one split, each task leaves (m, l, acc) in
+// the GQA group, so memory is O(tile) whatever the context. K/V are read in place from the pages
+// in their storage type, each key and value vector once for all the group's q heads. With more than one split, each task leaves (m, l, acc) in
 // attn_partial_ and a second pass merges the splits (log-sum-exp combine).
 template <typename T>
 void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
@@ -587,35 +608,54 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
                   j_end = std::min(len, j_begin + per_split);
     const int32_t* pages = pt + seq_of[i] * max_pages;
 
-    float* scratch = ThreadScratch(2 * kKeyTile * hd + group * (kKeyTile + hd + 3));
-    float* k_tile = scratch;                 // [kKeyTile, hd]
-    float* v_tile = k_tile + kKeyTile * hd;  // [kKeyTile, hd]
-    float* scores = v_tile + kKeyTile * hd;  // [group, kKeyTile]
+    float* scratch = ThreadScratch(group * (kKeyTile + hd + 4));
+    float* scores = scratch;                 // [group, kKeyTile]
     float* acc = scores + group * kKeyTile;  // [group, hd]
     float* m = acc + group * hd;             // [group]
     float* l = m + group;                    // [group]
     float* rescale = l + group;              // [group]
+    float* ones = rescale + group;           // [group]
     std::fill(acc, acc + group * hd, 0.0f);
     std::fill(m, m + group, -INFINITY);
     std::fill(l, l + group, 0.0f);
+    std::fill(ones, ones + group, 1.0f);
     const float* qg = qp + (i * p.n_heads + g * group) * hd;  // the group's heads are contiguous
 
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
-      for (int64_t t = 0; t < nt;) {
-        // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
-        // The entries of one head in one page are contiguous rows: converted in one call.
-        const int64_t j = t0 + t, run = std::min(bs - j % bs, nt - t);
-        const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
-        KvToF32(base + g * bs * hd, run * hd, k_tile + t * hd);
-        KvToF32(base + (kv + g) * bs * hd, run * hd, v_tile + t * hd);
+      // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
+      // The entries of one head in one page are contiguous rows, which the kernels read in place.
+      // The next tile's rows are prefetched into L2 first: its pages lie anywhere in the pool, in
+      // runs too short (bs rows) for the hardware prefetcher to find.
+      const int64_t t1 = t0 + kKeyTile, nt1 = std::min(kKeyTile, j_end - t1);
+      for (int64_t t = 0; t < nt1;) {
+        const int64_t j = t1 + t, run = std::min(bs - j % bs, nt1 - t);
+        const char* kb = reinterpret_cast<const char*>(
+            pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd + g * bs * hd);
+        const char* vb = kb + kv * bs * hd * static_cast<int64_t>(sizeof(T));
+        for (int64_t off = 0; off < run * hd * static_cast<int64_t>(sizeof(T)); off += 64) {
+          __builtin_prefetch(kb + off, 0, 2);
+          __builtin_prefetch(vb + off, 0, 2);
+        }
         t += run;
       }
-      kern.attn_scores(qg, group, k_tile, nt, hd, scale, scores, kKeyTile);
+      for (int64_t t = 0; t < nt;) {
+        const int64_t j = t0 + t, run = std::min(bs - j % bs, nt - t);
+        const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
+        AttnScoresFor<T>(kern)(qg, group, base + g * bs * hd, run, hd, scale, scores + t,
+                               kKeyTile);
+        t += run;
+      }
       for (int64_t h = 0; h < group; ++h) {
         rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
       }
-      kern.attn_accumulate(scores, kKeyTile, group, v_tile, nt, hd, rescale, acc);
+      for (int64_t t = 0; t < nt;) {
+        const int64_t j = t0 + t, run = std::min(bs - j % bs, nt - t);
+        const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
+        AttnAccumulateFor<T>(kern)(scores + t, kKeyTile, group, base + (kv + g) * bs * hd, run,
+                                   hd, t == 0 ? rescale : ones, acc);
+        t += run;
+      }
     }
 
     if (splits == 1) {

@@ -111,9 +111,6 @@ class CpuBackend final : public Backend {
   void AttentionT(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
                   const TensorView& page_table, const TensorView& row_seq,
                   const TensorView& row_kv_len, const TensorView& out);
-  // Converts `count` KV entries to f32 with this ISA's kernels (a copy for f32).
-  template <typename T>
-  void KvToF32(const T* src, int64_t count, float* dst) const;
   template <typename W>
   void WeightToF32(const W* src, int64_t count, float* dst) const;
 

@@ -97,18 +97,30 @@ struct KernelTable {
   void (*to_f32_bf16)(const bf16_t* src, int64_t count, float* dst);
 
   // scores[g, t] = scale * dot(q[g, :], keys[t, :]).
-  // q [num_q, head_dim] f32; keys [num_keys, head_dim] f32; scores [num_q, ld_scores] f32.
+  // q [num_q, head_dim] f32; keys [num_keys, head_dim] in the KV storage type (converted in
+  // registers, exactly); scores [num_q, ld_scores] f32.
   void (*attn_scores)(const float* q, int64_t num_q, const float* keys, int64_t num_keys,
                       int64_t head_dim, float scale, float* scores, int64_t ld_scores);
+  void (*attn_scores_f16)(const float* q, int64_t num_q, const f16_t* keys, int64_t num_keys,
+                          int64_t head_dim, float scale, float* scores, int64_t ld_scores);
+  void (*attn_scores_bf16)(const float* q, int64_t num_q, const bf16_t* keys, int64_t num_keys,
+                           int64_t head_dim, float scale, float* scores, int64_t ld_scores);
   // One key tile of the online softmax of one head, scores s [n] f32 in place:
   // m' = max(m, max_t s[t]); s[t] = exp(s[t] - m'); l = l * exp(m - m') + sum_t s[t]; m = m'.
   // Returns exp(m - m') (0 on the first tile, where m = -inf). The exp is vectorised (within
   // 2 ulp of expf).
   float (*attn_softmax)(float* s, int64_t n, float* m, float* l);
   // acc[g, :] = acc[g, :] * rescale[g] + sum_t probs[g, t] * values[t, :].
-  // probs [num_q, ld_probs] f32; values [num_keys, head_dim] f32; acc [num_q, head_dim] f32.
+  // probs [num_q, ld_probs] f32; values [num_keys, head_dim] in the KV storage type (converted
+  // in registers); acc [num_q, head_dim] f32.
   void (*attn_accumulate)(const float* probs, int64_t ld_probs, int64_t num_q, const float* values,
                           int64_t num_keys, int64_t head_dim, const float* rescale, float* acc);
+  void (*attn_accumulate_f16)(const float* probs, int64_t ld_probs, int64_t num_q,
+                              const f16_t* values, int64_t num_keys, int64_t head_dim,
+                              const float* rescale, float* acc);
+  void (*attn_accumulate_bf16)(const float* probs, int64_t ld_probs, int64_t num_q,
+                               const bf16_t* values, int64_t num_keys, int64_t head_dim,
+                               const float* rescale, float* acc);
 };
 
 // The table of `isa`; calling a kernel of an ISA that CpuHasIsa() rejects is undefined (SIGILL).

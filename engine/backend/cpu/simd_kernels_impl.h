@@ -217,21 +217,84 @@ void GemmLargeN(const float* x, int64_t x_begin, int64_t x_end, int64_t k, const
 }
 
 // ---- attention tiles ------------------------------------------------------------------------
-template <class S>
-void AttnScores(const float* q, int64_t num_q, const float* keys, int64_t num_keys,
-                int64_t head_dim, float scale, float* scores, int64_t ld_scores) {
-  const int64_t d_vec = head_dim - head_dim % S::kLanes;
-  for (int64_t g = 0; g < num_q; ++g) {
-    const float* qg = q + g * head_dim;
-    for (int64_t t = 0; t < num_keys; ++t) {
-      const float* kt = keys + t * head_dim;
-      typename S::V acc = S::Zero();
-      for (int64_t d = 0; d < d_vec; d += S::kLanes)
-        acc = S::Fma(S::Load(qg + d), S::Load(kt + d), acc);
-      float sum = S::ReduceAdd(acc);
-      for (int64_t d = d_vec; d < head_dim; ++d) sum += qg[d] * kt[d];
-      scores[g * ld_scores + t] = sum * scale;
+// Keys and values are read straight from the KV pages in their storage type K (f32, f16 or
+// bf16), converted in registers: no f32 copy of the tile is written and read back.
+
+// HB heads x TB keys of AttnScores: HB * TB independent dot products, each summed along head_dim
+// in its own accumulator (the order of a lone dot), every key vector loaded and converted once
+// for the HB heads.
+template <class S, class K, int HB, int TB>
+void AttnScoresBlock(const float* q, int64_t head_dim, int64_t d_vec, const K* keys, float scale,
+                     float* scores, int64_t ld_scores) {
+  using V = typename S::V;
+  V a[HB][TB];
+#pragma GCC unroll 8
+  for (int h = 0; h < HB; ++h) {
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; ++t) a[h][t] = S::Zero();
+  }
+  for (int64_t d = 0; d < d_vec; d += S::kLanes) {
+    V kv[TB];
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; ++t) kv[t] = S::Load(keys + t * head_dim + d);
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; ++h) {
+      const V qv = S::Load(q + h * head_dim + d);
+#pragma GCC unroll 8
+      for (int t = 0; t < TB; ++t) a[h][t] = S::Fma(qv, kv[t], a[h][t]);
     }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < HB; ++h) {
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; ++t) {
+      float sum = S::ReduceAdd(a[h][t]);
+      for (int64_t d = d_vec; d < head_dim; ++d) {
+        sum += q[h * head_dim + d] * S::ToF32(keys[t * head_dim + d]);
+      }
+      scores[h * ld_scores + t] = sum * scale;
+    }
+  }
+}
+
+template <class S, class K, int HB, int TB>
+void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K* keys,
+                     float scale, float* scores, int64_t ld_scores) {
+  const int64_t d_vec = head_dim - head_dim % S::kLanes;
+  int64_t t = 0;
+  for (; t + TB <= num_keys; t += TB) {
+    AttnScoresBlock<S, K, HB, TB>(q, head_dim, d_vec, keys + t * head_dim, scale, scores + t,
+                                  ld_scores);
+  }
+  for (; t < num_keys; ++t) {
+    AttnScoresBlock<S, K, HB, 1>(q, head_dim, d_vec, keys + t * head_dim, scale, scores + t,
+                                 ld_scores);
+  }
+}
+
+// Blocks of up to 4 heads and 2 keys (8 accumulators), or of fewer heads and 4 keys.
+template <class S, class K>
+void AttnScores(const float* q, int64_t num_q, const K* keys, int64_t num_keys, int64_t head_dim,
+                float scale, float* scores, int64_t ld_scores) {
+  int64_t g = 0;
+  for (; g + 4 <= num_q; g += 4) {
+    AttnScoresHeads<S, K, 4, 2>(q + g * head_dim, num_keys, head_dim, keys, scale,
+                                scores + g * ld_scores, ld_scores);
+  }
+  const float* qg = q + g * head_dim;
+  float* sg = scores + g * ld_scores;
+  switch (num_q - g) {
+    case 3:
+      AttnScoresHeads<S, K, 3, 2>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
+      break;
+    case 2:
+      AttnScoresHeads<S, K, 2, 4>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
+      break;
+    case 1:
+      AttnScoresHeads<S, K, 1, 4>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
+      break;
+    default:
+      break;
   }
 }
 
@@ -289,8 +352,8 @@ float AttnSoftmaxTile(float* s, int64_t n, float* m, float* l) {
 
 // HB heads x DC vectors of head_dim (from d0) of AttnAccumulate, all in registers across the
 // keys: each value vector is loaded once for the HB heads, each probability once for DC vectors.
-template <class S, int HB, int DC>
-void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const float* values,
+template <class S, class K, int HB, int DC>
+void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* values,
                          int64_t num_keys, int64_t head_dim, int64_t d0, const float* rescale,
                          float* acc) {
   using V = typename S::V;
@@ -321,30 +384,30 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const float* valu
   }
 }
 
-template <class S, int HB>
-void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const float* values,
+template <class S, class K, int HB>
+void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const K* values,
                          int64_t num_keys, int64_t head_dim, int64_t d_vec, const float* rescale,
                          float* acc) {
   int64_t d = 0;
   for (; d + 2 * S::kLanes <= d_vec; d += 2 * S::kLanes) {
-    AttnAccumulateBlock<S, HB, 2>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
+    AttnAccumulateBlock<S, K, HB, 2>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
   }
   for (; d < d_vec; d += S::kLanes) {
-    AttnAccumulateBlock<S, HB, 1>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
+    AttnAccumulateBlock<S, K, HB, 1>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
   }
 }
 
-template <class S>
-void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const float* values,
+template <class S, class K>
+void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K* values,
                     int64_t num_keys, int64_t head_dim, const float* rescale, float* acc) {
   const int64_t d_vec = head_dim - head_dim % S::kLanes;
   int64_t g = 0;
   for (; g + 4 <= num_q; g += 4) {
-    AttnAccumulateHeads<S, 4>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
+    AttnAccumulateHeads<S, K, 4>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
                               rescale + g, acc + g * head_dim);
   }
   for (; g < num_q; ++g) {
-    AttnAccumulateHeads<S, 1>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
+    AttnAccumulateHeads<S, K, 1>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
                               rescale + g, acc + g * head_dim);
   }
   for (g = 0; g < num_q; ++g) {
@@ -352,7 +415,7 @@ void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const f
     float* ag = acc + g * head_dim;
     for (int64_t d = d_vec; d < head_dim; ++d) {
       float a = ag[d] * rescale[g];
-      for (int64_t t = 0; t < num_keys; ++t) a += pg[t] * values[t * head_dim + d];
+      for (int64_t t = 0; t < num_keys; ++t) a += pg[t] * S::ToF32(values[t * head_dim + d]);
       ag[d] = a;
     }
   }
@@ -382,8 +445,12 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
       .gemm_large_bf16 = &GemmLargeN<S, bf16_t>,
       .to_f32_f16 = &ToF32F16<S>,
       .to_f32_bf16 = &ToF32Bf16<S>,
-      .attn_scores = &AttnScores<S>,
+      .attn_scores = &AttnScores<S, float>,
+      .attn_scores_f16 = &AttnScores<S, f16_t>,
+      .attn_scores_bf16 = &AttnScores<S, bf16_t>,
       .attn_softmax = &AttnSoftmaxTile<S>,
-      .attn_accumulate = &AttnAccumulate<S>,
+      .attn_accumulate = &AttnAccumulate<S, float>,
+      .attn_accumulate_f16 = &AttnAccumulate<S, f16_t>,
+      .attn_accumulate_bf16 = &AttnAccumulate<S, bf16_t>,
   };
 }

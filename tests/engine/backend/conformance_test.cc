@@ -262,7 +262,7 @@ TEST_P(BackendConformanceTest, AttentionMixedPrefillAndDecodeMatchesReference) {
   for (DType dt : kStorageDTypes) {
     for (auto [n_heads, n_kv_heads, head_dim, block_size] :
          std::vector<std::tuple<int, int, int, int>>{
-             {4, 2, 64, 16}, {6, 1, 20, 5}, {2, 2, 33, 8}}) {
+             {4, 2, 64, 16}, {6, 1, 20, 5}, {2, 2, 33, 8}, {9, 3, 64, 16}, {7, 7, 40, 16}}) {
       std::mt19937 rng(n_heads * 100 + head_dim + static_cast<int>(dt));
       AttentionCase c;
       c.params = {.n_heads = n_heads,
