@@ -552,8 +552,9 @@ auto AttnAccumulateFor(const KernelTable& k) {
 // Flash-style: per (row, kv head, split) task, keys are visited in tiles of kKeyTile; each tile's
 // scores update a running max m, denominator l and unnormalised output acc for every q head of
 // the GQA group, so memory is O(tile) whatever the context. K/V are read in place from the pages
-// in their storage type, each key and value vector once for all the group's q heads. With more than one split, each task leaves (m, l, acc) in
-// attn_partial_ and a second pass merges the splits (log-sum-exp combine).
+// in their storage type, each key and value vector once for all the group's q heads. With more
+// than one split, each task leaves (m, l, acc) in attn_partial_ and a second pass merges the
+// splits (log-sum-exp combine).
 template <typename T>
 void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
                             const TensorView& kv_pool, const TensorView& page_table,
