@@ -352,9 +352,10 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
 }
 
 
-// TinyLlama attention: 32 q heads, 4 kv heads, head_dim 64, BF16 KV, pages of 16 shuffled.
-void BenchDecodeAttention(CpuBackend& backend, int64_t batch, int32_t context) {
-  const int n_heads = 32, n_kv = 4, hd = 64, bs = 16;
+// Paged decode attention: n_heads q heads (TinyLlama 32, the 110m shape 12), 4 kv heads,
+// head_dim 64, BF16 KV, pages of 16 shuffled.
+void BenchDecodeAttention(CpuBackend& backend, int n_heads, int64_t batch, int32_t context) {
+  const int n_kv = 4, hd = 64, bs = 16;
   const int64_t pages_per_seq = (context + bs - 1) / bs, num_pages = batch * pages_per_seq;
   std::mt19937 rng(3);
   HugeBuffer<bf16_t> pool = RandomWeights<bf16_t>(num_pages * 2 * n_kv * bs * hd, rng);
@@ -383,8 +384,10 @@ void BenchDecodeAttention(CpuBackend& backend, int64_t batch, int32_t context) {
   }
   const double sec = Seconds(t0, Clock::now()) / calls;
   const double kv_bytes = 2.0 * batch * context * n_kv * hd * sizeof(bf16_t);
-  std::printf("  attention decode batch=%lld ctx=%d  %8.1f us/layer  %6.1f GB/s of KV\n",
-              static_cast<long long>(batch), context, sec * 1e6, kv_bytes / sec / 1e9);
+  std::printf("  attention decode heads=%d/%d batch=%lld ctx=%d  %8.1f us/layer  %6.1f GB/s of "
+              "KV\n",
+              n_heads, n_kv, static_cast<long long>(batch), context, sec * 1e6,
+              kv_bytes / sec / 1e9);
 }
 
 int Main(int argc, char** argv) {
@@ -414,7 +417,11 @@ int Main(int argc, char** argv) {
   std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
               backend.num_threads(), peak);
   if (only == "attention") {
-    for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, batch, 1024);
+    for (int n_heads : {32, 12}) {
+      for (int32_t context : {1024, 4096}) {
+        for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, n_heads, batch, context);
+      }
+    }
     return 0;
   }
   if (only == "quant-compute") {
@@ -477,7 +484,7 @@ int Main(int argc, char** argv) {
     BenchPrefillGemm<bf16_t>(backend, DType::kBF16, m, k, peak);
     BenchPrefillGemm<float>(backend, DType::kF32, m, k, peak);
   }
-  for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, batch, 1024);
+  for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, 32, batch, 1024);
   return 0;
 }
 

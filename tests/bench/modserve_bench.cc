@@ -94,7 +94,7 @@ struct Shape {
 
 const std::vector<Shape>& KnownShapes() {
   static const std::vector<Shape> shapes = {
-      {"110m", 768, 12, 12, 4, 64, 2048, 32000, 2048, 1e-5, 10000.0},
+      {"110m", 768, 12, 12, 4, 64, 2048, 32000, 8192, 1e-5, 10000.0},
       {"tinyllama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 1e-5, 10000.0},
       // Llama-3-8B: 16 GB of BF16 weights per checkpoint, meant for --backend cuda.
       {"8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 1e-5, 500000.0},

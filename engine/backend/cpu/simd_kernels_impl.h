@@ -406,9 +406,24 @@ void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K
     AttnAccumulateHeads<S, K, 4>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
                               rescale + g, acc + g * head_dim);
   }
-  for (; g < num_q; ++g) {
-    AttnAccumulateHeads<S, K, 1>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
-                              rescale + g, acc + g * head_dim);
+  // The rest of the group in one block, so each value vector is still loaded once for it.
+  const float* p_rest = probs + g * ld_probs;
+  float* a_rest = acc + g * head_dim;
+  switch (num_q - g) {
+    case 3:
+      AttnAccumulateHeads<S, K, 3>(p_rest, ld_probs, values, num_keys, head_dim, d_vec, rescale + g,
+                                   a_rest);
+      break;
+    case 2:
+      AttnAccumulateHeads<S, K, 2>(p_rest, ld_probs, values, num_keys, head_dim, d_vec, rescale + g,
+                                   a_rest);
+      break;
+    case 1:
+      AttnAccumulateHeads<S, K, 1>(p_rest, ld_probs, values, num_keys, head_dim, d_vec, rescale + g,
+                                   a_rest);
+      break;
+    default:
+      break;
   }
   for (g = 0; g < num_q; ++g) {
     const float* pg = probs + g * ld_probs;
