@@ -27,15 +27,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
-from loopback import Server, metric_sum  # noqa: E402
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+from loopback import Server, cpu_model, metric_sum  # noqa: E402
 
 
 def skipped_fraction(samples):

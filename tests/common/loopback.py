@@ -1,5 +1,6 @@
 """Helpers of the tests that drive built binaries: a `modserve` process on free loopback ports,
-its /metrics parsed, polling with a deadline, and whether a binary is a sanitizer build. It starts
+its /metrics parsed, polling with a deadline, whether a binary is a sanitizer build, and the CPU
+model for benchmark tables. It starts
 nothing by itself and never leaves a process behind when a Server is used as a context manager.
 """
 
@@ -17,6 +18,15 @@ import urllib.request
 _PORT_LINE = re.compile(r"modserve (listening|metrics|health|http) on \S+:(\d+)")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo, for printing beside a benchmark's numbers."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def wait_for(condition, timeout, what, interval=0.05):
