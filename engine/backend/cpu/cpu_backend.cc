@@ -622,41 +622,44 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     std::fill(ones, ones + group, 1.0f);
     const float* qg = qp + (i * p.n_heads + g * group) * hd;  // the group's heads are contiguous
 
+    // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
+    // The entries of one head in one page are contiguous rows, which the kernels read in place:
+    // f(t, run, rows) for each run of entries [from + t, from + t + run) within one page, rows
+    // pointing at that run's entries of the page (add g * bs * hd for head g's K, (kv + g) *
+    // bs * hd for its V).
+    auto for_each_run = [&](int64_t from, int64_t count, auto&& f) {
+      for (int64_t t = 0; t < count;) {
+        const int64_t j = from + t, run = std::min(bs - j % bs, count - t);
+        f(t, run, pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd);
+        t += run;
+      }
+    };
+    const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
-      // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
-      // The entries of one head in one page are contiguous rows, which the kernels read in place.
-      // The next tile's rows are prefetched into L2 first: its pages lie anywhere in the pool, in
-      // runs too short (bs rows) for the hardware prefetcher to find.
-      const int64_t t1 = t0 + kKeyTile, nt1 = std::min(kKeyTile, j_end - t1);
-      for (int64_t t = 0; t < nt1;) {
-        const int64_t j = t1 + t, run = std::min(bs - j % bs, nt1 - t);
-        const char* kb = reinterpret_cast<const char*>(
-            pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd + g * bs * hd);
-        const char* vb = kb + kv * bs * hd * static_cast<int64_t>(sizeof(T));
-        for (int64_t off = 0; off < run * hd * static_cast<int64_t>(sizeof(T)); off += 64) {
+      // The next tile's rows are prefetched into L2 first: its pages lie anywhere in the pool,
+      // in runs too short (bs rows) for the hardware prefetcher to find.
+      const int64_t t1 = t0 + kKeyTile;
+      for_each_run(t1, std::min(kKeyTile, j_end - t1), [&](int64_t, int64_t run, const T* rows) {
+        const char* kb = reinterpret_cast<const char*>(rows + g * bs * hd);
+        const char* vb = reinterpret_cast<const char*>(rows + (kv + g) * bs * hd);
+        for (int64_t off = 0; off < run * row_bytes; off += 64) {
           __builtin_prefetch(kb + off, 0, 2);
           __builtin_prefetch(vb + off, 0, 2);
         }
-        t += run;
-      }
-      for (int64_t t = 0; t < nt;) {
-        const int64_t j = t0 + t, run = std::min(bs - j % bs, nt - t);
-        const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
-        AttnScoresFor<T>(kern)(qg, group, base + g * bs * hd, run, hd, scale, scores + t,
+      });
+      for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
+        AttnScoresFor<T>(kern)(qg, group, rows + g * bs * hd, run, hd, scale, scores + t,
                                kKeyTile);
-        t += run;
-      }
+      });
       for (int64_t h = 0; h < group; ++h) {
         rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
       }
-      for (int64_t t = 0; t < nt;) {
-        const int64_t j = t0 + t, run = std::min(bs - j % bs, nt - t);
-        const T* base = pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd;
-        AttnAccumulateFor<T>(kern)(scores + t, kKeyTile, group, base + (kv + g) * bs * hd, run,
+      // acc is rescaled once per tile, by the first run's call.
+      for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
+        AttnAccumulateFor<T>(kern)(scores + t, kKeyTile, group, rows + (kv + g) * bs * hd, run,
                                    hd, t == 0 ? rescale : ones, acc);
-        t += run;
-      }
+      });
     }
 
     if (splits == 1) {
