@@ -48,13 +48,10 @@ import mod_tune  # noqa: E402
 from modref.model import causal_mask  # noqa: E402
 
 
-METRIC = "norm"
-
-
-def relative_update(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def relative_update(x: torch.Tensor, y: torch.Tensor, metric: str = "norm") -> torch.Tensor:
     """How much a block changes each token: ||y - x|| / ||x|| ("norm") or 1 - cos(x, y)
     ("cos", the influence mod_tune.py's collect stage measures)."""
-    if METRIC == "cos":
+    if metric == "cos":
         return 1.0 - torch.nn.functional.cosine_similarity(x, y, dim=-1)
     return (y - x).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12)
 
@@ -81,9 +78,10 @@ def grad_estimates(dense, tokens: torch.Tensor, layers: set) -> dict:
 
 
 def oracle_forward(dense, tokens: torch.Tensor, layers: set, policy: str, arg: float,
-                   skip_layers: set, record: dict | None = None):
+                   skip_layers: set, record: dict | None = None, metric: str = "norm"):
     """Logits [B, T, V] and the number of block computations skipped. With `record`, each routed
-    layer's decisions (bool [B, T], True = computed) are stored in it."""
+    layer's decisions (bool [B, T], True = computed) are stored in it. `metric`: the ranking of
+    the token and global policies (relative_update)."""
     B, T = tokens.shape
     x = dense.model.embed_tokens(tokens)
     pos = torch.arange(T).expand(B, T)
@@ -99,7 +97,7 @@ def oracle_forward(dense, tokens: torch.Tensor, layers: set, policy: str, arg: f
         if l not in layers or policy == "layers":
             x = y
             continue
-        u = est[l] if policy == "grad" else relative_update(x, y)
+        u = est[l] if policy == "grad" else relative_update(x, y, metric)
         if policy in ("token", "grad"):
             k = min(T, math.ceil(arg * T - 1e-9))
             keep = torch.zeros(B, T, dtype=torch.bool)
@@ -115,17 +113,18 @@ def oracle_forward(dense, tokens: torch.Tensor, layers: set, policy: str, arg: f
     return dense.logits(x), skipped
 
 
-def layer_means(dense, tokens: torch.Tensor) -> list:
+def dense_pass(dense, tokens: torch.Tensor, metric: str) -> tuple:
+    """The dense model's logits [B, T, V] and each layer's mean relative update."""
     B, T = tokens.shape
     x = dense.model.embed_tokens(tokens)
     pos = torch.arange(T).expand(B, T)
     mask = causal_mask(B, T)
-    out = []
+    means = []
     for blk in dense.model.layers:
         y, _, _ = blk.run(x, pos, mask)
-        out.append(relative_update(x, y).mean().item())
+        means.append(relative_update(x, y, metric).mean().item())
         x = y
-    return out
+    return dense.logits(x), means
 
 
 def nll(logits: torch.Tensor, tokens: torch.Tensor) -> float:
@@ -146,8 +145,6 @@ def main():
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    global METRIC
-    METRIC = args.metric
     dense = mod_tune.load_dense(args.base)
     n_layers = dense.cfg.n_layers
     layers = set(mod_tune.parse_layers(args.layers, n_layers))
@@ -162,8 +159,9 @@ def main():
         dense_nll = 0.0
         for b in range(windows.shape[0]):
             wb = windows[b:b + 1]
-            dense_nll += nll(dense.logits(run_dense(dense, wb)), wb)
-            for l, m in enumerate(layer_means(dense, wb)):
+            logits, layer_mean = dense_pass(dense, wb, args.metric)
+            dense_nll += nll(logits, wb)
+            for l, m in enumerate(layer_mean):
                 means[l] += m / windows.shape[0]
         dense_ppl = math.exp(dense_nll / predicted)
         print(f"dense: ppl {dense_ppl:.3f} ({time.time() - t0:.0f} s); mean relative update per "
@@ -180,7 +178,8 @@ def main():
             total_nll, skipped = 0.0, 0
             for b in range(windows.shape[0]):
                 wb = windows[b:b + 1]
-                logits, s = oracle_forward(dense, wb, layers, policy, arg, skip_layers)
+                logits, s = oracle_forward(dense, wb, layers, policy, arg, skip_layers,
+                                           metric=args.metric)
                 total_nll += nll(logits, wb)
                 skipped += s
             ppl = math.exp(total_nll / predicted)
@@ -204,16 +203,6 @@ def main():
             json.dump({"dense_ppl": dense_ppl, "layer_mean_update": means, "rows": rows,
                        "predicted_tokens": predicted, "cpu": mod_tune.cpu_model()}, f, indent=2)
             f.write("\n")
-
-
-def run_dense(dense, tokens: torch.Tensor) -> torch.Tensor:
-    B, T = tokens.shape
-    x = dense.model.embed_tokens(tokens)
-    pos = torch.arange(T).expand(B, T)
-    mask = causal_mask(B, T)
-    for blk in dense.model.layers:
-        x, _, _ = blk.run(x, pos, mask)
-    return x
 
 
 if __name__ == "__main__":

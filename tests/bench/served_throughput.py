@@ -6,8 +6,8 @@ sends --waves x concurrency greedy requests of --prompt_tokens random token ids 
 --max_new_tokens generated tokens each (ignore_eos), and prints one Markdown table: generated
 tokens per second over the run's wall time (prefill included, as a client sees it), TTFT and
 inter-token latency percentiles, generated tokens per step that decoded (decode and mixed steps,
-from the server's /metrics: the batch the engine ran), and for MoD checkpoints the fraction of block computations skipped
-(modserve_layer_tokens_total). The CPU model is printed with the table.
+from the server's /metrics: the batch the engine ran), and for MoD checkpoints the fraction of
+block computations skipped (modserve_layer_tokens_total). The CPU model is printed with the table.
 
     python3 tests/bench/served_throughput.py build \\
         /tmp/modserve-bench/110m-dense,/tmp/modserve-bench/110m-mod --concurrency 16,64
