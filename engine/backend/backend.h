@@ -12,6 +12,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
@@ -35,6 +36,7 @@ enum class OpKind : uint8_t {
   kScatterCombine,
   kCopyKvPages,
   kRouteSelect,
+  kRouteRows,
 };
 
 constexpr std::string_view OpKindName(OpKind op) {
@@ -63,6 +65,8 @@ constexpr std::string_view OpKindName(OpKind op) {
       return "CopyKvPages";
     case OpKind::kRouteSelect:
       return "RouteSelect";
+    case OpKind::kRouteRows:
+      return "RouteRows";
   }
   return "?";
 }
@@ -211,6 +215,46 @@ class Backend {
     for (int64_t i = 0; i < count; ++i) task(i);
   }
 
+  // Row counts that live on the device (DESIGN.md section 5.2): a routed layer's block runs on
+  // the rows RouteSelect chose without the host learning how many there are. While a count is
+  // set, every op below takes its row dimension (the n or m that its comment puts first on x, q,
+  // ids, z or idx) as a capacity and processes rows [0, min(n, count[0])) only, reading count[0]
+  // when it runs, not when it is enqueued. With a count of 0 there is no row to compute, and
+  // backends skip the work where they can (the CPU backend, and the CUDA decode GEMV, which then
+  // reads no weight). Index and metadata entries of later rows are not read. Output rows past the count
+  // are unspecified (a backend may compute them from whatever the inputs hold there, e.g. when a
+  // library GEMM takes its row count from the host), except that ops which write through an index
+  // write for counted rows only: RopeAndAppendKv's slots, ScatterCombine's x[idx[j]]. Each
+  // counted row gets the bits the op gives it in a call of exactly count[0] rows.
+  // count: [1] i32 in this backend's memory, alive while set; an empty view clears it.
+  // CopyKvPages ignores it. CHECK-fails unless SupportsDeviceRowCount().
+  virtual bool SupportsDeviceRowCount() const { return false; }
+  virtual void SetDeviceRowCount(const TensorView& count) {
+    MODSERVE_CHECK(count.empty()) << "backend '" << name() << "' has no device row counts";
+  }
+
+  // Graphs (DESIGN.md section 5.2): the ops enqueued between BeginCapture() and EndCapture() are
+  // recorded instead of run, and Replay(graph) runs them again, in order, as enqueued: same
+  // tensors, same shapes, every tensor's contents (device row counts included) read when the
+  // replay runs. The host fills the inputs with CopyToDevice before a replay. Only ops may be
+  // captured: CopyToDevice, CopyToHost, Synchronize, Allocate and CopyKvPages during a capture are
+  // caller bugs (CHECK). A graph stays valid while every buffer it names lives; ReleaseGraphs()
+  // drops them all. Errors: Unimplemented unless SupportsGraphs(); Internal when the device
+  // refuses (the capture is then abandoned, nothing stays recorded).
+  virtual bool SupportsGraphs() const { return false; }
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError(absl::StrCat("backend '", name(), "' has no graphs"));
+  }
+  // The new graph's id (>= 0).
+  virtual absl::StatusOr<int> EndCapture() {
+    return absl::UnimplementedError(absl::StrCat("backend '", name(), "' has no graphs"));
+  }
+  virtual absl::Status Replay(int graph) {
+    return absl::UnimplementedError(
+        absl::StrCat("backend '", name(), "' has no graph ", graph));
+  }
+  virtual void ReleaseGraphs() {}
+
   // Device memory of at least `bytes` bytes, aligned to 64 bytes. ResourceExhausted when the
   // device has no room (the message names the request size).
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
@@ -309,10 +353,28 @@ class Backend {
   // idx[0 .. count) and their router scores s[idx[j]] to s_sel[j]; count[0] = how many. Entries
   // of idx and s_sel from count on are unspecified.
   // z, tau, s, probs, s_sel [n] f32; idx [n] i32; count [1] i32; n >= 1. probs, idx, s_sel and
-  // count must not alias each other or the inputs.
+  // count must not alias each other or the inputs. Under a device row count c (above) only rows
+  // [0, c) are candidates, and count[0] is written even when c is 0.
   virtual void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
                            const TensorView& probs, const TensorView& idx,
                            const TensorView& s_sel, const TensorView& count) = 0;
+
+  // The KV metadata of a routed layer's selected rows, computed where RouteSelect left them
+  // (DESIGN.md section 5.2), so that no routed layer needs the host. For each j, with r = idx[j]
+  // the step row and s = row_seq[r] its sequence:
+  //   rank          = j - #{j' < j : idx[j'] < seq_first_row[s]}  (r's place among s's routed rows)
+  //   out_pos[j]    = row_pos[r]
+  //   out_slots[j]  = cand_slots[seq_first_row[s] + rank]  (s's reserved slots at this layer)
+  //   out_seq[j]    = s
+  //   out_kv_len[j] = seq_kv_base[s] + rank + 1
+  // idx [m] i32 ascending (RouteSelect's); row_seq, row_pos, cand_slots [N] i32 over the step's
+  // rows, rows of a sequence contiguous from seq_first_row[s]; seq_first_row, seq_kv_base [S] i32;
+  // out_pos, out_slots, out_seq, out_kv_len [m] i32, aliasing nothing. The row dimension is m.
+  virtual void RouteRows(const TensorView& idx, const TensorView& row_seq,
+                         const TensorView& row_pos, const TensorView& cand_slots,
+                         const TensorView& seq_first_row, const TensorView& seq_kv_base,
+                         const TensorView& out_pos, const TensorView& out_slots,
+                         const TensorView& out_seq, const TensorView& out_kv_len) = 0;
 };
 
 }  // namespace modserve::backend

@@ -167,6 +167,38 @@ void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& 
       << s_sel.ShapeString() << " count " << count.ShapeString();
 }
 
+void CheckRouteRowsArgs(Device device, const TensorView& idx, const TensorView& row_seq,
+                        const TensorView& row_pos, const TensorView& cand_slots,
+                        const TensorView& seq_first_row, const TensorView& seq_kv_base,
+                        const TensorView& out_pos, const TensorView& out_slots,
+                        const TensorView& out_seq, const TensorView& out_kv_len) {
+  CheckTensor(device, idx, DType::kI32, 1, "idx");
+  CheckTensor(device, row_seq, DType::kI32, 1, "row_seq");
+  CheckTensor(device, row_pos, DType::kI32, 1, "row_pos");
+  CheckTensor(device, cand_slots, DType::kI32, 1, "cand_slots");
+  CheckTensor(device, seq_first_row, DType::kI32, 1, "seq_first_row");
+  CheckTensor(device, seq_kv_base, DType::kI32, 1, "seq_kv_base");
+  CheckTensor(device, out_pos, DType::kI32, 1, "out_pos");
+  CheckTensor(device, out_slots, DType::kI32, 1, "out_slots");
+  CheckTensor(device, out_seq, DType::kI32, 1, "out_seq");
+  CheckTensor(device, out_kv_len, DType::kI32, 1, "out_kv_len");
+  const int64_t m = idx.dim(0), n = row_seq.dim(0), s = seq_first_row.dim(0);
+  MODSERVE_CHECK(row_pos.dim(0) == n && cand_slots.dim(0) == n && seq_kv_base.dim(0) == s &&
+                 out_pos.dim(0) == m && out_slots.dim(0) == m && out_seq.dim(0) == m &&
+                 out_kv_len.dim(0) == m && s >= 1)
+      << "idx " << idx.ShapeString() << " row_seq " << row_seq.ShapeString() << " row_pos "
+      << row_pos.ShapeString() << " cand_slots " << cand_slots.ShapeString() << " seq_first_row "
+      << seq_first_row.ShapeString() << " seq_kv_base " << seq_kv_base.ShapeString()
+      << " outputs " << out_pos.ShapeString() << " " << out_slots.ShapeString() << " "
+      << out_seq.ShapeString() << " " << out_kv_len.ShapeString();
+}
+
+void CheckRowCountArg(Device device, const TensorView& count) {
+  if (count.empty()) return;
+  CheckTensor(device, count, DType::kI32, 1, "row count");
+  MODSERVE_CHECK(count.dim(0) == 1) << "row count " << count.ShapeString();
+}
+
 void CheckCopyKvPagesArgs(Device device, const TensorView& kv_pool,
                           absl::Span<const std::pair<int32_t, int32_t>> copies) {
   MODSERVE_CHECK(kv_pool.device == device) << "kv_pool is not on this backend's device";

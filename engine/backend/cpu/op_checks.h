@@ -38,6 +38,15 @@ void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorVie
 void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& tau,
                           const TensorView& s, const TensorView& probs, const TensorView& idx,
                           const TensorView& s_sel, const TensorView& count);
+// idx and the four outputs [m] i32; row_seq, row_pos, cand_slots [N] i32; seq_first_row and
+// seq_kv_base [S] i32 (Backend::RouteRows).
+void CheckRouteRowsArgs(Device device, const TensorView& idx, const TensorView& row_seq,
+                        const TensorView& row_pos, const TensorView& cand_slots,
+                        const TensorView& seq_first_row, const TensorView& seq_kv_base,
+                        const TensorView& out_pos, const TensorView& out_slots,
+                        const TensorView& out_seq, const TensorView& out_kv_len);
+// count [1] i32 (Backend::SetDeviceRowCount), or empty.
+void CheckRowCountArg(Device device, const TensorView& count);
 // kv_pool [num_pages, 2 * n_kv_heads, block_size, head_dim] of a KV storage type; every page id
 // in range, src != dst, each dst once and never a src.
 void CheckCopyKvPagesArgs(Device device, const TensorView& kv_pool,
