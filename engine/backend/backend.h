@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -243,15 +244,17 @@ class Backend {
   // refuses (the capture is then abandoned, nothing stays recorded).
   virtual bool SupportsGraphs() const { return false; }
   virtual absl::Status BeginCapture() {
-    return absl::UnimplementedError(absl::StrCat("backend '", name(), "' has no graphs"));
+    return absl::UnimplementedError(
+        absl::StrCat("backend '", std::string(name()), "' has no graphs"));
   }
   // The new graph's id (>= 0).
   virtual absl::StatusOr<int> EndCapture() {
-    return absl::UnimplementedError(absl::StrCat("backend '", name(), "' has no graphs"));
+    return absl::UnimplementedError(
+        absl::StrCat("backend '", std::string(name()), "' has no graphs"));
   }
   virtual absl::Status Replay(int graph) {
     return absl::UnimplementedError(
-        absl::StrCat("backend '", name(), "' has no graph ", graph));
+        absl::StrCat("backend '", std::string(name()), "' has no graph ", graph));
   }
   virtual void ReleaseGraphs() {}
 
