@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cpu/op_checks.h"
@@ -89,8 +90,15 @@ bool CpuBackend::Supports(OpKind op, DType dtype) const {
       return dtype == DType::kF32;
     case OpKind::kCopyKvPages:
       return float_storage;
+    case OpKind::kRouteRows:
+      return dtype == DType::kI32;
   }
   return false;
+}
+
+void CpuBackend::SetDeviceRowCount(const TensorView& count) {
+  CheckRowCountArg(kHost, count);
+  row_count_ = count.empty() ? nullptr : count.as<int32_t>();
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
@@ -184,6 +192,10 @@ void CpuBackend::EmbedQuantized(const TensorView& ids, const TensorView& table,
 
 void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
   CheckEmbedArgs(kHost, ids, table, out);
+  if (const int64_t n = CountedRows(ids.dim(0)); n < ids.dim(0)) {
+    if (n > 0) Embed(ids.rows(0, n), table, out.rows(0, n));
+    return;
+  }
   switch (table.dtype) {
     case DType::kF32:
       return EmbedT<float>(ids, table, out);
@@ -237,6 +249,10 @@ void CpuBackend::RmsNormT(float eps, const TensorView& x, const TensorView& weig
 void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
                          const TensorView& out) {
   CheckRmsNormArgs(kHost, x, weight, out);
+  if (const int64_t n = CountedRows(x.dim(0)); n < x.dim(0)) {
+    if (n > 0) RmsNorm(params, x.rows(0, n), weight, out.rows(0, n));
+    return;
+  }
   switch (weight.dtype) {
     case DType::kF32:
       return RmsNormT<float>(params.eps, x, weight, out);
@@ -319,6 +335,13 @@ QuantGemmFn CpuBackend::QuantKernel(DType dtype) const {
 // x is rounded to 8 bits per 32-element block (QuantizedActs) once per activation layout the
 // group's kernels want, then every weight block is an integer dot product (kernels.h).
 void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> group) {
+  if (const int64_t n = CountedRows(x.dim(0)); n < x.dim(0)) {
+    if (n == 0) return;
+    absl::InlinedVector<GemmOperand, 4> counted(group.begin(), group.end());
+    for (GemmOperand& g : counted) g.out = g.out.rows(0, n);
+    GemmGroup(x.rows(0, n), counted);
+    return;
+  }
   for (size_t i = 0; i < group.size(); ++i) {
     const GemmOperand& g = group[i];
     CheckGemmArgs(kHost, x, g.w, g.bias, g.out);
@@ -504,6 +527,13 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
                                  const TensorView& v, const TensorView& positions,
                                  const TensorView& slots, const TensorView& kv_pool) {
   CheckRopeAndAppendKvArgs(kHost, params, q, k, v, positions, slots, kv_pool);
+  if (const int64_t n = CountedRows(q.dim(0)); n < q.dim(0)) {
+    if (n > 0) {
+      RopeAndAppendKv(params, q.rows(0, n), k.rows(0, n), v.rows(0, n), positions.rows(0, n),
+                      slots.rows(0, n), kv_pool);
+    }
+    return;
+  }
   switch (kv_pool.dtype) {
     case DType::kF32:
       return RopeAndAppendKvT<float>(params, q, k, v, positions, slots, kv_pool);
@@ -712,6 +742,13 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
                            const TensorView& row_seq, const TensorView& row_kv_len,
                            const TensorView& out) {
   CheckAttentionArgs(kHost, params, q, kv_pool, page_table, row_seq, row_kv_len, out);
+  if (const int64_t n = CountedRows(q.dim(0)); n < q.dim(0)) {
+    if (n > 0) {
+      Attention(params, q.rows(0, n), kv_pool, page_table, row_seq.rows(0, n),
+                row_kv_len.rows(0, n), out.rows(0, n));
+    }
+    return;
+  }
   switch (kv_pool.dtype) {
     case DType::kF32:
       return AttentionT<float>(params, q, kv_pool, page_table, row_seq, row_kv_len, out);
@@ -733,6 +770,10 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
 // ---- elementwise and MoD ops -----------------------------------------------------------------
 void CpuBackend::SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) {
   CheckSameShapeF32Args(kHost, gate, up, out);
+  if (const int64_t n = CountedRows(gate.dim(0)); n < gate.dim(0)) {
+    if (n > 0) SwiGlu(gate.rows(0, n), up.rows(0, n), out.rows(0, n));
+    return;
+  }
   const float* g = gate.as<float>();
   const float* u = up.as<float>();
   float* o = out.as<float>();
@@ -743,6 +784,10 @@ void CpuBackend::SwiGlu(const TensorView& gate, const TensorView& up, const Tens
 
 void CpuBackend::Activation(const ActivationParams& params, const TensorView& x) {
   CheckActivationArgs(kHost, x);
+  if (const int64_t n = CountedRows(x.dim(0)); n < x.dim(0)) {
+    if (n > 0) Activation(params, x.rows(0, n));
+    return;
+  }
   float* v = x.as<float>();
   const ActivationKind kind = params.kind;
   pool_.ParallelFor(0, x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
@@ -764,6 +809,10 @@ void CpuBackend::Activation(const ActivationParams& params, const TensorView& x)
 
 void CpuBackend::Add(const TensorView& a, const TensorView& b, const TensorView& out) {
   CheckSameShapeF32Args(kHost, a, b, out);
+  if (const int64_t n = CountedRows(a.dim(0)); n < a.dim(0)) {
+    if (n > 0) Add(a.rows(0, n), b.rows(0, n), out.rows(0, n));
+    return;
+  }
   const float* ap = a.as<float>();
   const float* bp = b.as<float>();
   float* o = out.as<float>();
@@ -774,6 +823,10 @@ void CpuBackend::Add(const TensorView& a, const TensorView& b, const TensorView&
 
 void CpuBackend::GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) {
   CheckGatherRowsArgs(kHost, x, idx, out);
+  if (const int64_t m = CountedRows(idx.dim(0)); m < idx.dim(0)) {
+    if (m > 0) GatherRows(x, idx.rows(0, m), out.rows(0, m));
+    return;
+  }
   const int64_t n = x.dim(0), d = x.dim(1), m = idx.dim(0);
   const int32_t* rows = idx.as<int32_t>();
   for (int64_t j = 0; j < m; ++j) {
@@ -787,6 +840,10 @@ void CpuBackend::GatherRows(const TensorView& x, const TensorView& idx, const Te
 void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const TensorView& x,
                                 const TensorView& y, const TensorView& idx, const TensorView& s) {
   CheckScatterCombineArgs(kHost, x, y, idx, s);
+  if (const int64_t m = CountedRows(idx.dim(0)); m < idx.dim(0)) {
+    if (m > 0) ScatterCombine(params, x, y.rows(0, m), idx.rows(0, m), s.rows(0, m));
+    return;
+  }
   const int64_t n = x.dim(0), d = x.dim(1), m = idx.dim(0);
   const int32_t* rows = idx.as<int32_t>();
   for (int64_t j = 0; j < m; ++j) {
@@ -841,7 +898,47 @@ void CpuBackend::CopyKvPages(const TensorView& kv_pool,
 void CpuBackend::RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
                              const TensorView& probs, const TensorView& idx,
                              const TensorView& s_sel, const TensorView& count) {
+  if (const int64_t n = CountedRows(z.dim(0)); n < z.dim(0)) {
+    CheckRouteSelectArgs(kHost, z, tau, s, probs, idx, s_sel, count);
+    if (n == 0) {
+      count.as<int32_t>()[0] = 0;
+      return;
+    }
+    reference::RouteSelect(z.rows(0, n), tau.rows(0, n), s.rows(0, n), probs.rows(0, n),
+                           idx.rows(0, n), s_sel.rows(0, n), count);
+    return;
+  }
   reference::RouteSelect(z, tau, s, probs, idx, s_sel, count);
+}
+
+// The reference's formula, with each row's rank carried along: the routed rows of a sequence
+// are consecutive in idx, so a rank is the previous row's plus one within the same sequence.
+void CpuBackend::RouteRows(const TensorView& idx, const TensorView& row_seq,
+                           const TensorView& row_pos, const TensorView& cand_slots,
+                           const TensorView& seq_first_row, const TensorView& seq_kv_base,
+                           const TensorView& out_pos, const TensorView& out_slots,
+                           const TensorView& out_seq, const TensorView& out_kv_len) {
+  CheckRouteRowsArgs(kHost, idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base,
+                     out_pos, out_slots, out_seq, out_kv_len);
+  const int64_t m = CountedRows(idx.dim(0)), n = row_seq.dim(0);
+  const int64_t num_seqs = seq_first_row.dim(0);
+  const int32_t* rows = idx.as<int32_t>();
+  int32_t prev_seq = -1, rank = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t r = rows[j];
+    MODSERVE_CHECK(r >= 0 && r < n && (j == 0 || rows[j - 1] < r))
+        << "routed row " << r << " of " << n << " at " << j << " (rows must ascend)";
+    const int32_t s = row_seq.as<int32_t>()[r];
+    MODSERVE_CHECK(s >= 0 && s < num_seqs && s >= prev_seq) << "row " << r << " of sequence " << s;
+    rank = s == prev_seq ? rank + 1 : 0;
+    prev_seq = s;
+    const int64_t cand = int64_t{seq_first_row.as<int32_t>()[s]} + rank;
+    MODSERVE_CHECK(cand >= 0 && cand < n) << "candidate slot " << cand << " of " << n;
+    out_pos.as<int32_t>()[j] = row_pos.as<int32_t>()[r];
+    out_slots.as<int32_t>()[j] = cand_slots.as<int32_t>()[cand];
+    out_seq.as<int32_t>()[j] = s;
+    out_kv_len.as<int32_t>()[j] = seq_kv_base.as<int32_t>()[s] + rank + 1;
+  }
 }
 
 }  // namespace modserve::backend::cpu

@@ -4,6 +4,7 @@
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_CPU_BACKEND_H_
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -49,6 +50,9 @@ class CpuBackend final : public Backend {
     });
   }
   bool Supports(OpKind op, DType dtype) const override;
+  bool SupportsDeviceRowCount() const override { return true; }
+  // Ops run when called, so the count is read when the op is called.
+  void SetDeviceRowCount(const TensorView& count) override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
   absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
@@ -77,6 +81,11 @@ class CpuBackend final : public Backend {
   void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
                    const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                    const TensorView& count) override;
+  void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,
+                 const TensorView& cand_slots, const TensorView& seq_first_row,
+                 const TensorView& seq_kv_base, const TensorView& out_pos,
+                 const TensorView& out_slots, const TensorView& out_seq,
+                 const TensorView& out_kv_len) override;
 
  private:
   CpuBackend(const KernelTable& kernels, int num_threads);
@@ -114,7 +123,13 @@ class CpuBackend final : public Backend {
   template <typename W>
   void WeightToF32(const W* src, int64_t count, float* dst) const;
 
+  // Rows an op with capacity n runs: n, or min(n, count) under a device row count.
+  int64_t CountedRows(int64_t n) const {
+    return row_count_ == nullptr ? n : std::clamp<int64_t>(*row_count_, 0, n);
+  }
+
   const KernelTable& kernels_;
+  const int32_t* row_count_ = nullptr;  // SetDeviceRowCount's count, or null
   ThreadPool pool_;
   // Scratch reused across calls so a decode step does not allocate once sizes have been seen.
   std::vector<float> bias_f32_;      // f32 Gemm biases of a group, converted once per call

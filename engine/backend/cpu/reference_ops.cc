@@ -424,4 +424,32 @@ void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s
   count.as<int32_t>()[0] = m;
 }
 
+void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,
+               const TensorView& cand_slots, const TensorView& seq_first_row,
+               const TensorView& seq_kv_base, const TensorView& out_pos,
+               const TensorView& out_slots, const TensorView& out_seq,
+               const TensorView& out_kv_len) {
+  CheckRouteRowsArgs(kHost, idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base,
+                     out_pos, out_slots, out_seq, out_kv_len);
+  const int64_t m = idx.dim(0), n = row_seq.dim(0), num_seqs = seq_first_row.dim(0);
+  const int32_t* rows = idx.as<int32_t>();
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t r = rows[j];
+    MODSERVE_CHECK(r >= 0 && r < n) << "routed row " << r << " of " << n;
+    MODSERVE_CHECK(j == 0 || rows[j - 1] < r) << "routed rows not ascending at " << j;
+    const int32_t s = row_seq.as<int32_t>()[r];
+    MODSERVE_CHECK(s >= 0 && s < num_seqs) << "row " << r << " of sequence " << s;
+    const int32_t first = seq_first_row.as<int32_t>()[s];
+    // The routed rows before j that belong to earlier sequences: all those below `first`.
+    int64_t before = 0;
+    while (before < j && rows[before] < first) ++before;
+    const int64_t rank = j - before;
+    MODSERVE_CHECK(first >= 0 && first + rank < n) << "candidate slot " << first + rank;
+    out_pos.as<int32_t>()[j] = row_pos.as<int32_t>()[r];
+    out_slots.as<int32_t>()[j] = cand_slots.as<int32_t>()[first + rank];
+    out_seq.as<int32_t>()[j] = s;
+    out_kv_len.as<int32_t>()[j] = seq_kv_base.as<int32_t>()[s] + static_cast<int32_t>(rank) + 1;
+  }
+}
+
 }  // namespace modserve::backend::cpu::reference

@@ -32,6 +32,11 @@ void CopyKvPages(const TensorView& kv_pool, absl::Span<const std::pair<int32_t, 
 void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
                  const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                  const TensorView& count);
+void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,
+               const TensorView& cand_slots, const TensorView& seq_first_row,
+               const TensorView& seq_kv_base, const TensorView& out_pos,
+               const TensorView& out_slots, const TensorView& out_seq,
+               const TensorView& out_kv_len);
 
 }  // namespace modserve::backend::cpu::reference
 

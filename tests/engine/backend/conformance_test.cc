@@ -732,6 +732,269 @@ TEST_P(BackendConformanceTest, SupportsEveryStorageDTypeForWeightOps) {
   }
 }
 
+// ---- device row counts and RouteRows (backend.h: SetDeviceRowCount, RouteRows) ------------
+// The first `rows` rows of a host tensor, as a tensor of its own.
+HostTensor FirstRows(const HostTensor& t, int64_t rows) {
+  HostTensor out = t;
+  out.dims[0] = rows;
+  out.numel_ = t.numel() / t.dims[0] * rows;
+  out.storage.resize(DTypeRowBytes(t.dtype, out.numel_));
+  return out;
+}
+
+// A RouteRows problem: step rows of `seq_lens` sequences, routed rows `idx` (ascending), each
+// sequence's candidate slots at the layer in its own rows' places, entries before the step.
+struct RouteRowsCase {
+  std::vector<int32_t> idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base;
+};
+
+RouteRowsCase MakeRouteRowsCase(std::mt19937& rng, const std::vector<int32_t>& seq_lens,
+                                double p_routed) {
+  RouteRowsCase c;
+  std::bernoulli_distribution routed(p_routed);
+  int32_t row = 0, slot = 1000;
+  for (size_t s = 0; s < seq_lens.size(); ++s) {
+    c.seq_first_row.push_back(row);
+    c.seq_kv_base.push_back(static_cast<int32_t>(rng() % 300));
+    const int32_t start = static_cast<int32_t>(rng() % 500);
+    for (int32_t t = 0; t < seq_lens[s]; ++t, ++row) {
+      c.row_seq.push_back(static_cast<int32_t>(s));
+      c.row_pos.push_back(start + t);
+      c.cand_slots.push_back(slot += 1 + static_cast<int32_t>(rng() % 40));
+      if (routed(rng)) c.idx.push_back(row);
+    }
+  }
+  return c;
+}
+
+TEST_P(BackendConformanceTest, RouteRowsMatchesReference) {
+  for (auto [lens, p_routed] : std::vector<std::pair<std::vector<int32_t>, double>>{
+           {{1}, 1.0},
+           {{1, 1, 1, 1, 1, 1, 1, 1}, 0.5},   // a decode step
+           {{40, 1, 3, 1, 17}, 0.3},          // prefill chunks and decode rows
+           {{300, 200, 1, 600, 5}, 0.125},    // long prompts, ~12.5% routed
+           {{64, 64}, 1.0}}) {                // everything routed in
+    std::mt19937 rng(static_cast<uint32_t>(lens.size() * 31 + lens[0]));
+    RouteRowsCase c = MakeRouteRowsCase(rng, lens, p_routed);
+    if (c.idx.empty()) c.idx.push_back(0);
+    const int64_t m = static_cast<int64_t>(c.idx.size());
+    HostTensor idx = Ints(c.idx), row_seq = Ints(c.row_seq), row_pos = Ints(c.row_pos),
+               cand = Ints(c.cand_slots), first = Ints(c.seq_first_row),
+               base = Ints(c.seq_kv_base);
+    HostTensor want[4] = {Ints(std::vector<int32_t>(m, -7)), Ints(std::vector<int32_t>(m, -7)),
+                          Ints(std::vector<int32_t>(m, -7)), Ints(std::vector<int32_t>(m, -7))};
+    cpu::reference::RouteRows(idx.view(), row_seq.view(), row_pos.view(), cand.view(),
+                              first.view(), base.view(), want[0].view(), want[1].view(),
+                              want[2].view(), want[3].view());
+    TensorView out[4];
+    for (int o = 0; o < 4; ++o) out[o] = Upload(Ints(std::vector<int32_t>(m, -7)));
+    backend_->RouteRows(Upload(idx), Upload(row_seq), Upload(row_pos), Upload(cand),
+                        Upload(first), Upload(base), out[0], out[1], out[2], out[3]);
+    for (int o = 0; o < 4; ++o) {
+      ExpectClose(Download(out[o], want[o]), want[o], 0.0,
+                  "RouteRows output " + std::to_string(o) + " m=" + std::to_string(m));
+    }
+  }
+  EXPECT_TRUE(backend_->Supports(OpKind::kRouteRows, DType::kI32));
+}
+
+TEST_P(BackendConformanceTest, DeviceRowCountLimitsEveryOpToTheCountedRows) {
+  if (!backend_->SupportsDeviceRowCount()) {
+    GTEST_SKIP() << backend_->name() << " has no device row counts";
+  }
+  constexpr int64_t kCap = 7, kD = 67, kF = 45;
+  const TensorView count = Upload(Ints({0}));
+  for (int64_t c : {int64_t{0}, int64_t{1}, int64_t{5}, kCap}) {
+    for (int64_t stored : {c, kCap + 3}) {  // a stored count above the capacity means all rows
+      const std::string what = " count=" + std::to_string(stored) + " capacity 7";
+      const int64_t rows = std::min(stored, kCap);
+      std::mt19937 rng(static_cast<uint32_t>(c * 13 + stored));
+      ASSERT_TRUE(backend_->CopyToDevice(Ints({static_cast<int32_t>(stored)}).view(), count).ok());
+      // Reads a device output and checks its first `rows` rows against `want` (computed by the
+      // reference on exactly those rows).
+      auto expect_rows = [&](const TensorView& got, const HostTensor& like, const HostTensor& want,
+                             double tol, const std::string& op) {
+        if (rows == 0) return;
+        ExpectClose(FirstRows(Download(got, like), rows), want, tol, op + what);
+      };
+      // Embed, RmsNorm, Gemm, GemmGroup, SwiGlu, Activation, Add.
+      HostTensor table = Random(rng, DType::kBF16, {37, kD});
+      std::vector<int32_t> ids(kCap);
+      for (auto& id : ids) id = static_cast<int32_t>(rng() % 37);
+      HostTensor x = Random(rng, DType::kF32, {kCap, kD}, 2.0f);
+      HostTensor x2 = Random(rng, DType::kF32, {kCap, kD});
+      HostTensor nw = Random(rng, DType::kF32, {kD});
+      HostTensor w = Random(rng, DType::kBF16, {kF, kD});
+      HostTensor w2 = Random(rng, DType::kF32, {11, kD});
+      HostTensor e_out(DType::kF32, {kCap, kD}), g_out(DType::kF32, {kCap, kF}),
+          g2_out(DType::kF32, {kCap, 11});
+      HostTensor want_e(DType::kF32, {rows, kD}), want_n(DType::kF32, {rows, kD}),
+          want_g(DType::kF32, {rows, kF}), want_g2(DType::kF32, {rows, 11}),
+          want_add(DType::kF32, {rows, kD});
+      HostTensor xr = FirstRows(x, rows), x2r = FirstRows(x2, rows), ids_r = FirstRows(Ints(ids), rows);
+      HostTensor want_swi = xr, want_act = xr;
+      if (rows > 0) {
+        cpu::reference::Embed(ids_r.view(), table.view(), want_e.view());
+        cpu::reference::RmsNorm({.eps = 1e-5f}, xr.view(), nw.view(), want_n.view());
+        cpu::reference::Gemm(xr.view(), w.view(), {}, want_g.view());
+        cpu::reference::Gemm(xr.view(), w2.view(), {}, want_g2.view());
+        cpu::reference::SwiGlu(xr.view(), x2r.view(), want_swi.view());
+        cpu::reference::Activation({ActivationKind::kGelu}, want_act.view());
+        cpu::reference::Add(xr.view(), x2r.view(), want_add.view());
+      }
+      const TensorView xd = Upload(x), x2d = Upload(x2), ed = Upload(e_out), nd = Upload(e_out),
+                       gd = Upload(g_out), g2d = Upload(g2_out), g3d = Upload(g_out),
+                       swid = Upload(e_out), actd = Upload(x), addd = Upload(e_out),
+                       table_d = Upload(table), ids_d = Upload(Ints(ids)), nw_d = Upload(nw),
+                       w_d = Upload(w), w2_d = Upload(w2);
+      backend_->SetDeviceRowCount(count);
+      backend_->Embed(ids_d, table_d, ed);
+      backend_->RmsNorm({.eps = 1e-5f}, xd, nw_d, nd);
+      backend_->Gemm(xd, w_d, {}, gd);
+      backend_->GemmGroup(xd, {{w_d, {}, g3d}, {w2_d, {}, g2d}});
+      backend_->SwiGlu(xd, x2d, swid);
+      backend_->Activation({ActivationKind::kGelu}, actd);
+      backend_->Add(xd, x2d, addd);
+      backend_->SetDeviceRowCount({});
+      expect_rows(ed, e_out, want_e, kSameOrderRelTol, "Embed");
+      expect_rows(nd, e_out, want_n, kAccumOrderRelTol, "RmsNorm");
+      expect_rows(gd, g_out, want_g, kAccumOrderRelTol, "Gemm");
+      expect_rows(g3d, g_out, want_g, kAccumOrderRelTol, "GemmGroup member 0");
+      expect_rows(g2d, g2_out, want_g2, kAccumOrderRelTol, "GemmGroup member 1");
+      expect_rows(swid, e_out, want_swi, kSameOrderRelTol, "SwiGlu");
+      expect_rows(actd, x, want_act, kSameOrderRelTol, "Activation");
+      expect_rows(addd, e_out, want_add, kSameOrderRelTol, "Add");
+
+      // RopeAndAppendKv: only the counted rows' slots are written.
+      const RopeParams rp{.n_heads = 4, .n_kv_heads = 2, .head_dim = 18, .block_size = 4};
+      HostTensor q = Random(rng, DType::kF32, {kCap, 4, 18});
+      HostTensor k = Random(rng, DType::kF32, {kCap, 2, 18});
+      HostTensor v = Random(rng, DType::kF32, {kCap, 2, 18});
+      HostTensor pool = Random(rng, DType::kBF16, {5, 4, 4, 18});
+      std::vector<int32_t> slots = {3, 17, 0, 9, 12, 5, 19}, positions = {4, 9, 100, 3, 77, 8, 1};
+      HostTensor want_q = FirstRows(q, rows), want_k = FirstRows(k, rows), want_pool = pool;
+      HostTensor v_r = FirstRows(v, rows), pos_r = FirstRows(Ints(positions), rows),
+                 slots_r = FirstRows(Ints(slots), rows);
+      if (rows > 0) {
+        cpu::reference::RopeAndAppendKv(rp, want_q.view(), want_k.view(), v_r.view(),
+                                        pos_r.view(), slots_r.view(), want_pool.view());
+      }
+      const TensorView qd = Upload(q), kd = Upload(k), pool_d = Upload(pool);
+      backend_->SetDeviceRowCount(count);
+      backend_->RopeAndAppendKv(rp, qd, kd, Upload(v), Upload(Ints(positions)),
+                                Upload(Ints(slots)), pool_d);
+      backend_->SetDeviceRowCount({});
+      expect_rows(qd, q, want_q, kSameOrderRelTol, "Rope q");
+      expect_rows(kd, k, want_k, kSameOrderRelTol, "Rope k");
+      ExpectClose(Download(pool_d, pool), want_pool, 0.0, "Rope pool (uncounted slots kept)" + what);
+
+      // Attention: rows past the count carry metadata that would fault if read.
+      const AttentionParams ap{.n_heads = 4, .n_kv_heads = 2, .head_dim = 18, .block_size = 4,
+                               .scale = 0.25f};
+      HostTensor table_t = Ints({2, 0, 4, 1, 3, -1});  // [2 seqs, 3 pages]
+      table_t.dims = {2, 3};
+      std::vector<int32_t> row_seq = {0, 1, 0, 1, 0, 1, 0}, kv_len = {12, 8, 5, 1, 11, 3, 7};
+      for (int64_t r = rows; r < kCap; ++r) {
+        row_seq[r] = 1 << 20;
+        kv_len[r] = 1 << 20;
+      }
+      HostTensor want_att(DType::kF32, {rows, 4 * 18});
+      HostTensor q_r = FirstRows(q, rows), seq_r = FirstRows(Ints(row_seq), rows),
+                 len_r = FirstRows(Ints(kv_len), rows);
+      if (rows > 0) {
+        cpu::reference::Attention(ap, q_r.view(), pool.view(), table_t.view(), seq_r.view(),
+                                  len_r.view(), want_att.view());
+      }
+      HostTensor att_out(DType::kF32, {kCap, 4 * 18});
+      const TensorView att_d = Upload(att_out);
+      backend_->SetDeviceRowCount(count);
+      backend_->Attention(ap, Upload(q), Upload(pool), Upload(table_t), Upload(Ints(row_seq)),
+                          Upload(Ints(kv_len)), att_d);
+      backend_->SetDeviceRowCount({});
+      expect_rows(att_d, att_out, want_att, kAccumOrderRelTol, "Attention");
+
+      // GatherRows and ScatterCombine: idx entries past the count are out of range on purpose.
+      std::vector<int32_t> gidx = {6, 0, 3, 2, 5, 1, 4};
+      for (int64_t r = rows; r < kCap; ++r) gidx[r] = 1 << 20;
+      HostTensor gidx_r = FirstRows(Ints(gidx), rows);
+      HostTensor want_gather(DType::kF32, {rows, kD});
+      HostTensor y = Random(rng, DType::kF32, {kCap, kD});
+      HostTensor sc = Random(rng, DType::kF32, {kCap}, 2.0f);
+      HostTensor y_r = FirstRows(y, rows), sc_r = FirstRows(sc, rows);
+      HostTensor want_scatter = x;
+      const ScatterCombineParams sp{.weight_fn = WeightFn::kSigmoid,
+                                    .scale_target = ScaleTarget::kUpdate};
+      if (rows > 0) {
+        cpu::reference::GatherRows(x.view(), gidx_r.view(), want_gather.view());
+        cpu::reference::ScatterCombine(sp, want_scatter.view(), y_r.view(), gidx_r.view(),
+                                       sc_r.view());
+      }
+      const TensorView gather_d = Upload(e_out), scatter_x = Upload(x), gidx_d = Upload(Ints(gidx));
+      backend_->SetDeviceRowCount(count);
+      backend_->GatherRows(xd, gidx_d, gather_d);
+      backend_->ScatterCombine(sp, scatter_x, Upload(y), gidx_d, Upload(sc));
+      backend_->SetDeviceRowCount({});
+      expect_rows(gather_d, e_out, want_gather, 0.0, "GatherRows");
+      ExpectClose(Download(scatter_x, x), want_scatter, kSameOrderRelTol,
+                  "ScatterCombine (uncounted rows kept)" + what);
+
+      // RouteSelect over the counted rows, then RouteRows of its selection.
+      HostTensor z = Random(rng, DType::kF32, {kCap}, 3.0f);
+      HostTensor tau(DType::kF32, {kCap});
+      for (int64_t i = 0; i < kCap; ++i) tau.f32()[i] = 0.5f;
+      HostTensor want_probs(DType::kF32, {std::max<int64_t>(rows, 1)}),
+          want_sidx = Ints(std::vector<int32_t>(std::max<int64_t>(rows, 1), -1)),
+          want_ssel(DType::kF32, {std::max<int64_t>(rows, 1)}), want_count = Ints({0});
+      HostTensor z_r = FirstRows(z, rows), tau_r = FirstRows(tau, rows), s_r = FirstRows(sc, rows);
+      if (rows > 0) {
+        cpu::reference::RouteSelect(z_r.view(), tau_r.view(), s_r.view(), want_probs.view(),
+                                    want_sidx.view(), want_ssel.view(), want_count.view());
+      }
+      const TensorView sel_idx = Upload(Ints(std::vector<int32_t>(kCap, -1))),
+                       sel_count = Upload(Ints({-1}));
+      HostTensor ssel(DType::kF32, {kCap}), probs(DType::kF32, {kCap});
+      const TensorView ssel_d = Upload(ssel);
+      backend_->SetDeviceRowCount(count);
+      backend_->RouteSelect(Upload(z), Upload(tau), Upload(sc), Upload(probs), sel_idx, ssel_d,
+                            sel_count);
+      backend_->SetDeviceRowCount({});
+      const int32_t m = Download(sel_count, want_count).i32()[0];
+      ASSERT_EQ(m, want_count.i32()[0]) << "RouteSelect count" << what;
+      HostTensor got_idx = Download(sel_idx, Ints(std::vector<int32_t>(kCap)));
+      for (int32_t j = 0; j < m; ++j) {
+        EXPECT_EQ(got_idx.i32()[j], want_sidx.i32()[j]) << "RouteSelect idx " << j << what;
+      }
+      // RouteRows under the routed count: 2 sequences over the 7 rows.
+      std::vector<int32_t> rr_seq = {0, 0, 0, 1, 1, 1, 1}, rr_pos = {10, 11, 12, 3, 4, 5, 6},
+                           rr_cand = {40, 41, 42, 70, 71, 72, 73};
+      const TensorView outs[4] = {Upload(Ints(std::vector<int32_t>(kCap, -7))),
+                                  Upload(Ints(std::vector<int32_t>(kCap, -7))),
+                                  Upload(Ints(std::vector<int32_t>(kCap, -7))),
+                                  Upload(Ints(std::vector<int32_t>(kCap, -7)))};
+      backend_->SetDeviceRowCount(sel_count);
+      backend_->RouteRows(sel_idx, Upload(Ints(rr_seq)), Upload(Ints(rr_pos)),
+                          Upload(Ints(rr_cand)), Upload(Ints({0, 3})), Upload(Ints({5, 0})),
+                          outs[0], outs[1], outs[2], outs[3]);
+      backend_->SetDeviceRowCount({});
+      if (m > 0) {
+        HostTensor sidx_m = FirstRows(want_sidx, m);
+        HostTensor want_rr[4] = {Ints(std::vector<int32_t>(m)), Ints(std::vector<int32_t>(m)),
+                                 Ints(std::vector<int32_t>(m)), Ints(std::vector<int32_t>(m))};
+        HostTensor rr_seq_t = Ints(rr_seq), rr_pos_t = Ints(rr_pos), rr_cand_t = Ints(rr_cand),
+                   first_t = Ints({0, 3}), base_t = Ints({5, 0});
+        cpu::reference::RouteRows(sidx_m.view(), rr_seq_t.view(), rr_pos_t.view(),
+                                  rr_cand_t.view(), first_t.view(), base_t.view(),
+                                  want_rr[0].view(), want_rr[1].view(), want_rr[2].view(),
+                                  want_rr[3].view());
+        for (int o = 0; o < 4; ++o) {
+          ExpectClose(FirstRows(Download(outs[o], Ints(std::vector<int32_t>(kCap))), m),
+                      want_rr[o], 0.0, "RouteRows output " + std::to_string(o) + what);
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,
                          ::testing::ValuesIn(BackendVariants()),
                          [](const ::testing::TestParamInfo<std::string>& info) {

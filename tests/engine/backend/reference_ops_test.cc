@@ -170,5 +170,23 @@ TEST(ReferenceOpsTest, ScatterCombineWithWeightOneCopiesTheBlockOutput) {
 }
 
 
+// Worked by hand from the definition: three sequences with rows [0, 2), [2, 5), [5, 6); rows
+// 1, 2, 4 and 5 routed in. Row 2 is sequence 1's first routed row (rank 0), row 4 its second.
+TEST(ReferenceOpsTest, RouteRowsGivesEachRoutedRowItsRankSlotAndKvLength) {
+  std::vector<int32_t> idx = {1, 2, 4, 5}, row_seq = {0, 0, 1, 1, 1, 2},
+                       row_pos = {7, 8, 30, 31, 32, 0}, cand = {100, 101, 200, 201, 202, 300},
+                       first = {0, 2, 5}, base = {7, 30, 0};
+  std::vector<int32_t> pos(4, -1), slots(4, -1), seq(4, -1), kv_len(4, -1);
+  auto v = [](std::vector<int32_t>& d) {
+    return TensorView(d.data(), DType::kI32, {static_cast<int64_t>(d.size())});
+  };
+  reference::RouteRows(v(idx), v(row_seq), v(row_pos), v(cand), v(first), v(base), v(pos),
+                       v(slots), v(seq), v(kv_len));
+  EXPECT_EQ(pos, (std::vector<int32_t>{8, 30, 32, 0}));
+  EXPECT_EQ(slots, (std::vector<int32_t>{100, 200, 201, 300}));
+  EXPECT_EQ(seq, (std::vector<int32_t>{0, 1, 1, 2}));
+  EXPECT_EQ(kv_len, (std::vector<int32_t>{8, 31, 32, 1}));
+}
+
 }  // namespace
 }  // namespace modserve::backend::cpu

@@ -101,6 +101,14 @@ class NoQuantBackend : public Backend {
                    const TensorView& count) override {
     cpu_->RouteSelect(z, tau, s, probs, idx, s_sel, count);
   }
+  void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,
+                 const TensorView& cand_slots, const TensorView& seq_first_row,
+                 const TensorView& seq_kv_base, const TensorView& out_pos,
+                 const TensorView& out_slots, const TensorView& out_seq,
+                 const TensorView& out_kv_len) override {
+    cpu_->RouteRows(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base, out_pos,
+                    out_slots, out_seq, out_kv_len);
+  }
   void CopyKvPages(const TensorView& kv_pool,
                    absl::Span<const std::pair<int32_t, int32_t>> copies) override {
     cpu_->CopyKvPages(kv_pool, copies);
