@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -270,8 +272,7 @@ absl::Status Transformer::RouteScores(int layer, int64_t n, bool to_host) {
   return backend_->CopyToHost(z, TensorView(z_host_.data(), DType::kF32, {n, 1}));
 }
 
-void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs,
-                           int64_t page_stride) {
+void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix) {
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t d = config_.d_model, hd = config_.head_dim;
   const int64_t H = config_.n_heads, KV = config_.n_kv_heads, f = config_.d_ff;
@@ -286,8 +287,6 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t
   const TensorView up = up_.View(DType::kF32, {m, f});
   const TensorView pool = kv_pool_.View(
       options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd});
-  const TensorView pos = pos_.View(DType::kI32, {m});
-  const TensorView slots = slots_.View(DType::kI32, {m});
   const backend::RopeParams rope{static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd),
                                  config_.rope_theta, options_.block_size};
   const backend::AttentionParams attn{static_cast<int>(H), static_cast<int>(KV),
@@ -299,10 +298,9 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, int64_t
   backend_->GemmGroup(a, {{lw.q_proj, {}, q2}, {lw.k_proj, {}, k2}, {lw.v_proj, {}, v2}});
   backend_->RopeAndAppendKv(rope, q_.View(DType::kF32, {m, H, hd}),
                             k_.View(DType::kF32, {m, KV, hd}), v_.View(DType::kF32, {m, KV, hd}),
-                            pos, slots, pool);
-  backend_->Attention(attn, q_.View(DType::kF32, {m, H, hd}), pool,
-                      page_table_.View(DType::kI32, {num_seqs, page_stride}),
-                      row_seq_.View(DType::kI32, {m}), row_kv_len_.View(DType::kI32, {m}), att);
+                            ix.pos, ix.slots, pool);
+  backend_->Attention(attn, q_.View(DType::kF32, {m, H, hd}), pool, ix.page_table, ix.row_seq,
+                      ix.row_kv_len, att);
   backend_->Gemm(att, lw.o_proj, {}, o);
   backend_->Add(rows, o, rows);
   // y = h + MLP(RMSNorm_post(h)), MLP(z) = down(silu(gate(z)) * up(z))
@@ -358,6 +356,11 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
             absl::StrCat("sequence ", seqs[i].seq_id, " appears twice in one step"));
       }
     }
+  }
+
+  if (UseDeviceStep(seqs)) {
+    MODSERVE_ASSIGN_OR_RETURN(std::optional<StepOutput> done, DeviceStep(seqs, out));
+    if (done.has_value()) return *std::move(done);
   }
 
   // Dense layers store every new token: reserve their room before computing anything. A routed
@@ -550,8 +553,11 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
                            DType::kI32)}) {
       if (!st.ok()) return fail(st);
     }
+    const BlockIndex ix{pos_.View(DType::kI32, {m}), slots_.View(DType::kI32, {m}),
+                        row_seq_.View(DType::kI32, {m}), row_kv_len_.View(DType::kI32, {m}),
+                        page_table_.View(DType::kI32, {num_seqs, page_stride})};
     if (!routed) {
-      RunBlock(l, x, N, num_seqs, page_stride);  // x' = the dense block
+      RunBlock(l, x, N, ix);  // x' = the dense block
       continue;
     }
     // Gather the selected rows, run the block on that compact batch, scatter the weighted
@@ -567,7 +573,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     const TensorView idx =
         on_device ? route_.View(DType::kI32, {m}, 4) : idx_.View(DType::kI32, {m});
     backend_->GatherRows(x, idx, xs);
-    RunBlock(l, xs, m, num_seqs, page_stride);
+    RunBlock(l, xs, m, ix);
     backend_->ScatterCombine({ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)},
                              x, xs, idx, s_sel_.View(DType::kF32, {m}));
   }
@@ -595,18 +601,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     out.logit_offsets.push_back(static_cast<int32_t>(R));
   }
   if (auto st = Upload(backend_, h_idx_, R, idx_, DType::kI32); !st.ok()) return fail(st);
-  if (auto st = EnsureLogitRows(R); !st.ok()) return fail(st);
-  const TensorView rows = xs_.View(DType::kF32, {R, d});
-  const TensorView logits = logits_.View(DType::kF32, {R, config_.vocab_size});
-  backend_->GatherRows(x, idx_.View(DType::kI32, {R}), rows);
-  backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, rows, weights_.norm, rows);
-  backend_->Gemm(rows, weights_.lm_head, {}, logits);
-  out.logits.resize(static_cast<size_t>(R * config_.vocab_size));
-  if (auto st = backend_->CopyToHost(
-          logits, TensorView(out.logits.data(), DType::kF32, {R, config_.vocab_size}));
-      !st.ok()) {
-    return fail(st);
-  }
+  if (auto st = Logits(idx_.View(DType::kI32, {R}), out); !st.ok()) return fail(st);
   if (auto st = backend_->Synchronize(); !st.ok()) return fail(st);
 
   for (int64_t i = 0; i < num_seqs; ++i) {
@@ -614,6 +609,264 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     MODSERVE_CHECK(kv_->Commit(seqs[i].seq_id, used[i]).ok());
   }
   return out;
+}
+
+absl::Status Transformer::Logits(const TensorView& rows_idx, StepOutput& out) {
+  const int64_t R = rows_idx.dim(0), d = config_.d_model;
+  MODSERVE_RETURN_IF_ERROR(EnsureLogitRows(R));
+  const TensorView x = x_.View(DType::kF32, {options_.max_batch_tokens, d});
+  const TensorView rows = xs_.View(DType::kF32, {R, d});
+  const TensorView logits = logits_.View(DType::kF32, {R, config_.vocab_size});
+  backend_->GatherRows(x, rows_idx, rows);
+  backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, rows, weights_.norm, rows);
+  backend_->Gemm(rows, weights_.lm_head, {}, logits);
+  out.logits.resize(static_cast<size_t>(R * config_.vocab_size));
+  return backend_->CopyToHost(
+      logits, TensorView(out.logits.data(), DType::kF32, {R, config_.vocab_size}));
+}
+
+absl::Status Transformer::EnsureBytes(backend::DeviceBuffer& buf, size_t bytes) {
+  if (buf.data() != nullptr && buf.bytes() >= bytes) return absl::OkStatus();
+  MODSERVE_ASSIGN_OR_RETURN(buf, backend_->Allocate(std::max(bytes, 2 * buf.bytes())));
+  return absl::OkStatus();
+}
+
+bool Transformer::UseDeviceStep(absl::Span<const StepSequence> seqs) const {
+  switch (options_.device_routing) {
+    case DeviceRouting::kOff:
+      return false;
+    case DeviceRouting::kAuto:
+      if (backend_->device() == Device::kCpu) return false;
+      break;
+    case DeviceRouting::kOn:
+      break;
+  }
+  if (!backend_->SupportsDeviceRowCount() ||
+      !backend_->Supports(backend::OpKind::kRouteRows, DType::kI32)) {
+    return false;
+  }
+  const int num_routed = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
+  for (int k = 0; k < num_routed; ++k) {
+    for (const StepSequence& seq : seqs) {
+      const double tau = LayerThreshold(*config_.mod, k, seq.threshold);
+      if (static_cast<double>(static_cast<float>(tau)) != tau) return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
+    absl::Span<const StepSequence> seqs, StepOutput out) {
+  const int64_t S = static_cast<int64_t>(seqs.size());
+  const int L = static_cast<int>(config_.n_layers);
+  const int64_t N = out.row_offsets.back(), d = config_.d_model;
+  const int K = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
+  const TensorView pool =
+      kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * config_.n_kv_heads,
+                                        options_.block_size, config_.head_dim});
+
+  // Room for every new token at every layer, routed or not; the base entry counts.
+  std::vector<ReservedSlots> reserved(S);
+  std::vector<std::vector<int32_t>> base(S, std::vector<int32_t>(L));
+  auto release = [&](int64_t upto) {
+    for (int64_t i = 0; i < upto; ++i) {
+      (void)kv_->Commit(seqs[i].seq_id, std::vector<int32_t>(L, 0)).ok();
+    }
+  };
+  std::vector<std::pair<int32_t, int32_t>> page_copies;
+  for (int64_t i = 0; i < S; ++i) {
+    for (int l = 0; l < L; ++l) {
+      absl::StatusOr<int32_t> count = kv_->NumTokens(seqs[i].seq_id, l);
+      if (!count.ok()) {
+        release(i);
+        return count.status();
+      }
+      base[i][l] = *count;
+    }
+    absl::StatusOr<ReservedSlots> r = kv_->ReserveCapacity(
+        seqs[i].seq_id,
+        std::vector<int32_t>(L, out.row_offsets[i + 1] - out.row_offsets[i]));
+    if (!r.ok()) {
+      release(i);
+      if (r.status().code() == absl::StatusCode::kResourceExhausted) return std::nullopt;
+      return r.status();
+    }
+    // Copy-on-write of a shared tail page: made now, whatever becomes of this step, because the
+    // sequence's page table already names the copy.
+    if (!r->copies.empty()) {
+      page_copies.clear();
+      for (const PageCopy& c : r->copies) page_copies.emplace_back(c.src, c.dst);
+      backend_->CopyKvPages(pool, page_copies);
+    }
+    reserved[i] = *std::move(r);
+  }
+  auto fail = [&](absl::Status st) -> absl::StatusOr<std::optional<StepOutput>> {
+    release(S);
+    return st;
+  };
+
+  // Page tables of every layer, padded to the longest list of the step.
+  int64_t P = 1;
+  std::vector<std::vector<absl::Span<const PageId>>> pages(L, std::vector<absl::Span<const PageId>>(S));
+  for (int l = 0; l < L; ++l) {
+    for (int64_t i = 0; i < S; ++i) {
+      absl::StatusOr<absl::Span<const PageId>> list = kv_->PageTable(seqs[i].seq_id, l);
+      if (!list.ok()) return fail(list.status());
+      MODSERVE_CHECK_LE(static_cast<int64_t>(list->size()), max_pages_per_seq_);
+      pages[l][i] = *list;
+      P = std::max(P, static_cast<int64_t>(list->size()));
+    }
+  }
+  // Logit rows: every row of a sequence that asks for all, else its last.
+  std::vector<int32_t> logit_rows;
+  out.logit_offsets.assign(1, 0);
+  for (int64_t i = 0; i < S; ++i) {
+    const int32_t first = seqs[i].all_logits ? out.row_offsets[i] : out.row_offsets[i + 1] - 1;
+    for (int32_t r = first; r < out.row_offsets[i + 1]; ++r) logit_rows.push_back(r);
+    out.logit_offsets.push_back(static_cast<int32_t>(logit_rows.size()));
+  }
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+
+  // The upload, in i32 words: ids [N], row_seq [N], row_pos [N], seq_first_row [S], logit rows
+  // [R]; per layer its slots [N] (row r's: the j-th candidate of its sequence, j its place there)
+  // and [N] more: kv lengths per row (dense layer) or base entry counts per sequence (routed);
+  // per routed layer tau [N] (f32 bits); per layer its page table [S, P].
+  const int64_t off_ids = 0, off_seq = N, off_pos = 2 * N, off_first = 3 * N;
+  const int64_t off_logit = off_first + S, off_layers = off_logit + R;
+  const int64_t off_tau = off_layers + int64_t{L} * 2 * N, off_pages = off_tau + int64_t{K} * N;
+  const int64_t words = off_pages + int64_t{L} * S * P;
+  h_step_in_.assign(static_cast<size_t>(words), 0);
+  int32_t* in = h_step_in_.data();
+  for (int64_t i = 0; i < S; ++i) {
+    in[off_first + i] = out.row_offsets[i];
+    for (int32_t r = out.row_offsets[i], t = 0; r < out.row_offsets[i + 1]; ++r, ++t) {
+      in[off_ids + r] = seqs[i].tokens[t];
+      in[off_seq + r] = static_cast<int32_t>(i);
+      in[off_pos + r] = seqs[i].start_pos + t;
+    }
+  }
+  std::copy(logit_rows.begin(), logit_rows.end(), in + off_logit);
+  for (int l = 0, k = 0; l < L; ++l) {
+    const bool routed = config_.IsRouted(l);
+    int32_t* slots = in + off_layers + int64_t{l} * 2 * N;
+    int32_t* kv = slots + N;
+    for (int64_t i = 0; i < S; ++i) {
+      const absl::Span<const int64_t> mine = reserved[i].ForLayer(l);
+      for (int32_t r = out.row_offsets[i], t = 0; r < out.row_offsets[i + 1]; ++r, ++t) {
+        slots[r] = static_cast<int32_t>(mine[t]);
+        if (!routed) kv[r] = base[i][l] + t + 1;
+      }
+      if (routed) kv[i] = base[i][l];
+    }
+    if (routed) {
+      float* tau = reinterpret_cast<float*>(in + off_tau + int64_t{k} * N);
+      for (int64_t i = 0; i < S; ++i) {
+        const float t = static_cast<float>(LayerThreshold(*config_.mod, k, seqs[i].threshold));
+        std::fill(tau + out.row_offsets[i], tau + out.row_offsets[i + 1], t);
+      }
+      ++k;
+    }
+    for (int64_t i = 0; i < S; ++i) {
+      std::copy(pages[l][i].begin(), pages[l][i].end(), in + off_pages + (int64_t{l} * S + i) * P);
+    }
+  }
+  // The download: per routed layer [count, idx [N]], then per routed layer probs [N] (f32).
+  const int64_t out_words = int64_t{K} * (1 + 2 * N);
+  for (auto st : {EnsureBytes(step_in_, static_cast<size_t>(words) * 4),
+                  EnsureBytes(step_out_, static_cast<size_t>(std::max<int64_t>(1, out_words)) * 4)}) {
+    if (!st.ok()) return fail(st);
+  }
+  if (auto st = backend_->CopyToDevice(TensorView(in, DType::kI32, {words}),
+                                       step_in_.View(DType::kI32, {words}));
+      !st.ok()) {
+    return fail(st);
+  }
+  auto in_view = [&](int64_t offset, std::initializer_list<int64_t> dims, DType dt = DType::kI32) {
+    return step_in_.View(dt, dims, static_cast<size_t>(offset) * 4);
+  };
+  auto out_view = [&](int64_t offset, int64_t n, DType dt = DType::kI32) {
+    return step_out_.View(dt, {n}, static_cast<size_t>(offset) * 4);
+  };
+
+  const TensorView x = x_.View(DType::kF32, {N, d});
+  backend_->Embed(in_view(off_ids, {N}), weights_.embed_tokens, x);
+  const TensorView row_seq = in_view(off_seq, {N}), row_pos = in_view(off_pos, {N});
+  for (int l = 0, k = 0; l < L; ++l) {
+    const int64_t layer_off = off_layers + int64_t{l} * 2 * N;
+    const TensorView page_table = in_view(off_pages + int64_t{l} * S * P, {S, P});
+    if (!config_.IsRouted(l)) {
+      RunBlock(l, x, N,
+               {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}), page_table});
+      continue;
+    }
+    if (auto st = RouteScores(l, N, /*to_host=*/false); !st.ok()) return fail(st);
+    const bool z_is_s = config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
+    const TensorView count = out_view(int64_t{k} * (1 + N), 1);
+    const TensorView idx = out_view(int64_t{k} * (1 + N) + 1, N);
+    const TensorView s_sel = s_sel_.View(DType::kF32, {N});
+    backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
+                          in_view(off_tau + int64_t{k} * N, {N}, DType::kF32),
+                          s_.View(DType::kF32, {N}),
+                          out_view(int64_t{K} * (1 + N) + int64_t{k} * N, N, DType::kF32), idx,
+                          s_sel, count);
+    // The routed rows, however many there are: every op below runs on count[0] of its N rows.
+    backend_->SetDeviceRowCount(count);
+    const TensorView xs = xs_.View(DType::kF32, {N, d});
+    const BlockIndex ix{pos_.View(DType::kI32, {N}), slots_.View(DType::kI32, {N}),
+                        row_seq_.View(DType::kI32, {N}), row_kv_len_.View(DType::kI32, {N}),
+                        page_table};
+    backend_->RouteRows(idx, row_seq, row_pos, in_view(layer_off, {N}), in_view(off_first, {S}),
+                        in_view(layer_off + N, {S}), ix.pos, ix.slots, ix.row_seq, ix.row_kv_len);
+    backend_->GatherRows(x, idx, xs);
+    RunBlock(l, xs, N, ix);
+    backend_->ScatterCombine(
+        {ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)}, x, xs, idx,
+        s_sel);
+    backend_->SetDeviceRowCount({});
+    ++k;
+  }
+  if (auto st = Logits(in_view(off_logit, {R}), out); !st.ok()) return fail(st);
+  h_step_out_.resize(static_cast<size_t>(out_words));
+  if (K > 0) {
+    if (auto st = backend_->CopyToHost(out_view(0, out_words),
+                                       TensorView(h_step_out_.data(), DType::kI32, {out_words}));
+        !st.ok()) {
+      return fail(st);
+    }
+  }
+  if (auto st = backend_->Synchronize(); !st.ok()) return fail(st);
+
+  // What each routed layer chose, and the entries each sequence stored there.
+  std::vector<std::vector<int32_t>> used(S, std::vector<int32_t>(L));
+  for (int64_t i = 0; i < S; ++i) {
+    for (int l = 0; l < L; ++l) {
+      used[i][l] = config_.IsRouted(l) ? 0 : out.row_offsets[i + 1] - out.row_offsets[i];
+    }
+  }
+  out.selected.assign(K, std::vector<uint8_t>(N));
+  out.probs.assign(K, std::vector<float>(N));
+  for (int k = 0; k < K; ++k) {
+    const int l = config_.mod->routed_layers[k];
+    const int32_t* route = h_step_out_.data() + int64_t{k} * (1 + N);
+    const int32_t m = route[0];
+    MODSERVE_CHECK(m >= 0 && m <= N) << "RouteSelect count " << m << " of " << N << " rows";
+    for (int32_t j = 0, i = 0; j < m; ++j) {
+      const int32_t r = route[1 + j];
+      MODSERVE_CHECK(r >= 0 && r < N && (j == 0 || route[j] < r)) << "routed row " << r;
+      while (r >= out.row_offsets[i + 1]) ++i;
+      out.selected[k][r] = 1;
+      ++used[i][l];
+    }
+    if (m == 0) ++out.num_layer_skips;
+    std::memcpy(out.probs[k].data(), h_step_out_.data() + int64_t{K} * (1 + N) + int64_t{k} * N,
+                static_cast<size_t>(N) * 4);
+  }
+  for (int64_t i = 0; i < S; ++i) {
+    // Commit cannot fail: every count fits the capacity reserved above.
+    MODSERVE_CHECK(kv_->Commit(seqs[i].seq_id, used[i]).ok());
+  }
+  ++num_device_steps_;
+  return std::optional<StepOutput>(std::move(out));
 }
 
 }  // namespace modserve::engine

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,12 +20,21 @@
 
 namespace modserve::engine {
 
+// Where a step decides which rows enter a routed layer and which KV slots they take (DESIGN.md
+// section 5.2).
+enum class DeviceRouting : uint8_t {
+  kAuto,  // on the device for a backend that is not the CPU (the CPU's downloads are memcpys)
+  kOn,    // on the device whenever the backend can (tests run the CPU backend this way)
+  kOff,   // on the host, one download per routed layer
+};
+
 struct TransformerOptions {
   int32_t max_batch_tokens = 2048;  // most rows (tokens) one step may carry
   int32_t max_seqs = 64;            // most sequences one step may carry
   int32_t block_size = 16;          // tokens per KV page
   int32_t num_pages = 0;            // pages in the KV pool (all layers share it)
   DType kv_dtype = DType::kF32;     // storage of K and V in the pool
+  DeviceRouting device_routing = DeviceRouting::kAuto;
 };
 
 // One sequence's share of a step. The sequence must already be added to the KV manager.
@@ -78,6 +88,8 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
+  // Steps that ran as DeviceStep (section 5.2), since creation.
+  int64_t num_device_steps() const { return num_device_steps_; }
 
  private:
   Transformer(const ModelConfig& config, const ModelWeights& weights, backend::Backend* backend,
@@ -89,14 +101,34 @@ class Transformer {
   // the weight's or F32, else an F32 copy owned here.
   absl::Status PrepareBiases();
   absl::StatusOr<TensorView> PrepareBias(const TensorView& w, const TensorView& b);
-  // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y); the
-  // index buffers (positions, slots, row_seq, row_kv_len, page table of `page_stride` pages per
-  // sequence) are already filled.
-  void RunBlock(int layer, const TensorView& rows, int64_t m, int64_t num_seqs,
-                int64_t page_stride);
+  // Where a block's rows find their positions, KV slots, sequences and visible-key counts ([m]
+  // i32 each) and the layer's page table ([num_seqs, stride] i32), filled on the device.
+  struct BlockIndex {
+    TensorView pos, slots, row_seq, row_kv_len, page_table;
+  };
+  // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y).
+  void RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix);
   // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_; with to_host, host copies
   // land in z_host_, s_host_.
   absl::Status RouteScores(int layer, int64_t n, bool to_host);
+  // Whether this step runs as DeviceStep: the options and the backend allow it, and every
+  // sequence's tau_l is an f32 value at every routed layer (RouteSelect's comparison is then the
+  // host's, section 5.1).
+  bool UseDeviceStep(absl::Span<const StepSequence> seqs) const;
+  // A step with no host round trip inside the forward pass: every new token's KV slot reserved
+  // at every layer up front, the routed rows and their slots found on the device (RouteSelect,
+  // RouteRows), the routed block run under a device row count, and the decisions downloaded once,
+  // with the logits; the pages of candidates that were not routed in go back at Commit. One
+  // upload, two downloads. nullopt when the up-front reservation does not fit (nothing is kept):
+  // the host step, which reserves only what is routed in, may still fit. `out` comes with
+  // row_offsets filled.
+  absl::StatusOr<std::optional<StepOutput>> DeviceStep(absl::Span<const StepSequence> seqs,
+                                                       StepOutput out);
+  // logits = lm_head(RMSNorm_final(x)) for the rows of x_ listed in `rows` (out.logit_offsets
+  // filled by the caller), downloaded into out.logits.
+  absl::Status Logits(const TensorView& rows, StepOutput& out);
+  // Grows `buf` to at least `bytes` (doubling), keeping nothing of its contents.
+  absl::Status EnsureBytes(backend::DeviceBuffer& buf, size_t bytes);
   // Grows logits_ to hold `rows` rows (ResourceExhausted naming them when the backend has no
   // room; the step then fails whole, as when KV pages run out).
   absl::Status EnsureLogitRows(int64_t rows);
@@ -107,6 +139,7 @@ class Transformer {
   KvCacheManager* kv_;
   TransformerOptions options_;
   int64_t max_pages_per_seq_ = 0;
+  int64_t num_device_steps_ = 0;
 
   struct Biases {
     TensorView router;            // [1]
@@ -149,6 +182,11 @@ class Transformer {
   std::vector<float> z_host_, s_host_, h_s_sel_, h_tau_, h_probs_;
   std::vector<absl::Span<const PageId>> h_pages_;  // [max_seqs] one layer's page lists
   std::vector<int32_t> h_route_;
+
+  // DeviceStep: everything the host knows before the step, in one upload (layout in DeviceStep),
+  // and every routed layer's [count, idx...] then its probs, in one download.
+  backend::DeviceBuffer step_in_, step_out_;
+  std::vector<int32_t> h_step_in_, h_step_out_;
 };
 
 }  // namespace modserve::engine
