@@ -1,6 +1,7 @@
 // CudaBackend: argument checks (shared with the CPU backend), dtype dispatch into the kernels of
-// kernels/, cuBLAS for GEMMs with more than kGemvMaxRows rows, and error bookkeeping. It allocates
-// only in Create() and Allocate(); no op synchronises the host (CopyToHost and Synchronize do).
+// kernels/, cuBLAS for GEMMs with more than kGemvMaxRows rows, device row counts, graph capture and
+// replay, and error bookkeeping. It allocates only in Create() and Allocate(); no op synchronises
+// the host (CopyToHost and Synchronize do), so every op may be captured.
 #include "engine/backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -66,6 +68,15 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
   absl::Status Synchronize() override;
 
+  bool SupportsDeviceRowCount() const override { return true; }
+  void SetDeviceRowCount(const TensorView& count) override;
+
+  bool SupportsGraphs() const override { return true; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int> EndCapture() override;
+  absl::Status Replay(int graph) override;
+  void ReleaseGraphs() override;
+
   void Embed(const TensorView& ids, const TensorView& table, const TensorView& out) override;
   void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
                const TensorView& out) override;
@@ -86,6 +97,11 @@ class CudaBackend final : public Backend {
   void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
   void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
                       const TensorView& idx, const TensorView& s) override;
+  void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,
+                 const TensorView& cand_slots, const TensorView& seq_first_row,
+                 const TensorView& seq_kv_base, const TensorView& out_pos,
+                 const TensorView& out_slots, const TensorView& out_seq,
+                 const TensorView& out_kv_len) override;
   void CopyKvPages(const TensorView& kv_pool,
                    absl::Span<const std::pair<int32_t, int32_t>> copies) override;
 
@@ -103,6 +119,14 @@ class CudaBackend final : public Backend {
     if (st != CUBLAS_STATUS_SUCCESS && pending_.ok()) pending_ = CublasStatus(st, op);
   }
   absl::Status TakePending() { return std::exchange(pending_, absl::OkStatus()); }
+  // Host-side calls that a graph cannot record are caller bugs during a capture (backend.h).
+  void CheckNotCapturing(absl::string_view call) const {
+    MODSERVE_CHECK(!capturing_) << "cuda backend: " << call
+                                << " during a graph capture (only ops may be captured)";
+  }
+  // Ends a capture in progress and drops whatever it recorded (EndCapture's failure path and the
+  // destructor).
+  void AbandonCapture();
   // Waits for the stream; returns the first recorded or device error; recycles the staging buffer.
   absl::Status Drain(absl::string_view where);
   DeviceBuffer Owned(void* p, size_t bytes) const {
@@ -128,6 +152,16 @@ class CudaBackend final : public Backend {
   char* pinned_ = nullptr;          // [kPinnedStagingBytes] host staging for CopyToDevice
   size_t pinned_used_ = 0;          // bytes handed out since the last drain
   absl::Status pending_;
+  // SetDeviceRowCount's [1] i32 in device memory, or null. Kernels take the pointer, never the
+  // value, so a captured graph reads the count when it replays.
+  const int32_t* rows_ = nullptr;
+  bool capturing_ = false;
+  // An error recorded before BeginCapture, kept aside so that pending_ holds the capture's own
+  // errors only; it goes back to pending_ at EndCapture (and surfaces at the next Synchronize).
+  absl::Status pending_before_capture_;
+  // Replay(id) launches graphs_[id]; ReleaseGraphs() destroys them and leaves null entries, so a
+  // stale id is refused instead of naming a later graph.
+  std::vector<cudaGraphExec_t> graphs_;
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOptions& options,
@@ -176,7 +210,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOption
 
 CudaBackend::~CudaBackend() {
   MakeCurrent();
+  if (capturing_) AbandonCapture();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  ReleaseGraphs();
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
@@ -203,11 +239,14 @@ bool CudaBackend::Supports(OpKind op, DType dtype) const {
       return dtype == DType::kF32;
     case OpKind::kCopyKvPages:
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+    case OpKind::kRouteRows:
+      return dtype == DType::kI32;
   }
   return false;
 }
 
 absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  CheckNotCapturing("Allocate");
   if (bytes == 0) return DeviceBuffer(nullptr, 0, kDev, nullptr, nullptr);
   MakeCurrent();
   void* p = nullptr;
@@ -225,6 +264,7 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
 }
 
 absl::Status CudaBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
+  CheckNotCapturing("CopyToDevice");
   if (host_src.device != Device::kCpu || dst.device != kDev) {
     return absl::InvalidArgumentError("CopyToDevice: host_src must be a host tensor and dst a "
                                       "cuda tensor");
@@ -257,6 +297,7 @@ absl::Status CudaBackend::Drain(absl::string_view where) {
 }
 
 absl::Status CudaBackend::CopyToHost(const TensorView& src, const TensorView& host_dst) {
+  CheckNotCapturing("CopyToHost");
   if (src.device != kDev || host_dst.device != Device::kCpu) {
     return absl::InvalidArgumentError("CopyToHost: src must be a cuda tensor and host_dst a host "
                                       "tensor");
@@ -274,8 +315,94 @@ absl::Status CudaBackend::CopyToHost(const TensorView& src, const TensorView& ho
 }
 
 absl::Status CudaBackend::Synchronize() {
+  CheckNotCapturing("Synchronize");
   MakeCurrent();
   return Drain("Synchronize");
+}
+
+void CudaBackend::SetDeviceRowCount(const TensorView& count) {
+  cpu::CheckRowCountArg(kDev, count);
+  rows_ = count.empty() ? nullptr : count.as<int32_t>();
+}
+
+// Thread-local mode: only this thread's unsafe calls (a sync, a cudaMalloc) invalidate the capture;
+// other threads' work on other streams is unaffected. Every op only enqueues on stream_ (the
+// pinned staging of CopyToDevice is host work before the replay, and CopyToDevice itself is refused
+// here), cuBLAS has its workspace preset, and launch shapes depend on tensor shapes only, so the
+// recorded graph is valid for any contents of the tensors it names.
+absl::Status CudaBackend::BeginCapture() {
+  if (capturing_) {
+    return absl::FailedPreconditionError("cuda backend: BeginCapture while a capture is running");
+  }
+  MakeCurrent();
+  MODSERVE_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  pending_before_capture_ = TakePending();
+  return absl::OkStatus();
+}
+
+void CudaBackend::AbandonCapture() {
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();  // the capture's (non-sticky) errors are reported by the caller, if at all
+  capturing_ = false;
+}
+
+absl::StatusOr<int> CudaBackend::EndCapture() {
+  if (!capturing_) {
+    return absl::FailedPreconditionError("cuda backend: EndCapture without BeginCapture");
+  }
+  MakeCurrent();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end_err = cudaStreamEndCapture(stream_, &graph);
+  capturing_ = false;
+  const absl::Status during = std::exchange(pending_, std::move(pending_before_capture_));
+  pending_before_capture_ = absl::OkStatus();
+  if (end_err != cudaSuccess || !during.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    // An op's own error says more than the invalidated capture it caused.
+    if (!during.ok()) {
+      return absl::InternalError(absl::StrCat("EndCapture: an op failed during the capture: ",
+                                              during.message()));
+    }
+    return CudaStatus(end_err, "EndCapture (cudaStreamEndCapture)");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst_err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph does not need it
+  if (inst_err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(inst_err, "EndCapture (cudaGraphInstantiate)");
+  }
+  graphs_.push_back(exec);
+  return static_cast<int>(graphs_.size() - 1);
+}
+
+absl::Status CudaBackend::Replay(int graph) {
+  if (capturing_) {
+    return absl::FailedPreconditionError("cuda backend: Replay during a graph capture");
+  }
+  if (graph < 0 || static_cast<size_t>(graph) >= graphs_.size() || graphs_[graph] == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: no graph ", graph, " (", graphs_.size(),
+        " captured; ids of released graphs stay invalid)"));
+  }
+  MakeCurrent();
+  const cudaError_t err = cudaGraphLaunch(graphs_[graph], stream_);
+  Record(err, "Replay (cudaGraphLaunch)");
+  return CudaStatus(err, "Replay (cudaGraphLaunch)");
+}
+
+// A graph still running is freed by the driver when it completes, so no sync is needed here.
+void CudaBackend::ReleaseGraphs() {
+  MakeCurrent();
+  for (cudaGraphExec_t& exec : graphs_) {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    exec = nullptr;
+  }
 }
 
 void CudaBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
@@ -284,7 +411,7 @@ void CudaBackend::Embed(const TensorView& ids, const TensorView& table, const Te
       << "cuda backend: Embed table dtype " << DTypeName(table.dtype) << " (Supports() is false)";
   MakeCurrent();
   Record(kernels::Embed(stream_, ids.as<int32_t>(), ids.dim(0), table.data, table.dtype,
-                        table.dim(0), table.dim(1), out.as<float>()),
+                        table.dim(0), table.dim(1), rows_, out.as<float>()),
          "Embed");
 }
 
@@ -293,10 +420,16 @@ void CudaBackend::RmsNorm(const RmsNormParams& params, const TensorView& x,
   cpu::CheckRmsNormArgs(kDev, x, weight, out);
   MakeCurrent();
   Record(kernels::RmsNorm(stream_, x.as<float>(), weight.data, weight.dtype, x.dim(0), x.dim(1),
-                          params.eps, out.as<float>()),
+                          params.eps, rows_, out.as<float>()),
          "RmsNorm");
 }
 
+// Under a device row count only the GEMV (n <= kGemvMaxRows) reads the count: it computes the
+// counted rows and, at a count of 0, reads no weight. cuBLAS takes its row count from the host, so
+// the n > kGemvMaxRows paths (bf16 planes, widened f16, f32) and their split/combine/widen/bias
+// kernels run on all n rows; rows past the count come out unspecified, as backend.h allows. The
+// counted rows then get the bits of an n-row call, not of a call with count rows (which may take
+// the GEMV or another cuBLAS algorithm): within the accumulation-order tolerance, not bit-equal.
 void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                        const TensorView& out) {
   cpu::CheckGemmArgs(kDev, x, w, bias, out);
@@ -314,7 +447,8 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
   }
   const void* b = bias.empty() ? nullptr : bias.data;
   if (n <= kernels::kGemvMaxRows) {
-    Record(kernels::Gemv(stream_, x.as<float>(), w.data, b, w.dtype, n, m, k, out.as<float>()),
+    Record(kernels::Gemv(stream_, x.as<float>(), w.data, b, w.dtype, n, m, k, rows_,
+                         out.as<float>()),
            "Gemm (gemv)");
     return;
   }
@@ -416,6 +550,7 @@ void CudaBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q,
   a.v = v.as<float>();
   a.positions = positions.as<int32_t>();
   a.slots = slots.as<int32_t>();
+  a.rows = rows_;
   a.kv_pool = kv_pool.data;
   a.pool_dtype = kv_pool.dtype;
   a.n = q.dim(0);
@@ -442,6 +577,7 @@ void CudaBackend::Attention(const AttentionParams& params, const TensorView& q,
   a.page_table = page_table.as<int32_t>();
   a.row_seq = row_seq.as<int32_t>();
   a.row_kv_len = row_kv_len.as<int32_t>();
+  a.rows = rows_;
   a.out = out.as<float>();
   a.n = q.dim(0);
   a.num_pages = kv_pool.dim(0);
@@ -454,14 +590,16 @@ void CudaBackend::Attention(const AttentionParams& params, const TensorView& q,
   a.scale = params.scale;
   const kernels::AttentionPlan plan =
       kernels::PlanAttention(a, num_sms_, attention_scratch_.bytes());
-  Record(kernels::Attention(stream_, a, plan, attention_scratch_.data()), "Attention");
+  Record(kernels::Attention(stream_, a, plan, num_sms_, attention_scratch_.bytes(),
+                            attention_scratch_.data()),
+         "Attention");
 }
 
 void CudaBackend::SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) {
   cpu::CheckSameShapeF32Args(kDev, gate, up, out);
   MakeCurrent();
-  Record(kernels::SwiGlu(stream_, gate.as<float>(), up.as<float>(), gate.numel(),
-                         out.as<float>()),
+  Record(kernels::SwiGlu(stream_, gate.as<float>(), up.as<float>(), gate.dim(0), gate.dim(1),
+                         rows_, out.as<float>()),
          "SwiGlu");
 }
 
@@ -480,20 +618,23 @@ void CudaBackend::Activation(const ActivationParams& params, const TensorView& x
       kind = 2;
       break;
   }
-  Record(kernels::Activation(stream_, kind, x.numel(), x.as<float>()), "Activation");
+  Record(kernels::Activation(stream_, kind, x.dim(0), x.dim(1), rows_, x.as<float>()),
+         "Activation");
 }
 
 void CudaBackend::Add(const TensorView& a, const TensorView& b, const TensorView& out) {
   cpu::CheckSameShapeF32Args(kDev, a, b, out);
   MakeCurrent();
-  Record(kernels::Add(stream_, a.as<float>(), b.as<float>(), a.numel(), out.as<float>()), "Add");
+  Record(kernels::Add(stream_, a.as<float>(), b.as<float>(), a.dim(0), a.dim(1), rows_,
+                      out.as<float>()),
+         "Add");
 }
 
 void CudaBackend::GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) {
   cpu::CheckGatherRowsArgs(kDev, x, idx, out);
   MakeCurrent();
   Record(kernels::GatherRows(stream_, x.as<float>(), x.dim(0), x.dim(1), idx.as<int32_t>(),
-                             idx.dim(0), out.as<float>()),
+                             idx.dim(0), rows_, out.as<float>()),
          "GatherRows");
 }
 
@@ -516,7 +657,7 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
   const int scale_target = params.scale_target == ScaleTarget::kUpdate ? 0 : 1;
   Record(kernels::ScatterCombine(stream_, weight_fn, scale_target, x.as<float>(), x.dim(0),
                                  x.dim(1), y.as<float>(), idx.as<int32_t>(), s.as<float>(),
-                                 idx.dim(0)),
+                                 idx.dim(0), rows_),
          "ScatterCombine");
 }
 
@@ -526,13 +667,40 @@ void CudaBackend::RouteSelect(const TensorView& z, const TensorView& tau, const 
   cpu::CheckRouteSelectArgs(kDev, z, tau, s, probs, idx, s_sel, count);
   MakeCurrent();
   Record(kernels::RouteSelect(stream_, z.as<float>(), tau.as<float>(), s.as<float>(), z.dim(0),
-                              probs.as<float>(), idx.as<int32_t>(), s_sel.as<float>(),
+                              rows_, probs.as<float>(), idx.as<int32_t>(), s_sel.as<float>(),
                               count.as<int32_t>()),
          "RouteSelect");
 }
 
+void CudaBackend::RouteRows(const TensorView& idx, const TensorView& row_seq,
+                            const TensorView& row_pos, const TensorView& cand_slots,
+                            const TensorView& seq_first_row, const TensorView& seq_kv_base,
+                            const TensorView& out_pos, const TensorView& out_slots,
+                            const TensorView& out_seq, const TensorView& out_kv_len) {
+  cpu::CheckRouteRowsArgs(kDev, idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base,
+                          out_pos, out_slots, out_seq, out_kv_len);
+  MakeCurrent();
+  kernels::RouteRowsArgs a;
+  a.idx = idx.as<int32_t>();
+  a.row_seq = row_seq.as<int32_t>();
+  a.row_pos = row_pos.as<int32_t>();
+  a.cand_slots = cand_slots.as<int32_t>();
+  a.seq_first_row = seq_first_row.as<int32_t>();
+  a.seq_kv_base = seq_kv_base.as<int32_t>();
+  a.out_pos = out_pos.as<int32_t>();
+  a.out_slots = out_slots.as<int32_t>();
+  a.out_seq = out_seq.as<int32_t>();
+  a.out_kv_len = out_kv_len.as<int32_t>();
+  a.rows = rows_;
+  a.m = idx.dim(0);
+  a.num_rows = row_seq.dim(0);
+  a.num_seqs = seq_first_row.dim(0);
+  Record(kernels::RouteRows(stream_, a), "RouteRows");
+}
+
 void CudaBackend::CopyKvPages(const TensorView& kv_pool,
                               absl::Span<const std::pair<int32_t, int32_t>> copies) {
+  CheckNotCapturing("CopyKvPages");
   cpu::CheckCopyKvPagesArgs(kDev, kv_pool, copies);
   MakeCurrent();
   const size_t page_bytes = kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));

@@ -1,6 +1,7 @@
 // The CUDA backend's factory: every op of backend.h on one NVIDIA GPU (cuBLAS GEMMs, hand-written
 // GEMV, attention and memory-bound kernels; docs/CUDA.md). This header names no CUDA type, so
-// registry.cc and tests include it without the toolkit's headers. It does not do graph capture.
+// registry.cc and tests include it without the toolkit's headers. Graph capture and device row
+// counts are the Backend methods (backend.h); nothing here adds to them.
 #ifndef MODSERVE_ENGINE_BACKEND_CUDA_CUDA_BACKEND_H_
 #define MODSERVE_ENGINE_BACKEND_CUDA_CUDA_BACKEND_H_
 

@@ -1,7 +1,8 @@
 // CUDA-backend behaviour that the cross-backend conformance suite does not reach: the no-device
-// error, allocation failure, upload staging, device faults at Synchronize, the chunked Gemm paths
-// and attention at long contexts and every head-dim bucket. Without a GPU only the no-device cases
-// run; the rest GTEST_SKIP with a message.
+// error, allocation failure, upload staging, device faults at Synchronize, the chunked Gemm paths,
+// attention at long contexts and every head-dim bucket, graph capture and replay, a device row
+// count read at replay time, and RouteRows. Without a GPU only the no-device cases run; the rest
+// GTEST_SKIP with a message.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -78,6 +79,12 @@ class CudaBackendTest : public ::testing::Test {
     HostTensor copy = host;
     EXPECT_TRUE(backend_->CopyToDevice(copy.view(), dst).ok());
     return dst;
+  }
+  // Overwrites an uploaded tensor (between graph replays).
+  void Refill(const TensorView& dst, const HostTensor& host) {
+    HostTensor copy = host;
+    const absl::Status st = backend_->CopyToDevice(copy.view(), dst);
+    EXPECT_TRUE(st.ok()) << st;
   }
   HostTensor Download(const TensorView& src, const HostTensor& like) {
     HostTensor out = like;
@@ -262,6 +269,213 @@ TEST_F(CudaBackendTest, AttentionLongContextEveryHeadDimBucketMatchesReference) 
 TEST_F(CudaBackendTest, AttentionWithTinyScratchMatchesReference) {
   Make({.attention_scratch_bytes = 4096});
   CheckAttention(this, {32, 8, 128, 16, {4000, 2000}}, DType::kBF16, 9);
+}
+
+// ---- graphs, device row counts, RouteRows ------------------------------------------------------
+
+// One Gemm and one Add captured once and replayed with a new x each time: the replay must read the
+// tensors' contents when it runs. n = 4 takes the GEMV, n = 33 the cuBLAS bf16-plane path (split,
+// cuBLAS, combine), both of which must be capturable.
+TEST_F(CudaBackendTest, GraphReplayReadsInputsUploadedBeforeEachReplay) {
+  constexpr int64_t kM = 96, kK = 256;
+  for (int64_t n : {4, 33}) {
+    std::mt19937 rng(21 + n);
+    HostTensor w = Random(rng, DType::kBF16, {kM, kK});
+    HostTensor r = Random(rng, DType::kF32, {n, kM});
+    HostTensor prod(DType::kF32, {n, kM}), sum(DType::kF32, {n, kM});
+    TensorView x_d = Upload(Random(rng, DType::kF32, {n, kK}));
+    TensorView w_d = Upload(w), r_d = Upload(r), prod_d = Upload(prod), sum_d = Upload(sum);
+    ASSERT_TRUE(backend_->SupportsGraphs());
+    ASSERT_TRUE(backend_->BeginCapture().ok());
+    backend_->Gemm(x_d, w_d, TensorView(), prod_d);
+    backend_->Add(prod_d, r_d, sum_d);
+    absl::StatusOr<int> graph = backend_->EndCapture();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    for (int replay = 0; replay < 2; ++replay) {
+      HostTensor x = Random(rng, DType::kF32, {n, kK}, 1.0f + replay);
+      Refill(x_d, x);
+      ASSERT_TRUE(backend_->Replay(*graph).ok());
+      HostTensor want_prod(DType::kF32, {n, kM}), want_sum(DType::kF32, {n, kM});
+      cpu::reference::Gemm(x.view(), w.view(), TensorView(), want_prod.view());
+      cpu::reference::Add(want_prod.view(), r.view(), want_sum.view());
+      const std::string what = "n=" + std::to_string(n) + " replay " + std::to_string(replay);
+      ExpectClose(Download(sum_d, want_sum), want_sum, kAccumOrderRelTol, "Gemm + Add " + what);
+    }
+    backend_->ReleaseGraphs();
+    EXPECT_TRUE(backend_->Synchronize().ok());
+  }
+}
+
+// One capture of RmsNorm over a capacity of 8 rows with the device row count set; the count
+// buffer holds 3, then 0, then 8 across replays. Counted rows match the reference. This backend's
+// kernels write nothing for uncounted rows (backend.h leaves them unspecified), so here they must
+// keep the sentinel.
+TEST_F(CudaBackendTest, GraphReadsTheDeviceRowCountAtEachReplay) {
+  constexpr int64_t kN = 8, kD = 320;
+  constexpr float kSentinel = -12345.0f;
+  std::mt19937 rng(33);
+  HostTensor x = Random(rng, DType::kF32, {kN, kD});
+  HostTensor w = Random(rng, DType::kBF16, {kD});
+  HostTensor want(DType::kF32, {kN, kD});
+  const RmsNormParams params{.eps = 1e-5f};
+  cpu::reference::RmsNorm(params, x.view(), w.view(), want.view());
+  HostTensor sentinel(DType::kF32, {kN, kD});
+  std::fill(sentinel.f32(), sentinel.f32() + sentinel.numel(), kSentinel);
+  TensorView x_d = Upload(x), w_d = Upload(w), out_d = Upload(sentinel);
+  TensorView count_d = Upload(Ints({static_cast<int32_t>(kN)}));
+  ASSERT_TRUE(backend_->SupportsDeviceRowCount());
+  backend_->SetDeviceRowCount(count_d);
+  ASSERT_TRUE(backend_->BeginCapture().ok());
+  backend_->RmsNorm(params, x_d, w_d, out_d);
+  absl::StatusOr<int> graph = backend_->EndCapture();
+  backend_->SetDeviceRowCount(TensorView());  // the graph keeps reading count_d
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (int32_t count : {3, 0, 8}) {
+    Refill(out_d, sentinel);
+    Refill(count_d, Ints({count}));
+    ASSERT_TRUE(backend_->Replay(*graph).ok());
+    HostTensor got = Download(out_d, sentinel);
+    const std::string what = "count " + std::to_string(count);
+    if (count > 0) {
+      HostTensor got_rows(DType::kF32, {count, kD}), want_rows(DType::kF32, {count, kD});
+      std::memcpy(got_rows.f32(), got.f32(), count * kD * sizeof(float));
+      std::memcpy(want_rows.f32(), want.f32(), count * kD * sizeof(float));
+      ExpectClose(got_rows, want_rows, kAccumOrderRelTol, "RmsNorm " + what);
+    }
+    for (int64_t e = count * kD; e < kN * kD; ++e) {
+      ASSERT_EQ(got.f32()[e], kSentinel) << what << ": row " << e / kD << " was written";
+    }
+  }
+  // Without a count the same op outside the graph computes every row.
+  backend_->RmsNorm(params, x_d, w_d, out_d);
+  ExpectClose(Download(out_d, want), want, kAccumOrderRelTol, "RmsNorm without a count");
+}
+
+TEST_F(CudaBackendTest, GraphCallsOutOfOrderAreRefused) {
+  EXPECT_EQ(backend_->EndCapture().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend_->Replay(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Replay(-1).code(), absl::StatusCode::kInvalidArgument);
+  TensorView a_d = Upload(HostTensor(DType::kF32, {1, 4}));
+  ASSERT_TRUE(backend_->BeginCapture().ok());
+  EXPECT_EQ(backend_->BeginCapture().code(), absl::StatusCode::kFailedPrecondition);
+  backend_->Add(a_d, a_d, a_d);
+  absl::StatusOr<int> graph = backend_->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_TRUE(backend_->Replay(*graph).ok());
+  EXPECT_EQ(backend_->Replay(*graph + 1).code(), absl::StatusCode::kInvalidArgument);
+  backend_->ReleaseGraphs();
+  EXPECT_EQ(backend_->Replay(*graph).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(backend_->Synchronize().ok());
+}
+
+// Backend::RouteRows, written out literally: the rank counts the earlier selected rows that are
+// not below the sequence's first row, one by one (no binary search).
+struct RouteRowsWant {
+  std::vector<int32_t> pos, slots, seq, kv_len;
+};
+RouteRowsWant RouteRowsByFormula(const std::vector<int32_t>& idx,
+                                 const std::vector<int32_t>& row_seq,
+                                 const std::vector<int32_t>& row_pos,
+                                 const std::vector<int32_t>& cand_slots,
+                                 const std::vector<int32_t>& seq_first_row,
+                                 const std::vector<int32_t>& seq_kv_base) {
+  RouteRowsWant want;
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const int32_t r = idx[j], s = row_seq[r];
+    int32_t before = 0;
+    for (size_t jp = 0; jp < j; ++jp) before += idx[jp] < seq_first_row[s] ? 1 : 0;
+    const int32_t rank = static_cast<int32_t>(j) - before;
+    want.pos.push_back(row_pos[r]);
+    want.slots.push_back(cand_slots[seq_first_row[s] + rank]);
+    want.seq.push_back(s);
+    want.kv_len.push_back(seq_kv_base[s] + rank + 1);
+  }
+  return want;
+}
+
+class CudaRouteRowsTest : public CudaBackendTest {
+ public:
+  // Runs RouteRows (under `count` when >= 0) and returns the four outputs; entries the op does not
+  // write keep -7.
+  RouteRowsWant Run(const std::vector<int32_t>& idx, const std::vector<int32_t>& row_seq,
+                    const std::vector<int32_t>& row_pos, const std::vector<int32_t>& cand_slots,
+                    const std::vector<int32_t>& seq_first_row,
+                    const std::vector<int32_t>& seq_kv_base, int32_t count) {
+    const HostTensor unset = Ints(std::vector<int32_t>(idx.size(), -7));
+    TensorView outs[4] = {Upload(unset), Upload(unset), Upload(unset), Upload(unset)};
+    if (count >= 0) backend_->SetDeviceRowCount(Upload(Ints({count})));
+    backend_->RouteRows(Upload(Ints(idx)), Upload(Ints(row_seq)), Upload(Ints(row_pos)),
+                        Upload(Ints(cand_slots)), Upload(Ints(seq_first_row)),
+                        Upload(Ints(seq_kv_base)), outs[0], outs[1], outs[2], outs[3]);
+    backend_->SetDeviceRowCount(TensorView());
+    std::vector<int32_t> got[4];
+    for (int o = 0; o < 4; ++o) {
+      HostTensor t = Download(outs[o], unset);
+      got[o].assign(t.i32(), t.i32() + idx.size());
+    }
+    return {got[0], got[1], got[2], got[3]};
+  }
+};
+
+// Three sequences own step rows [0, 2), [2, 5), [5, 6); rows 1, 2, 4 and 5 were selected.
+TEST_F(CudaRouteRowsTest, SmallCaseMatchesTheFormula) {
+  ASSERT_TRUE(backend_->Supports(OpKind::kRouteRows, DType::kI32));
+  EXPECT_FALSE(backend_->Supports(OpKind::kRouteRows, DType::kF32));
+  const std::vector<int32_t> idx = {1, 2, 4, 5}, row_seq = {0, 0, 1, 1, 1, 2},
+                             row_pos = {10, 11, 20, 21, 22, 30},
+                             cand_slots = {100, 101, 200, 201, 202, 300},
+                             seq_first_row = {0, 2, 5}, seq_kv_base = {7, 3, 0};
+  // Worked by hand: row 1 is sequence 0's first pick, rows 2 and 4 sequence 1's first and second,
+  // row 5 sequence 2's first.
+  const RouteRowsWant hand = {{11, 20, 22, 30}, {100, 200, 201, 300}, {0, 1, 1, 2}, {8, 4, 5, 1}};
+  const RouteRowsWant formula =
+      RouteRowsByFormula(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base);
+  ASSERT_EQ(formula.pos, hand.pos);
+  ASSERT_EQ(formula.slots, hand.slots);
+  ASSERT_EQ(formula.seq, hand.seq);
+  ASSERT_EQ(formula.kv_len, hand.kv_len);
+  const RouteRowsWant got =
+      Run(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base, /*count=*/-1);
+  EXPECT_EQ(got.pos, hand.pos);
+  EXPECT_EQ(got.slots, hand.slots);
+  EXPECT_EQ(got.seq, hand.seq);
+  EXPECT_EQ(got.kv_len, hand.kv_len);
+  // Under a device row count of 2 only j < 2 is computed; this backend leaves the rest alone.
+  const RouteRowsWant counted =
+      Run(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base, /*count=*/2);
+  EXPECT_EQ(counted.pos, (std::vector<int32_t>{11, 20, -7, -7}));
+  EXPECT_EQ(counted.slots, (std::vector<int32_t>{100, 200, -7, -7}));
+  EXPECT_EQ(counted.seq, (std::vector<int32_t>{0, 1, -7, -7}));
+  EXPECT_EQ(counted.kv_len, (std::vector<int32_t>{8, 4, -7, -7}));
+}
+
+// Many sequences of random lengths and a random ascending selection (some sequences empty), more
+// rows than one CTA holds.
+TEST_F(CudaRouteRowsTest, RandomSelectionMatchesTheFormula) {
+  std::mt19937 rng(77);
+  std::vector<int32_t> row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base, idx;
+  for (int32_t s = 0; s < 100; ++s) {
+    seq_first_row.push_back(static_cast<int32_t>(row_seq.size()));
+    seq_kv_base.push_back(static_cast<int32_t>(rng() % 1000));
+    const int len = 1 + static_cast<int>(rng() % 30);
+    for (int t = 0; t < len; ++t) {
+      row_seq.push_back(s);
+      row_pos.push_back(seq_kv_base.back() + t);
+      cand_slots.push_back(static_cast<int32_t>(rng() % 100000));
+    }
+  }
+  for (int32_t r = 0; r < static_cast<int32_t>(row_seq.size()); ++r) {
+    if (rng() % 3 == 0) idx.push_back(r);
+  }
+  ASSERT_GT(idx.size(), 256u);
+  const RouteRowsWant want =
+      RouteRowsByFormula(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base);
+  const RouteRowsWant got =
+      Run(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base, /*count=*/-1);
+  EXPECT_EQ(got.pos, want.pos);
+  EXPECT_EQ(got.slots, want.slots);
+  EXPECT_EQ(got.seq, want.seq);
+  EXPECT_EQ(got.kv_len, want.kv_len);
 }
 
 }  // namespace

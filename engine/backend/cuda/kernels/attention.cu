@@ -1,6 +1,6 @@
 // Paged attention for prefill and decode rows alike (flash-decoding style).
 //
-// Grid: x = row, y = (kv head, slice of its query-head group), z = context split. One CTA of
+// Grid: x = (row, context split) items, y = (kv head, slice of its query-head group). One CTA of
 // kWarps warps handles up to kMaxHeadsPerCta query heads that share one kv head, so each K/V entry
 // is read once per group, not once per head. Its warps take the split's entries round-robin; for
 // each entry a warp reads the K and V vectors coalesced (lane l owns elements l, l + 32, ...),
@@ -8,6 +8,9 @@
 // (running max, running sum, rescaled accumulator) in registers. The warps are merged through
 // shared memory. With one split the CTA writes the normalised output; otherwise it writes an
 // unnormalised partial (acc, max, sum) and a combine kernel merges the splits of each (row, head).
+// Without a device row count each CTA owns one (row, split) item. With one, the count c is known
+// only on the device: the kernels re-plan for c (PlanFor, the host's arithmetic) and the CTAs
+// stride over the c * splits items, so a counted row is computed exactly as in a call of c rows.
 //
 // Prefill rows are handled row by row (K/V re-read per row from L2); a tiled flash-attention
 // prefill kernel that shares K/V tiles across the rows of one sequence is the next step.
@@ -29,24 +32,92 @@ constexpr int kMaxHeadsPerCta = 8;
 constexpr int64_t kMinSplitLen = 128;  // entries; shorter splits cost more in combine than they win
 constexpr int kCtasPerSm = 4;          // target occupancy for choosing splits
 
+// What the plan depends on besides the row count.
+struct PlanShape {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t ctx_cap = 1;  // entries a row may attend over: max_pages * block_size
+  int num_sms = 1;
+  size_t max_scratch_bytes = 0;
+};
+
+__host__ __device__ __forceinline__ int64_t MinI64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t MaxI64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// The split plan for n rows (PlanAttention's contract); host and device run the same arithmetic.
+__host__ __device__ AttentionPlan PlanFor(int64_t n, const PlanShape& ps) {
+  AttentionPlan plan;
+  const int group = ps.n_heads / ps.n_kv_heads;
+  plan.heads_per_cta = group < kMaxHeadsPerCta ? group : kMaxHeadsPerCta;
+  plan.head_chunks = (group + plan.heads_per_cta - 1) / plan.heads_per_cta;
+  const int64_t base_ctas = MaxI64(1, n * ps.n_kv_heads * plan.head_chunks);
+  const int64_t target_ctas = int64_t{kCtasPerSm} * MaxI64(ps.num_sms, 1);
+  int64_t splits = (target_ctas + base_ctas - 1) / base_ctas;
+  splits = MinI64(splits, (ps.ctx_cap + kMinSplitLen - 1) / kMinSplitLen);
+  // Partials: head_dim + 2 floats per (row, head, split).
+  const size_t per_split =
+      static_cast<size_t>(n) * ps.n_heads * (ps.head_dim + 2) * sizeof(float);
+  if (per_split > 0) {
+    splits = MinI64(splits, static_cast<int64_t>(ps.max_scratch_bytes / per_split));
+  }
+  splits = MaxI64(1, MinI64(splits, 65535));
+  plan.split_len = (ps.ctx_cap + splits - 1) / splits;
+  plan.splits = static_cast<int>((ps.ctx_cap + plan.split_len - 1) / plan.split_len);
+  plan.scratch_bytes = plan.splits > 1 ? per_split * plan.splits : 0;
+  return plan;
+}
+
+PlanShape ShapeOf(const AttentionArgs& a, int num_sms, size_t max_scratch_bytes) {
+  PlanShape ps;
+  ps.n_heads = a.n_heads;
+  ps.n_kv_heads = a.n_kv_heads;
+  ps.head_dim = a.head_dim;
+  ps.ctx_cap = std::max<int64_t>(1, a.max_pages * a.block_size);
+  ps.num_sms = num_sms;
+  ps.max_scratch_bytes = max_scratch_bytes;
+  return ps;
+}
+
 struct KernelArgs {
   AttentionArgs a;
-  AttentionPlan plan;
-  float* part_acc;  // [n, n_heads, splits, head_dim]
-  float* part_ml;   // [n, n_heads, splits, 2]: running max, running sum
+  AttentionPlan plan;  // the host's plan for all n rows (used when a.rows is null)
+  PlanShape shape;     // to re-plan for the device row count
+  float* scratch;      // partials (layout in RowPlan), or null when no plan can split
 };
+
+// The plan of the rows this launch processes and where its partials live:
+// part_acc [rows, n_heads, splits, head_dim], then part_ml [rows, n_heads, splits, 2] (running
+// max, running sum).
+struct RowPlan {
+  int64_t rows;
+  AttentionPlan plan;
+  float* part_acc;
+  float* part_ml;
+};
+
+__device__ __forceinline__ RowPlan ResolvePlan(const KernelArgs& ka) {
+  RowPlan rp;
+  rp.rows = EffectiveRows(ka.a.rows, ka.a.n);
+  rp.plan = ka.a.rows == nullptr ? ka.plan : PlanFor(rp.rows, ka.shape);
+  rp.part_acc = ka.scratch;
+  rp.part_ml = ka.scratch == nullptr
+                   ? nullptr
+                   : ka.scratch + rp.rows * ka.a.n_heads * int64_t{rp.plan.splits} * ka.a.head_dim;
+  return rp;
+}
 
 // kT = ceil(head_dim / 32): elements of a head vector per lane.
 template <typename T, int kT>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
   const AttentionArgs& a = ka.a;
-  const AttentionPlan& plan = ka.plan;
+  // Every thread resolves the same plan (one load of the row count), so all loop bounds below are
+  // uniform across the CTA and its barriers are reached by every thread.
+  const RowPlan rp = ResolvePlan(ka);
+  const AttentionPlan& plan = rp.plan;
   constexpr int kDim = kT * 32;
   __shared__ float q_s[kMaxHeadsPerCta][kDim];
   __shared__ float acc_s[kWarps][kMaxHeadsPerCta][kDim];
   __shared__ float ml_s[kWarps][kMaxHeadsPerCta][2];
 
-  const int64_t row = blockIdx.x;
   const int group = a.n_heads / a.n_kv_heads;
   const int g = blockIdx.y / plan.head_chunks;
   const int chunk = blockIdx.y % plan.head_chunks;
@@ -55,116 +126,130 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
   const int hd = a.head_dim;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-  const int32_t seq = a.row_seq[row];
-  const int32_t kv_len = a.row_kv_len[row];
-  TrapUnless(seq >= 0 && seq < a.num_seqs && kv_len >= 1 &&
-             kv_len <= a.max_pages * int64_t{a.block_size});
-  const int64_t begin = static_cast<int64_t>(blockIdx.z) * plan.split_len;
-  if (begin >= kv_len) return;  // an empty split: the combine kernel never reads it
-  const int64_t end = min(static_cast<int64_t>(kv_len), begin + plan.split_len);
+  // Item = (row item / splits, split item % splits); rows past the count are never reached.
+  const int64_t items = rp.rows * plan.splits;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t row = item / plan.splits;
+    const int64_t split = item % plan.splits;
+    __syncthreads();  // the previous item's reads of q_s, acc_s and ml_s are done
 
-  for (int e = threadIdx.x; e < kMaxHeadsPerCta * kDim; e += kThreads) {
-    const int h = e / kDim, d = e % kDim;
-    q_s[h][d] = h < hg && d < hd ? a.q[(row * a.n_heads + h_first + h) * hd + d] : 0.0f;
-  }
-  __syncthreads();
+    const int32_t seq = a.row_seq[row];
+    const int32_t kv_len = a.row_kv_len[row];
+    TrapUnless(seq >= 0 && seq < a.num_seqs && kv_len >= 1 &&
+               kv_len <= a.max_pages * int64_t{a.block_size});
+    const int64_t begin = split * plan.split_len;
+    if (begin >= kv_len) continue;  // an empty split: the combine kernel never reads it
+    const int64_t end = min(static_cast<int64_t>(kv_len), begin + plan.split_len);
 
-  float m[kMaxHeadsPerCta], l[kMaxHeadsPerCta], acc[kMaxHeadsPerCta][kT];
-#pragma unroll
-  for (int h = 0; h < kMaxHeadsPerCta; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kT; ++t) acc[h][t] = 0.0f;
-  }
-
-  const T* pool = static_cast<const T*>(a.kv_pool);
-  const int32_t* pages = a.page_table + static_cast<int64_t>(seq) * a.max_pages;
-  const int64_t plane = int64_t{a.block_size} * hd;  // elements of one (page, kv plane)
-  for (int64_t j = begin + warp; j < end; j += kWarps) {
-    const int32_t page = pages[j / a.block_size];
-    TrapUnless(page >= 0 && page < a.num_pages);
-    const T* k_ptr =
-        pool + (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane + (j % a.block_size) * hd;
-    const T* v_ptr = k_ptr + a.n_kv_heads * plane;
-    float kf[kT], vf[kT];
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      const int d = lane + 32 * t;
-      kf[t] = d < hd ? ToF32(k_ptr[d]) : 0.0f;
-      vf[t] = d < hd ? ToF32(v_ptr[d]) : 0.0f;
+    for (int e = threadIdx.x; e < kMaxHeadsPerCta * kDim; e += kThreads) {
+      const int h = e / kDim, d = e % kDim;
+      q_s[h][d] = h < hg && d < hd ? a.q[(row * a.n_heads + h_first + h) * hd + d] : 0.0f;
     }
+    __syncthreads();
+
+    float m[kMaxHeadsPerCta], l[kMaxHeadsPerCta], acc[kMaxHeadsPerCta][kT];
 #pragma unroll
     for (int h = 0; h < kMaxHeadsPerCta; ++h) {
-      if (h >= hg) break;  // uniform across the CTA
-      float dot = 0.0f;
+      m[h] = -INFINITY;
+      l[h] = 0.0f;
 #pragma unroll
-      for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][lane + 32 * t], kf[t], dot);
-      const float s = WarpSum(dot) * a.scale;
-      const float m_new = fmaxf(m[h], s);
-      const float correction = expf(m[h] - m_new);  // 0 on the first entry (m = -inf)
-      const float p = expf(s - m_new);
-      l[h] = l[h] * correction + p;
-#pragma unroll
-      for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[t], acc[h][t] * correction);
-      m[h] = m_new;
+      for (int t = 0; t < kT; ++t) acc[h][t] = 0.0f;
     }
-  }
 
-  // Merge the warps: each publishes (max, sum, acc) per head.
+    const T* pool = static_cast<const T*>(a.kv_pool);
+    const int32_t* pages = a.page_table + static_cast<int64_t>(seq) * a.max_pages;
+    const int64_t plane = int64_t{a.block_size} * hd;  // elements of one (page, kv plane)
+    for (int64_t j = begin + warp; j < end; j += kWarps) {
+      const int32_t page = pages[j / a.block_size];
+      TrapUnless(page >= 0 && page < a.num_pages);
+      const T* k_ptr = pool + (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane +
+                       (j % a.block_size) * hd;
+      const T* v_ptr = k_ptr + a.n_kv_heads * plane;
+      float kf[kT], vf[kT];
 #pragma unroll
-  for (int h = 0; h < kMaxHeadsPerCta; ++h) {
-    if (h >= hg) break;
-    if (lane == 0) {
-      ml_s[warp][h][0] = m[h];
-      ml_s[warp][h][1] = l[h];
-    }
+      for (int t = 0; t < kT; ++t) {
+        const int d = lane + 32 * t;
+        kf[t] = d < hd ? ToF32(k_ptr[d]) : 0.0f;
+        vf[t] = d < hd ? ToF32(v_ptr[d]) : 0.0f;
+      }
 #pragma unroll
-    for (int t = 0; t < kT; ++t) acc_s[warp][h][lane + 32 * t] = acc[h][t];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < hg * hd; e += kThreads) {
-    const int h = e / hd, d = e % hd;
-    float mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, ml_s[w][h][0]);
-    float sum = 0.0f, val = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (ml_s[w][h][1] == 0.0f) continue;  // a warp that saw no entry
-      const float f = expf(ml_s[w][h][0] - mx);
-      sum += ml_s[w][h][1] * f;
-      val += acc_s[w][h][d] * f;
+      for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+        if (h >= hg) break;  // uniform across the CTA
+        float dot = 0.0f;
+#pragma unroll
+        for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][lane + 32 * t], kf[t], dot);
+        const float s = WarpSum(dot) * a.scale;
+        const float m_new = fmaxf(m[h], s);
+        const float correction = expf(m[h] - m_new);  // 0 on the first entry (m = -inf)
+        const float p = expf(s - m_new);
+        l[h] = l[h] * correction + p;
+#pragma unroll
+        for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[t], acc[h][t] * correction);
+        m[h] = m_new;
+      }
     }
-    const int head = h_first + h;
-    if (plan.splits == 1) {
-      a.out[(row * a.n_heads + head) * hd + d] = val / sum;
-    } else {
-      const int64_t slot = (row * a.n_heads + head) * plan.splits + blockIdx.z;
-      ka.part_acc[slot * hd + d] = val;
-      if (d == 0) {
-        ka.part_ml[2 * slot] = mx;
-        ka.part_ml[2 * slot + 1] = sum;
+
+    // Merge the warps: each publishes (max, sum, acc) per head.
+#pragma unroll
+    for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+      if (h >= hg) break;
+      if (lane == 0) {
+        ml_s[warp][h][0] = m[h];
+        ml_s[warp][h][1] = l[h];
+      }
+#pragma unroll
+      for (int t = 0; t < kT; ++t) acc_s[warp][h][lane + 32 * t] = acc[h][t];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < hg * hd; e += kThreads) {
+      const int h = e / hd, d = e % hd;
+      float mx = -INFINITY;
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, ml_s[w][h][0]);
+      float sum = 0.0f, val = 0.0f;
+      for (int w = 0; w < kWarps; ++w) {
+        if (ml_s[w][h][1] == 0.0f) continue;  // a warp that saw no entry
+        const float f = expf(ml_s[w][h][0] - mx);
+        sum += ml_s[w][h][1] * f;
+        val += acc_s[w][h][d] * f;
+      }
+      const int head = h_first + h;
+      if (plan.splits == 1) {
+        a.out[(row * a.n_heads + head) * hd + d] = val / sum;
+      } else {
+        const int64_t slot = (row * a.n_heads + head) * plan.splits + split;
+        rp.part_acc[slot * hd + d] = val;
+        if (d == 0) {
+          rp.part_ml[2 * slot] = mx;
+          rp.part_ml[2 * slot + 1] = sum;
+        }
       }
     }
   }
 }
 
-// One CTA per (row, head): merges the non-empty splits (those starting below kv_len).
+// One CTA per (row, head): merges the non-empty splits (those starting below kv_len). Launched
+// whenever the host plan splits; under a device row count the re-plan may not, and then the main
+// kernel has written the output itself.
 __global__ void CombineKernel(KernelArgs ka) {
   const AttentionArgs& a = ka.a;
+  const RowPlan rp = ResolvePlan(ka);
   const int64_t row = blockIdx.x;
   const int head = blockIdx.y;
-  const int64_t used = (a.row_kv_len[row] + ka.plan.split_len - 1) / ka.plan.split_len;
-  const int64_t base = (row * a.n_heads + head) * ka.plan.splits;
+  if (row >= rp.rows || rp.plan.splits == 1) return;
+  const int64_t used = (a.row_kv_len[row] + rp.plan.split_len - 1) / rp.plan.split_len;
+  const int64_t base = (row * a.n_heads + head) * rp.plan.splits;
+  const float* part_ml = rp.part_ml;
+  const float* part_acc = rp.part_acc;
   float mx = -INFINITY;
-  for (int64_t s = 0; s < used; ++s) mx = fmaxf(mx, ka.part_ml[2 * (base + s)]);
+  for (int64_t s = 0; s < used; ++s) mx = fmaxf(mx, part_ml[2 * (base + s)]);
   float sum = 0.0f;
   for (int64_t s = 0; s < used; ++s) {
-    sum += ka.part_ml[2 * (base + s) + 1] * expf(ka.part_ml[2 * (base + s)] - mx);
+    sum += part_ml[2 * (base + s) + 1] * expf(part_ml[2 * (base + s)] - mx);
   }
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
     float val = 0.0f;
     for (int64_t s = 0; s < used; ++s) {
-      val += ka.part_acc[(base + s) * a.head_dim + d] * expf(ka.part_ml[2 * (base + s)] - mx);
+      val += part_acc[(base + s) * a.head_dim + d] * expf(part_ml[2 * (base + s)] - mx);
     }
     a.out[(row * a.n_heads + head) * a.head_dim + d] = val / sum;
   }
@@ -190,38 +275,28 @@ cudaError_t LaunchMain(cudaStream_t stream, const KernelArgs& ka, dim3 grid) {
 }  // namespace
 
 AttentionPlan PlanAttention(const AttentionArgs& a, int num_sms, size_t max_scratch_bytes) {
-  AttentionPlan plan;
-  const int group = a.n_heads / a.n_kv_heads;
-  plan.heads_per_cta = std::min(group, kMaxHeadsPerCta);
-  plan.head_chunks = (group + plan.heads_per_cta - 1) / plan.heads_per_cta;
-  const int64_t ctx_cap = std::max<int64_t>(1, a.max_pages * a.block_size);
-  const int64_t base_ctas = std::max<int64_t>(1, a.n * a.n_kv_heads * plan.head_chunks);
-  const int64_t target_ctas = int64_t{kCtasPerSm} * std::max(num_sms, 1);
-  int64_t splits = (target_ctas + base_ctas - 1) / base_ctas;
-  splits = std::min(splits, (ctx_cap + kMinSplitLen - 1) / kMinSplitLen);
-  // Partials: head_dim + 2 floats per (row, head, split).
-  const size_t per_split = static_cast<size_t>(a.n) * a.n_heads * (a.head_dim + 2) * sizeof(float);
-  if (per_split > 0) {
-    splits = std::min<int64_t>(splits, static_cast<int64_t>(max_scratch_bytes / per_split));
-  }
-  splits = std::clamp<int64_t>(splits, 1, 65535);
-  plan.split_len = (ctx_cap + splits - 1) / splits;
-  plan.splits = static_cast<int>((ctx_cap + plan.split_len - 1) / plan.split_len);
-  plan.scratch_bytes = plan.splits > 1 ? per_split * plan.splits : 0;
-  return plan;
+  // Splits never grow with the row count, so one row's plan bounds every count's splits and
+  // scratch.
+  return PlanFor(a.rows == nullptr ? a.n : std::min<int64_t>(a.n, 1),
+                 ShapeOf(a, num_sms, max_scratch_bytes));
 }
 
 cudaError_t Attention(cudaStream_t stream, const AttentionArgs& args, const AttentionPlan& plan,
-                      void* scratch) {
+                      int num_sms, size_t max_scratch_bytes, void* scratch) {
   if (args.n == 0) return cudaSuccess;
-  KernelArgs ka{args, plan, nullptr, nullptr};
-  if (plan.splits > 1) {
-    ka.part_acc = static_cast<float*>(scratch);
-    ka.part_ml = ka.part_acc + args.n * args.n_heads * int64_t{plan.splits} * args.head_dim;
+  const PlanShape shape = ShapeOf(args, num_sms, max_scratch_bytes);
+  KernelArgs ka{args, plan, shape, plan.splits > 1 ? static_cast<float*>(scratch) : nullptr};
+  // One CTA per item without a count. With one, c * splits(c) <= target / base + c for every
+  // count c <= n (splits(c) <= ceil(target / (c * base))), so n + ceil(target / base) CTAs give
+  // every item of any count its own CTA while rows past the count cost few idle CTAs.
+  int64_t items = args.n * int64_t{plan.splits};
+  if (args.rows != nullptr) {
+    const int64_t base = std::max<int64_t>(1, int64_t{args.n_kv_heads} * plan.head_chunks);
+    const int64_t target = int64_t{kCtasPerSm} * std::max(num_sms, 1);
+    items = std::min(items, args.n + (target + base - 1) / base);
   }
-  const dim3 grid(static_cast<unsigned int>(args.n),
-                  static_cast<unsigned int>(args.n_kv_heads * plan.head_chunks),
-                  static_cast<unsigned int>(plan.splits));
+  const dim3 grid(static_cast<unsigned int>(items),
+                  static_cast<unsigned int>(args.n_kv_heads * plan.head_chunks));
   cudaError_t err = cudaErrorInvalidValue;
   switch (args.pool_dtype) {
     case DType::kF32:

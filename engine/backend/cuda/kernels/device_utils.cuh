@@ -1,6 +1,6 @@
 // Device helpers shared by the kernels: dtype conversions that match engine/common/dtype.h bit for
-// bit (round-to-nearest-even), warp/block sums, 128-bit weight loads and the launch-size helper.
-// Nothing here launches work.
+// bit (round-to-nearest-even), warp/block sums, 128-bit weight loads, the device row count and the
+// launch-size helper. Nothing here launches work.
 #ifndef MODSERVE_ENGINE_BACKEND_CUDA_KERNELS_DEVICE_UTILS_CUH_
 #define MODSERVE_ENGINE_BACKEND_CUDA_KERNELS_DEVICE_UTILS_CUH_
 
@@ -92,6 +92,15 @@ __device__ __forceinline__ float BlockSum(float v, float* red) {
 // surfaces at the next Synchronize().
 __device__ __forceinline__ void TrapUnless(bool ok) {
   if (!ok) __trap();
+}
+
+// Rows an op processes (Backend::SetDeviceRowCount): all n without a count, else count[0] clamped
+// to [0, n]. Read when the kernel runs, so every replay of a captured graph sees the current count;
+// n stays the capacity the grid was sized for on the host.
+__device__ __forceinline__ int64_t EffectiveRows(const int32_t* rows, int64_t n) {
+  if (rows == nullptr) return n;
+  const int64_t count = *rows;
+  return count < 0 ? 0 : (count < n ? count : n);
 }
 
 // Grid size for a grid-stride loop over `count` items with `threads` per block.

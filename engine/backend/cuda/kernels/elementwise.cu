@@ -1,6 +1,7 @@
-// The f32 elementwise and row ops: SwiGLU, activations, add, row gather, the MoD weighted scatter
-// and the MoD routing decision with its compaction.
-// Grid-stride loops in the reference's operation order (accurate expf/erff, no fast-math).
+// The f32 elementwise and row ops: SwiGLU, activations, add, row gather, the MoD weighted scatter,
+// the MoD routing decision with its compaction and the routed rows' KV metadata.
+// Grid-stride loops in the reference's operation order (accurate expf/erff, no fast-math); under a
+// device row count they stop at count * width (the grid stays sized for the capacity).
 #include <cmath>
 
 #include "engine/backend/cuda/kernels/device_utils.cuh"
@@ -14,7 +15,9 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ float Sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // `out` may alias gate or up: each element is read before it is written by the same thread.
-__global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, float* out) {
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, int64_t width,
+                             const int32_t* rows, float* out) {
+  const int64_t count = EffectiveRows(rows, n) * width;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float g = gate[i];
@@ -22,7 +25,9 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count, 
   }
 }
 
-__global__ void ActivationKernel(int kind, int64_t count, float* x) {
+__global__ void ActivationKernel(int kind, int64_t n, int64_t width, const int32_t* rows,
+                                 float* x) {
+  const int64_t count = EffectiveRows(rows, n) * width;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[i];
@@ -40,7 +45,9 @@ __global__ void ActivationKernel(int kind, int64_t count, float* x) {
   }
 }
 
-__global__ void AddKernel(const float* a, const float* b, int64_t count, float* out) {
+__global__ void AddKernel(const float* a, const float* b, int64_t n, int64_t width,
+                          const int32_t* rows, float* out) {
+  const int64_t count = EffectiveRows(rows, n) * width;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = a[i] + b[i];
@@ -49,8 +56,8 @@ __global__ void AddKernel(const float* a, const float* b, int64_t count, float* 
 
 __global__ void GatherRowsKernel(const float* __restrict__ x, int64_t n, int64_t d,
                                  const int32_t* __restrict__ idx, int64_t m,
-                                 float* __restrict__ out) {
-  const int64_t count = m * d;
+                                 const int32_t* __restrict__ rows, float* __restrict__ out) {
+  const int64_t count = EffectiveRows(rows, m) * d;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = i / d, c = i % d;
@@ -64,8 +71,8 @@ __global__ void GatherRowsKernel(const float* __restrict__ x, int64_t n, int64_t
 __global__ void ScatterCombineKernel(int weight_fn, int scale_target, float* x, int64_t n,
                                      int64_t d, const float* __restrict__ y,
                                      const int32_t* __restrict__ idx, const float* __restrict__ s,
-                                     int64_t m) {
-  const int64_t count = m * d;
+                                     int64_t m, const int32_t* __restrict__ rows) {
+  const int64_t count = EffectiveRows(rows, m) * d;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = i / d, c = i % d;
@@ -85,13 +92,17 @@ __global__ void ScatterCombineKernel(int weight_fn, int scale_target, float* x, 
 // decisions, the warp totals of the tile are summed in shared memory, and a routed row's output
 // slot is the rows routed before the tile + the earlier warps' totals + the earlier lanes of its
 // own warp: an ordered compaction, so idx comes out ascending as the host loop produced it.
+// Under a device row count only the first `count` rows are candidates; every thread reads the same
+// count, so the tile loop stays uniform.
 constexpr int kRouteThreads = 1024;
 
 __global__ void __launch_bounds__(kRouteThreads)
     RouteSelectKernel(const float* __restrict__ z, const float* __restrict__ tau,
-                      const float* __restrict__ s, int64_t n, float* __restrict__ probs,
+                      const float* __restrict__ s, int64_t capacity,
+                      const int32_t* __restrict__ rows, float* __restrict__ probs,
                       int32_t* __restrict__ idx, float* __restrict__ s_sel,
                       int32_t* __restrict__ count) {
+  const int64_t n = EffectiveRows(rows, capacity);
   __shared__ int warp_totals[kRouteThreads / 32];
   __shared__ int before;  // rows routed in by earlier tiles
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -126,46 +137,89 @@ __global__ void __launch_bounds__(kRouteThreads)
   if (threadIdx.x == 0) *count = before;
 }
 
+// One thread per selected row j. idx is ascending, so the selected rows of earlier sequences are
+// exactly a prefix of idx[0 .. j): a binary search for seq_first_row[s] counts them, and the rest
+// of the prefix are s's own earlier selected rows, i.e. the rank.
+__global__ void RouteRowsKernel(RouteRowsArgs a) {
+  const int64_t m = EffectiveRows(a.rows, a.m);
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < m;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t r = a.idx[j];
+    TrapUnless(r >= 0 && r < a.num_rows);
+    const int32_t seq = a.row_seq[r];
+    TrapUnless(seq >= 0 && seq < a.num_seqs);
+    const int32_t first = a.seq_first_row[seq];
+    int64_t lo = 0, hi = j;  // lower_bound(idx[0 .. j), first)
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (a.idx[mid] < first) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const int64_t rank = j - lo;
+    const int64_t cand = first + rank;
+    TrapUnless(first >= 0 && cand < a.num_rows);
+    a.out_pos[j] = a.row_pos[r];
+    a.out_slots[j] = a.cand_slots[cand];
+    a.out_seq[j] = seq;
+    a.out_kv_len[j] = a.seq_kv_base[seq] + static_cast<int32_t>(rank) + 1;
+  }
+}
+
 }  // namespace
 
-cudaError_t SwiGlu(cudaStream_t stream, const float* gate, const float* up, int64_t count,
-                   float* out) {
+cudaError_t SwiGlu(cudaStream_t stream, const float* gate, const float* up, int64_t n,
+                   int64_t width, const int32_t* rows, float* out) {
+  const int64_t count = n * width;
   if (count == 0) return cudaSuccess;
-  SwiGluKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(gate, up, count, out);
+  SwiGluKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(gate, up, n, width, rows, out);
   return cudaGetLastError();
 }
 
-cudaError_t Activation(cudaStream_t stream, int kind, int64_t count, float* x) {
+cudaError_t Activation(cudaStream_t stream, int kind, int64_t n, int64_t width,
+                       const int32_t* rows, float* x) {
+  const int64_t count = n * width;
   if (count == 0) return cudaSuccess;
-  ActivationKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(kind, count, x);
+  ActivationKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(kind, n, width, rows, x);
   return cudaGetLastError();
 }
 
-cudaError_t Add(cudaStream_t stream, const float* a, const float* b, int64_t count, float* out) {
+cudaError_t Add(cudaStream_t stream, const float* a, const float* b, int64_t n, int64_t width,
+                const int32_t* rows, float* out) {
+  const int64_t count = n * width;
   if (count == 0) return cudaSuccess;
-  AddKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(a, b, count, out);
+  AddKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(a, b, n, width, rows, out);
   return cudaGetLastError();
 }
 
 cudaError_t GatherRows(cudaStream_t stream, const float* x, int64_t n, int64_t d,
-                       const int32_t* idx, int64_t m, float* out) {
+                       const int32_t* idx, int64_t m, const int32_t* rows, float* out) {
   if (m * d == 0) return cudaSuccess;
-  GatherRowsKernel<<<GridFor(m * d, kThreads), kThreads, 0, stream>>>(x, n, d, idx, m, out);
+  GatherRowsKernel<<<GridFor(m * d, kThreads), kThreads, 0, stream>>>(x, n, d, idx, m, rows, out);
   return cudaGetLastError();
 }
 
 cudaError_t ScatterCombine(cudaStream_t stream, int weight_fn, int scale_target, float* x,
                            int64_t n, int64_t d, const float* y, const int32_t* idx,
-                           const float* s, int64_t m) {
+                           const float* s, int64_t m, const int32_t* rows) {
   if (m * d == 0) return cudaSuccess;
   ScatterCombineKernel<<<GridFor(m * d, kThreads), kThreads, 0, stream>>>(
-      weight_fn, scale_target, x, n, d, y, idx, s, m);
+      weight_fn, scale_target, x, n, d, y, idx, s, m, rows);
   return cudaGetLastError();
 }
 
 cudaError_t RouteSelect(cudaStream_t stream, const float* z, const float* tau, const float* s,
-                        int64_t n, float* probs, int32_t* idx, float* s_sel, int32_t* count) {
-  RouteSelectKernel<<<1, kRouteThreads, 0, stream>>>(z, tau, s, n, probs, idx, s_sel, count);
+                        int64_t n, const int32_t* rows, float* probs, int32_t* idx, float* s_sel,
+                        int32_t* count) {
+  RouteSelectKernel<<<1, kRouteThreads, 0, stream>>>(z, tau, s, n, rows, probs, idx, s_sel, count);
+  return cudaGetLastError();
+}
+
+cudaError_t RouteRows(cudaStream_t stream, const RouteRowsArgs& args) {
+  if (args.m == 0) return cudaSuccess;
+  RouteRowsKernel<<<GridFor(args.m, kThreads), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -22,13 +22,20 @@ constexpr int kRowsPerCta = 4;
 constexpr int kUnroll = 2;
 
 // kN: rows of x this instantiation holds accumulators for (1, 2, 4 or 8); n <= kN at run time.
+// Under a device row count the rows are n = min(count, capacity): each row's sums run in the same
+// order whatever kN and n are, so a counted row gets the bits of a call with exactly n rows.
 // vec: w rows and x rows are 16-byte aligned and k is a multiple of the chunk (checked on the host);
 // otherwise every element goes through the scalar loop.
 template <typename W, int kN>
 __global__ void __launch_bounds__(kThreads)
     GemvKernel(const float* __restrict__ x, const W* __restrict__ w, const W* __restrict__ bias,
-               int n, int64_t m, int64_t k, bool vec, float* __restrict__ out) {
+               int capacity, int64_t m, int64_t k, bool vec, const int32_t* __restrict__ rows,
+               float* __restrict__ out) {
   constexpr int kVec = 16 / sizeof(W);  // weights per 16-byte chunk
+  const int n = static_cast<int>(EffectiveRows(rows, capacity));
+  // Nothing to compute (a routed layer that no row entered): leave before reading any weight, so a
+  // skipped layer inside a graph costs one tiny kernel instead of a pass over w.
+  if (n == 0) return;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta;
   float acc[kRowsPerCta][kN];
 #pragma unroll
@@ -124,41 +131,41 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename W, int kN>
 cudaError_t LaunchGemvN(cudaStream_t stream, const float* x, const W* w, const W* bias, int64_t n,
-                        int64_t m, int64_t k, float* out) {
+                        int64_t m, int64_t k, const int32_t* rows, float* out) {
   constexpr int kVec = 16 / sizeof(W);
   const bool vec = k % kVec == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const unsigned int grid = static_cast<unsigned int>((m + kRowsPerCta - 1) / kRowsPerCta);
   GemvKernel<W, kN>
-      <<<grid, kThreads, 0, stream>>>(x, w, bias, static_cast<int>(n), m, k, vec, out);
+      <<<grid, kThreads, 0, stream>>>(x, w, bias, static_cast<int>(n), m, k, vec, rows, out);
   return cudaGetLastError();
 }
 
 template <typename W>
 cudaError_t LaunchGemv(cudaStream_t stream, const float* x, const void* w, const void* bias,
-                       int64_t n, int64_t m, int64_t k, float* out) {
+                       int64_t n, int64_t m, int64_t k, const int32_t* rows, float* out) {
   const W* wt = static_cast<const W*>(w);
   const W* bt = static_cast<const W*>(bias);
-  if (n <= 1) return LaunchGemvN<W, 1>(stream, x, wt, bt, n, m, k, out);
-  if (n <= 2) return LaunchGemvN<W, 2>(stream, x, wt, bt, n, m, k, out);
-  if (n <= 4) return LaunchGemvN<W, 4>(stream, x, wt, bt, n, m, k, out);
-  return LaunchGemvN<W, 8>(stream, x, wt, bt, n, m, k, out);
+  if (n <= 1) return LaunchGemvN<W, 1>(stream, x, wt, bt, n, m, k, rows, out);
+  if (n <= 2) return LaunchGemvN<W, 2>(stream, x, wt, bt, n, m, k, rows, out);
+  if (n <= 4) return LaunchGemvN<W, 4>(stream, x, wt, bt, n, m, k, rows, out);
+  return LaunchGemvN<W, 8>(stream, x, wt, bt, n, m, k, rows, out);
 }
 
 }  // namespace
 
 cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void* bias, DType dt,
-                 int64_t n, int64_t m, int64_t k, float* out) {
+                 int64_t n, int64_t m, int64_t k, const int32_t* rows, float* out) {
   static_assert(kGemvMaxRows == 8, "GemvKernel instantiates kN up to 8");
   if (n == 0 || m == 0) return cudaSuccess;
   if (n > kGemvMaxRows) return cudaErrorInvalidValue;
   switch (dt) {
     case DType::kF32:
-      return LaunchGemv<float>(stream, x, w, bias, n, m, k, out);
+      return LaunchGemv<float>(stream, x, w, bias, n, m, k, rows, out);
     case DType::kF16:
-      return LaunchGemv<__half>(stream, x, w, bias, n, m, k, out);
+      return LaunchGemv<__half>(stream, x, w, bias, n, m, k, rows, out);
     case DType::kBF16:
-      return LaunchGemv<__nv_bfloat16>(stream, x, w, bias, n, m, k, out);
+      return LaunchGemv<__nv_bfloat16>(stream, x, w, bias, n, m, k, rows, out);
     case DType::kI32:
     case DType::kQ8_0:
     case DType::kQ4_0:

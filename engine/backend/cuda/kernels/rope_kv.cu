@@ -25,6 +25,9 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) RopeKvKernel(RopeKvArgs a) {
   extern __shared__ float cs[];
   const int64_t i = blockIdx.x;
+  // An uncounted token: its position and slot are not read and no KV entry is written. The whole
+  // CTA leaves before the barrier.
+  if (i >= EffectiveRows(a.rows, a.n)) return;
   const int hd = a.head_dim, half = hd / 2, kv = a.n_kv_heads;
   const int32_t pos = a.positions[i];
   TrapUnless(pos >= 0);
