@@ -218,15 +218,17 @@ class Backend {
 
   // Row counts that live on the device (DESIGN.md section 5.2): a routed layer's block runs on
   // the rows RouteSelect chose without the host learning how many there are. While a count is
-  // set, every op below takes its row dimension (the n or m that its comment puts first on x, q,
-  // ids, z or idx) as a capacity and processes rows [0, min(n, count[0])) only, reading count[0]
-  // when it runs, not when it is enqueued. With a count of 0 there is no row to compute, and
-  // backends skip the work where they can (the CPU backend, and the CUDA decode GEMV, which then
-  // reads no weight). Index and metadata entries of later rows are not read. Output rows past the count
-  // are unspecified (a backend may compute them from whatever the inputs hold there, e.g. when a
-  // library GEMM takes its row count from the host), except that ops which write through an index
-  // write for counted rows only: RopeAndAppendKv's slots, ScatterCombine's x[idx[j]]. Each
-  // counted row gets the bits the op gives it in a call of exactly count[0] rows.
+  // set, every op below takes its row dimension (n of ids, x, q, gate, a and z; m of the idx of
+  // GatherRows, ScatterCombine and RouteRows) as a capacity and processes rows
+  // [0, min(n, count[0])) only, reading count[0] when it runs, not when it is enqueued. With a
+  // count of 0 there is no row to compute, and backends skip the work where they can (the CPU
+  // backend, and the CUDA decode GEMV, which then reads no weight). Index and metadata entries of
+  // later rows are not read. Output rows past the count are unspecified (a backend may compute
+  // them from whatever the inputs hold there, e.g. a library GEMM that takes its row count from
+  // the host), except that ops which write through an index write for counted rows only:
+  // RopeAndAppendKv's slots, ScatterCombine's x[idx[j]]. A counted row gets what a call of exactly
+  // count[0] rows gives it, within the op's conformance tolerance (the CPU backend: the same
+  // bits; a library GEMM run on all n rows may sum in another order).
   // count: [1] i32 in this backend's memory, alive while set; an empty view clears it.
   // CopyKvPages ignores it. CHECK-fails unless SupportsDeviceRowCount().
   virtual bool SupportsDeviceRowCount() const { return false; }

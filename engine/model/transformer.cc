@@ -707,7 +707,8 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
 
   // Page tables of every layer, padded to the longest list of the step.
   int64_t P = 1;
-  std::vector<std::vector<absl::Span<const PageId>>> pages(L, std::vector<absl::Span<const PageId>>(S));
+  std::vector<std::vector<absl::Span<const PageId>>> pages(
+      L, std::vector<absl::Span<const PageId>>(S));
   for (int l = 0; l < L; ++l) {
     for (int64_t i = 0; i < S; ++i) {
       absl::StatusOr<absl::Span<const PageId>> list = kv_->PageTable(seqs[i].seq_id, l);
@@ -772,8 +773,9 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   }
   // The download: per routed layer [count, idx [N]], then per routed layer probs [N] (f32).
   const int64_t out_words = int64_t{K} * (1 + 2 * N);
+  const size_t out_bytes = static_cast<size_t>(std::max<int64_t>(1, out_words)) * 4;
   for (auto st : {EnsureBytes(step_in_, static_cast<size_t>(words) * 4),
-                  EnsureBytes(step_out_, static_cast<size_t>(std::max<int64_t>(1, out_words)) * 4)}) {
+                  EnsureBytes(step_out_, out_bytes)}) {
     if (!st.ok()) return fail(st);
   }
   if (auto st = backend_->CopyToDevice(TensorView(in, DType::kI32, {words}),
@@ -796,7 +798,8 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
     const TensorView page_table = in_view(off_pages + int64_t{l} * S * P, {S, P});
     if (!config_.IsRouted(l)) {
       RunBlock(l, x, N,
-               {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}), page_table});
+               {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}),
+                page_table});
       continue;
     }
     if (auto st = RouteScores(l, N, /*to_host=*/false); !st.ok()) return fail(st);

@@ -831,7 +831,8 @@ TEST_P(BackendConformanceTest, DeviceRowCountLimitsEveryOpToTheCountedRows) {
       HostTensor want_e(DType::kF32, {rows, kD}), want_n(DType::kF32, {rows, kD}),
           want_g(DType::kF32, {rows, kF}), want_g2(DType::kF32, {rows, 11}),
           want_add(DType::kF32, {rows, kD});
-      HostTensor xr = FirstRows(x, rows), x2r = FirstRows(x2, rows), ids_r = FirstRows(Ints(ids), rows);
+      HostTensor xr = FirstRows(x, rows), x2r = FirstRows(x2, rows);
+      HostTensor ids_r = FirstRows(Ints(ids), rows);
       HostTensor want_swi = xr, want_act = xr;
       if (rows > 0) {
         cpu::reference::Embed(ids_r.view(), table.view(), want_e.view());
@@ -886,7 +887,8 @@ TEST_P(BackendConformanceTest, DeviceRowCountLimitsEveryOpToTheCountedRows) {
       backend_->SetDeviceRowCount({});
       expect_rows(qd, q, want_q, kSameOrderRelTol, "Rope q");
       expect_rows(kd, k, want_k, kSameOrderRelTol, "Rope k");
-      ExpectClose(Download(pool_d, pool), want_pool, 0.0, "Rope pool (uncounted slots kept)" + what);
+      ExpectClose(Download(pool_d, pool), want_pool, 0.0,
+                  "Rope pool (uncounted slots kept)" + what);
 
       // Attention: rows past the count carry metadata that would fault if read.
       const AttentionParams ap{.n_heads = 4, .n_kv_heads = 2, .head_dim = 18, .block_size = 4,
