@@ -148,6 +148,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   to.block_size = options.block_size;
   to.num_pages = static_cast<int32_t>(num_pages);
   to.kv_dtype = e->kv_dtype_;
+  to.device_routing = options.device_routing;
+  to.graphs = options.graphs;
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));

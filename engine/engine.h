@@ -75,6 +75,11 @@ struct EngineOptions {
   // routing decisions; sampling: the same distribution). Requests may override both.
   int32_t speculative_tokens = 0;
   double speculative_threshold = 1.0;
+  // Where routing, routed rows and KV slots are decided, and whether decode steps replay
+  // graphs (docs/DESIGN.md, section 5.2). kAuto: on the device, with graphs, for every backend
+  // but the CPU. Outputs are the same either way (up to a GEMM's summation order on a device).
+  DeviceRouting device_routing = DeviceRouting::kAuto;
+  DeviceRouting graphs = DeviceRouting::kAuto;
   FaultInjection faults;
 };
 

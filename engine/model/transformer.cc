@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -222,6 +223,7 @@ absl::Status Transformer::EnsureLogitRows(int64_t rows) {
     return absl::Status(buf.status().code(),
                         absl::StrCat("logits of ", rows, " rows: ", buf.status().message()));
   }
+  DropGraphs();  // they name the old buffer
   logits_ = *std::move(buf);
   logit_rows_ = grown;
   return absl::OkStatus();
@@ -601,7 +603,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     out.logit_offsets.push_back(static_cast<int32_t>(R));
   }
   if (auto st = Upload(backend_, h_idx_, R, idx_, DType::kI32); !st.ok()) return fail(st);
-  if (auto st = Logits(idx_.View(DType::kI32, {R}), out); !st.ok()) return fail(st);
+  if (auto st = EnsureLogitRows(R); !st.ok()) return fail(st);
+  EnqueueLogits(idx_.View(DType::kI32, {R}));
+  if (auto st = DownloadLogits(R, out); !st.ok()) return fail(st);
   if (auto st = backend_->Synchronize(); !st.ok()) return fail(st);
 
   for (int64_t i = 0; i < num_seqs; ++i) {
@@ -611,23 +615,28 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   return out;
 }
 
-absl::Status Transformer::Logits(const TensorView& rows_idx, StepOutput& out) {
+void Transformer::EnqueueLogits(const TensorView& rows_idx) {
   const int64_t R = rows_idx.dim(0), d = config_.d_model;
-  MODSERVE_RETURN_IF_ERROR(EnsureLogitRows(R));
   const TensorView x = x_.View(DType::kF32, {options_.max_batch_tokens, d});
   const TensorView rows = xs_.View(DType::kF32, {R, d});
-  const TensorView logits = logits_.View(DType::kF32, {R, config_.vocab_size});
   backend_->GatherRows(x, rows_idx, rows);
   backend_->RmsNorm({static_cast<float>(config_.rms_norm_eps)}, rows, weights_.norm, rows);
-  backend_->Gemm(rows, weights_.lm_head, {}, logits);
-  out.logits.resize(static_cast<size_t>(R * config_.vocab_size));
+  backend_->Gemm(rows, weights_.lm_head, {}, logits_.View(DType::kF32, {R, config_.vocab_size}));
+}
+
+absl::Status Transformer::DownloadLogits(int64_t rows, StepOutput& out) {
+  out.logits.resize(static_cast<size_t>(rows * config_.vocab_size));
   return backend_->CopyToHost(
-      logits, TensorView(out.logits.data(), DType::kF32, {R, config_.vocab_size}));
+      logits_.View(DType::kF32, {rows, config_.vocab_size}),
+      TensorView(out.logits.data(), DType::kF32, {rows, config_.vocab_size}));
 }
 
 absl::Status Transformer::EnsureBytes(backend::DeviceBuffer& buf, size_t bytes) {
   if (buf.data() != nullptr && buf.bytes() >= bytes) return absl::OkStatus();
-  MODSERVE_ASSIGN_OR_RETURN(buf, backend_->Allocate(std::max(bytes, 2 * buf.bytes())));
+  MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer grown,
+                            backend_->Allocate(std::max(bytes, 2 * buf.bytes())));
+  DropGraphs();  // they name the old buffer
+  buf = std::move(grown);
   return absl::OkStatus();
 }
 
@@ -655,11 +664,125 @@ bool Transformer::UseDeviceStep(absl::Span<const StepSequence> seqs) const {
   return true;
 }
 
+Transformer::DeviceLayout Transformer::MakeDeviceLayout(int64_t n, int64_t seqs,
+                                                       int64_t stride, int64_t logit_rows) const {
+  const int64_t L = config_.n_layers;
+  const int64_t K = config_.mod ? static_cast<int64_t>(config_.mod->routed_layers.size()) : 0;
+  DeviceLayout lay;
+  lay.n = n;
+  lay.seqs = seqs;
+  lay.stride = stride;
+  lay.logit_rows = logit_rows;
+  lay.ids = 0;
+  lay.row_seq = n;
+  lay.row_pos = 2 * n;
+  lay.first_row = 3 * n;
+  lay.logit_idx = lay.first_row + seqs;
+  lay.step_rows = lay.logit_idx + logit_rows;
+  lay.layers = lay.step_rows + 1;
+  lay.tau = lay.layers + L * 2 * n;
+  lay.pages = lay.tau + K * n;
+  lay.words = lay.pages + L * seqs * stride;
+  lay.out_words = K * (1 + 2 * n);
+  return lay;
+}
+
+void Transformer::EnqueueDeviceForward(const DeviceLayout& lay, bool counted) {
+  const int L = static_cast<int>(config_.n_layers);
+  const int K = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
+  const int64_t N = lay.n, S = lay.seqs, P = lay.stride, d = config_.d_model;
+  auto in_view = [&](int64_t offset, std::initializer_list<int64_t> dims, DType dt = DType::kI32) {
+    return step_in_.View(dt, dims, static_cast<size_t>(offset) * 4);
+  };
+  auto out_view = [&](int64_t offset, int64_t n, DType dt = DType::kI32) {
+    return step_out_.View(dt, {n}, static_cast<size_t>(offset) * 4);
+  };
+  // The step's own rows: all N, or (a graph of a bucket) the count in the upload.
+  const TensorView step_rows = counted ? in_view(lay.step_rows, {1}) : TensorView();
+  backend_->SetDeviceRowCount(step_rows);
+  const TensorView x = x_.View(DType::kF32, {N, d});
+  backend_->Embed(in_view(lay.ids, {N}), weights_.embed_tokens, x);
+  const TensorView row_seq = in_view(lay.row_seq, {N}), row_pos = in_view(lay.row_pos, {N});
+  for (int l = 0, k = 0; l < L; ++l) {
+    const int64_t layer_off = lay.layers + int64_t{l} * 2 * N;
+    const TensorView page_table = in_view(lay.pages + int64_t{l} * S * P, {S, P});
+    if (!config_.IsRouted(l)) {
+      RunBlock(l, x, N,
+               {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}),
+                page_table});
+      continue;
+    }
+    // Cannot fail without a download (to_host = false).
+    MODSERVE_CHECK(RouteScores(l, N, /*to_host=*/false).ok());
+    const bool z_is_s = config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
+    const TensorView count = out_view(int64_t{k} * (1 + N), 1);
+    const TensorView idx = out_view(int64_t{k} * (1 + N) + 1, N);
+    const TensorView s_sel = s_sel_.View(DType::kF32, {N});
+    backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
+                          in_view(lay.tau + int64_t{k} * N, {N}, DType::kF32),
+                          s_.View(DType::kF32, {N}),
+                          out_view(int64_t{K} * (1 + N) + int64_t{k} * N, N, DType::kF32), idx,
+                          s_sel, count);
+    // The routed rows, however many there are: every op below runs on count[0] of its N rows.
+    backend_->SetDeviceRowCount(count);
+    const TensorView xs = xs_.View(DType::kF32, {N, d});
+    const BlockIndex ix{pos_.View(DType::kI32, {N}), slots_.View(DType::kI32, {N}),
+                        row_seq_.View(DType::kI32, {N}), row_kv_len_.View(DType::kI32, {N}),
+                        page_table};
+    backend_->RouteRows(idx, row_seq, row_pos, in_view(layer_off, {N}),
+                        in_view(lay.first_row, {S}), in_view(layer_off + N, {S}), ix.pos,
+                        ix.slots, ix.row_seq, ix.row_kv_len);
+    backend_->GatherRows(x, idx, xs);
+    RunBlock(l, xs, N, ix);
+    backend_->ScatterCombine(
+        {ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)}, x, xs, idx,
+        s_sel);
+    backend_->SetDeviceRowCount(step_rows);
+    ++k;
+  }
+  EnqueueLogits(in_view(lay.logit_idx, {lay.logit_rows}));
+  backend_->SetDeviceRowCount({});
+}
+
+void Transformer::DropGraphs() {
+  if (graphs_.empty()) return;
+  backend_->ReleaseGraphs();
+  graphs_.clear();
+}
+
+Transformer::~Transformer() { DropGraphs(); }
+
+bool Transformer::UseGraph(absl::Span<const StepSequence> seqs) const {
+  switch (options_.graphs) {
+    case DeviceRouting::kOff:
+      return false;
+    case DeviceRouting::kAuto:
+      if (backend_->device() == Device::kCpu) return false;
+      break;
+    case DeviceRouting::kOn:
+      break;
+  }
+  if (!backend_->SupportsGraphs()) return false;
+  // Decode steps only: one token per sequence, the logits of that token.
+  for (const StepSequence& q : seqs) {
+    if (q.tokens.size() != 1) return false;
+  }
+  return static_cast<int64_t>(seqs.size()) <= kMaxGraphBucket;
+}
+
+int64_t Transformer::GraphBucket(int64_t n) const {
+  int64_t b = 1;
+  while (b < n) b *= 2;
+  // A step never has more than max_seqs sequences (nor rows than max_batch_tokens): the last
+  // bucket is that many.
+  return std::max(n, std::min<int64_t>(b, std::min(options_.max_seqs, options_.max_batch_tokens)));
+}
+
 absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
     absl::Span<const StepSequence> seqs, StepOutput out) {
   const int64_t S = static_cast<int64_t>(seqs.size());
   const int L = static_cast<int>(config_.n_layers);
-  const int64_t N = out.row_offsets.back(), d = config_.d_model;
+  const int64_t N = out.row_offsets.back();
   const int K = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
   const TensorView pool =
       kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * config_.n_kv_heads,
@@ -728,29 +851,42 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   }
   const int64_t R = static_cast<int64_t>(logit_rows.size());
 
-  // The upload, in i32 words: ids [N], row_seq [N], row_pos [N], seq_first_row [S], logit rows
-  // [R]; per layer its slots [N] (row r's: the j-th candidate of its sequence, j its place there)
-  // and [N] more: kv lengths per row (dense layer) or base entry counts per sequence (routed);
-  // per routed layer tau [N] (f32 bits); per layer its page table [S, P].
-  const int64_t off_ids = 0, off_seq = N, off_pos = 2 * N, off_first = 3 * N;
-  const int64_t off_logit = off_first + S, off_layers = off_logit + R;
-  const int64_t off_tau = off_layers + int64_t{L} * 2 * N, off_pages = off_tau + int64_t{K} * N;
-  const int64_t words = off_pages + int64_t{L} * S * P;
-  h_step_in_.assign(static_cast<size_t>(words), 0);
+  // A decode step of a graph bucket runs with the bucket's capacity (rows = sequences = logit
+  // rows = B, the page-table stride rounded up to a power of two) and its real row count in the
+  // upload, so one capture serves every step of that shape.
+  const bool graph = UseGraph(seqs);
+  DeviceLayout lay;
+  if (graph) {
+    const int64_t B = GraphBucket(S);
+    int64_t stride = 1;
+    while (stride < P) stride *= 2;
+    lay = MakeDeviceLayout(B, B, std::min(stride, max_pages_per_seq_), B);
+  } else {
+    lay = MakeDeviceLayout(N, S, P, R);
+  }
+
+  // The upload, in i32 words (DeviceLayout): ids, row_seq and row_pos [n], seq_first_row
+  // [seqs], logit rows, the step's row count; per layer its slots [n] (row r's: the j-th
+  // candidate of its sequence, j its place there) and [n] more: kv lengths per row (dense layer)
+  // or base entry counts per sequence (routed); per routed layer tau [n] (f32 bits); per layer
+  // its page table [seqs, stride]. Capacity beyond the step holds zeros and is never read.
+  h_step_in_.assign(static_cast<size_t>(lay.words), 0);
   int32_t* in = h_step_in_.data();
+  const int64_t n = lay.n;
   for (int64_t i = 0; i < S; ++i) {
-    in[off_first + i] = out.row_offsets[i];
+    in[lay.first_row + i] = out.row_offsets[i];
     for (int32_t r = out.row_offsets[i], t = 0; r < out.row_offsets[i + 1]; ++r, ++t) {
-      in[off_ids + r] = seqs[i].tokens[t];
-      in[off_seq + r] = static_cast<int32_t>(i);
-      in[off_pos + r] = seqs[i].start_pos + t;
+      in[lay.ids + r] = seqs[i].tokens[t];
+      in[lay.row_seq + r] = static_cast<int32_t>(i);
+      in[lay.row_pos + r] = seqs[i].start_pos + t;
     }
   }
-  std::copy(logit_rows.begin(), logit_rows.end(), in + off_logit);
+  std::copy(logit_rows.begin(), logit_rows.end(), in + lay.logit_idx);
+  in[lay.step_rows] = static_cast<int32_t>(N);
   for (int l = 0, k = 0; l < L; ++l) {
     const bool routed = config_.IsRouted(l);
-    int32_t* slots = in + off_layers + int64_t{l} * 2 * N;
-    int32_t* kv = slots + N;
+    int32_t* slots = in + lay.layers + int64_t{l} * 2 * n;
+    int32_t* kv = slots + n;
     for (int64_t i = 0; i < S; ++i) {
       const absl::Span<const int64_t> mine = reserved[i].ForLayer(l);
       for (int32_t r = out.row_offsets[i], t = 0; r < out.row_offsets[i + 1]; ++r, ++t) {
@@ -760,7 +896,7 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
       if (routed) kv[i] = base[i][l];
     }
     if (routed) {
-      float* tau = reinterpret_cast<float*>(in + off_tau + int64_t{k} * N);
+      float* tau = reinterpret_cast<float*>(in + lay.tau + int64_t{k} * n);
       for (int64_t i = 0; i < S; ++i) {
         const float t = static_cast<float>(LayerThreshold(*config_.mod, k, seqs[i].threshold));
         std::fill(tau + out.row_offsets[i], tau + out.row_offsets[i + 1], t);
@@ -768,71 +904,53 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
       ++k;
     }
     for (int64_t i = 0; i < S; ++i) {
-      std::copy(pages[l][i].begin(), pages[l][i].end(), in + off_pages + (int64_t{l} * S + i) * P);
+      std::copy(pages[l][i].begin(), pages[l][i].end(),
+                in + lay.pages + (int64_t{l} * lay.seqs + i) * lay.stride);
     }
   }
-  // The download: per routed layer [count, idx [N]], then per routed layer probs [N] (f32).
-  const int64_t out_words = int64_t{K} * (1 + 2 * N);
-  const size_t out_bytes = static_cast<size_t>(std::max<int64_t>(1, out_words)) * 4;
-  for (auto st : {EnsureBytes(step_in_, static_cast<size_t>(words) * 4),
-                  EnsureBytes(step_out_, out_bytes)}) {
+  // A graph names these buffers: one that grows drops every graph (EnsureBytes, EnsureLogitRows).
+  const size_t out_bytes = static_cast<size_t>(std::max<int64_t>(1, lay.out_words)) * 4;
+  for (auto st : {EnsureBytes(step_in_, static_cast<size_t>(lay.words) * 4),
+                  EnsureBytes(step_out_, out_bytes), EnsureLogitRows(lay.logit_rows)}) {
     if (!st.ok()) return fail(st);
   }
-  if (auto st = backend_->CopyToDevice(TensorView(in, DType::kI32, {words}),
-                                       step_in_.View(DType::kI32, {words}));
+  if (auto st = backend_->CopyToDevice(TensorView(in, DType::kI32, {lay.words}),
+                                       step_in_.View(DType::kI32, {lay.words}));
       !st.ok()) {
     return fail(st);
   }
-  auto in_view = [&](int64_t offset, std::initializer_list<int64_t> dims, DType dt = DType::kI32) {
-    return step_in_.View(dt, dims, static_cast<size_t>(offset) * 4);
-  };
-  auto out_view = [&](int64_t offset, int64_t n, DType dt = DType::kI32) {
-    return step_out_.View(dt, {n}, static_cast<size_t>(offset) * 4);
-  };
 
-  const TensorView x = x_.View(DType::kF32, {N, d});
-  backend_->Embed(in_view(off_ids, {N}), weights_.embed_tokens, x);
-  const TensorView row_seq = in_view(off_seq, {N}), row_pos = in_view(off_pos, {N});
-  for (int l = 0, k = 0; l < L; ++l) {
-    const int64_t layer_off = off_layers + int64_t{l} * 2 * N;
-    const TensorView page_table = in_view(off_pages + int64_t{l} * S * P, {S, P});
-    if (!config_.IsRouted(l)) {
-      RunBlock(l, x, N,
-               {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}),
-                page_table});
-      continue;
+  if (!graph) {
+    EnqueueDeviceForward(lay, /*counted=*/false);
+  } else {
+    const std::pair<int64_t, int64_t> key{lay.n, lay.stride};
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      // Captured once per shape; a backend that refuses leaves this shape to eager launches.
+      int id = -1;
+      if (backend_->BeginCapture().ok()) {
+        EnqueueDeviceForward(lay, /*counted=*/true);
+        absl::StatusOr<int> captured = backend_->EndCapture();
+        if (captured.ok()) {
+          id = *captured;
+          ++num_graph_captures_;
+        }
+      }
+      it = graphs_.emplace(key, id).first;
     }
-    if (auto st = RouteScores(l, N, /*to_host=*/false); !st.ok()) return fail(st);
-    const bool z_is_s = config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
-    const TensorView count = out_view(int64_t{k} * (1 + N), 1);
-    const TensorView idx = out_view(int64_t{k} * (1 + N) + 1, N);
-    const TensorView s_sel = s_sel_.View(DType::kF32, {N});
-    backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
-                          in_view(off_tau + int64_t{k} * N, {N}, DType::kF32),
-                          s_.View(DType::kF32, {N}),
-                          out_view(int64_t{K} * (1 + N) + int64_t{k} * N, N, DType::kF32), idx,
-                          s_sel, count);
-    // The routed rows, however many there are: every op below runs on count[0] of its N rows.
-    backend_->SetDeviceRowCount(count);
-    const TensorView xs = xs_.View(DType::kF32, {N, d});
-    const BlockIndex ix{pos_.View(DType::kI32, {N}), slots_.View(DType::kI32, {N}),
-                        row_seq_.View(DType::kI32, {N}), row_kv_len_.View(DType::kI32, {N}),
-                        page_table};
-    backend_->RouteRows(idx, row_seq, row_pos, in_view(layer_off, {N}), in_view(off_first, {S}),
-                        in_view(layer_off + N, {S}), ix.pos, ix.slots, ix.row_seq, ix.row_kv_len);
-    backend_->GatherRows(x, idx, xs);
-    RunBlock(l, xs, N, ix);
-    backend_->ScatterCombine(
-        {ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)}, x, xs, idx,
-        s_sel);
-    backend_->SetDeviceRowCount({});
-    ++k;
+    if (it->second < 0) {
+      EnqueueDeviceForward(lay, /*counted=*/true);
+    } else {
+      if (auto st = backend_->Replay(it->second); !st.ok()) return fail(st);
+      ++num_graph_replays_;
+    }
   }
-  if (auto st = Logits(in_view(off_logit, {R}), out); !st.ok()) return fail(st);
-  h_step_out_.resize(static_cast<size_t>(out_words));
+  if (auto st = DownloadLogits(R, out); !st.ok()) return fail(st);
+  h_step_out_.resize(static_cast<size_t>(lay.out_words));
   if (K > 0) {
-    if (auto st = backend_->CopyToHost(out_view(0, out_words),
-                                       TensorView(h_step_out_.data(), DType::kI32, {out_words}));
+    if (auto st = backend_->CopyToHost(
+            step_out_.View(DType::kI32, {lay.out_words}),
+            TensorView(h_step_out_.data(), DType::kI32, {lay.out_words}));
         !st.ok()) {
       return fail(st);
     }
@@ -850,7 +968,7 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   out.probs.assign(K, std::vector<float>(N));
   for (int k = 0; k < K; ++k) {
     const int l = config_.mod->routed_layers[k];
-    const int32_t* route = h_step_out_.data() + int64_t{k} * (1 + N);
+    const int32_t* route = h_step_out_.data() + int64_t{k} * (1 + n);
     const int32_t m = route[0];
     MODSERVE_CHECK(m >= 0 && m <= N) << "RouteSelect count " << m << " of " << N << " rows";
     for (int32_t j = 0, i = 0; j < m; ++j) {
@@ -861,7 +979,7 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
       ++used[i][l];
     }
     if (m == 0) ++out.num_layer_skips;
-    std::memcpy(out.probs[k].data(), h_step_out_.data() + int64_t{K} * (1 + N) + int64_t{k} * N,
+    std::memcpy(out.probs[k].data(), h_step_out_.data() + int64_t{K} * (1 + n) + int64_t{k} * n,
                 static_cast<size_t>(N) * 4);
   }
   for (int64_t i = 0; i < S; ++i) {

@@ -6,8 +6,10 @@
 #define MODSERVE_ENGINE_MODEL_TRANSFORMER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +37,10 @@ struct TransformerOptions {
   int32_t num_pages = 0;            // pages in the KV pool (all layers share it)
   DType kv_dtype = DType::kF32;     // storage of K and V in the pool
   DeviceRouting device_routing = DeviceRouting::kAuto;
+  // Whether a device step of one token per sequence is captured once per shape (a bucket of 1,
+  // 2, 4, ... 64 sequences and a page-table stride) and replayed (DESIGN.md section 5.2); kAuto:
+  // on a backend with graphs that is not the CPU.
+  DeviceRouting graphs = DeviceRouting::kAuto;
 };
 
 // One sequence's share of a step. The sequence must already be added to the KV manager.
@@ -88,8 +94,13 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
-  // Steps that ran as DeviceStep (section 5.2), since creation.
+  // Steps that ran as DeviceStep (section 5.2), graphs captured and replayed, since creation.
   int64_t num_device_steps() const { return num_device_steps_; }
+  int64_t num_graph_captures() const { return num_graph_captures_; }
+  int64_t num_graph_replays() const { return num_graph_replays_; }
+
+  // Drops the graphs it captured (they name its buffers).
+  ~Transformer();
 
  private:
   Transformer(const ModelConfig& config, const ModelWeights& weights, backend::Backend* backend,
@@ -124,9 +135,31 @@ class Transformer {
   // row_offsets filled.
   absl::StatusOr<std::optional<StepOutput>> DeviceStep(absl::Span<const StepSequence> seqs,
                                                        StepOutput out);
-  // logits = lm_head(RMSNorm_final(x)) for the rows of x_ listed in `rows` (out.logit_offsets
-  // filled by the caller), downloaded into out.logits.
-  absl::Status Logits(const TensorView& rows, StepOutput& out);
+  // Word offsets of DeviceStep's upload (step_in_) for capacities of n rows, `seqs` sequences,
+  // page tables of `stride` pages and `logit_rows` logit rows; the download (step_out_) is
+  // [count, idx [n]] per routed layer, then probs [n] per routed layer.
+  struct DeviceLayout {
+    int64_t n = 0, seqs = 0, stride = 0, logit_rows = 0;
+    int64_t ids = 0, row_seq = 0, row_pos = 0, first_row = 0, logit_idx = 0, step_rows = 0;
+    int64_t layers = 0, tau = 0, pages = 0, words = 0, out_words = 0;
+  };
+  DeviceLayout MakeDeviceLayout(int64_t n, int64_t seqs, int64_t stride,
+                                int64_t logit_rows) const;
+  // Every op of DeviceStep's forward pass, logits included, on the uploaded step_in_; with
+  // `counted`, under the step's row count from the upload (the ops of a graph bucket).
+  void EnqueueDeviceForward(const DeviceLayout& layout, bool counted);
+  // Whether this device step runs as a graph (options, backend, one token per sequence, a bucket
+  // that fits the options).
+  bool UseGraph(absl::Span<const StepSequence> seqs) const;
+  // Sequences a graph of a step of n sequences holds: the power of two >= n, at most
+  // max_seqs.
+  int64_t GraphBucket(int64_t n) const;
+  static constexpr int64_t kMaxGraphBucket = 64;
+  void DropGraphs();
+  // logits_ rows [0, R) = lm_head(RMSNorm_final(x_[rows_idx])), R = rows_idx's length (logits_
+  // holds them: EnsureLogitRows); DownloadLogits copies the first `rows` into out.logits.
+  void EnqueueLogits(const TensorView& rows_idx);
+  absl::Status DownloadLogits(int64_t rows, StepOutput& out);
   // Grows `buf` to at least `bytes` (doubling), keeping nothing of its contents.
   absl::Status EnsureBytes(backend::DeviceBuffer& buf, size_t bytes);
   // Grows logits_ to hold `rows` rows (ResourceExhausted naming them when the backend has no
@@ -140,6 +173,11 @@ class Transformer {
   TransformerOptions options_;
   int64_t max_pages_per_seq_ = 0;
   int64_t num_device_steps_ = 0;
+  int64_t num_graph_captures_ = 0;
+  int64_t num_graph_replays_ = 0;
+  // Graph of each (bucket, page-table stride): the backend's id, or -1 where capture failed
+  // (that shape then runs eagerly).
+  std::map<std::pair<int64_t, int64_t>, int> graphs_;
 
   struct Biases {
     TensorView router;            // [1]

@@ -64,6 +64,12 @@ ABSL_FLAG(std::string, batches, "1,4,16", "decode batch sizes (sequences per ste
 ABSL_FLAG(std::string, contexts, "128,1024", "prompt tokens prefilled before decode is timed");
 ABSL_FLAG(int32_t, steps, 32, "timed decode steps per (batch, context)");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = every core");
+ABSL_FLAG(std::string, device_routing, "auto",
+          "auto, on or off: routing, routed rows and KV slots decided on the device (the device "
+          "step of docs/DESIGN.md 5.2); auto = on for every backend but the CPU");
+ABSL_FLAG(std::string, graphs, "auto",
+          "auto, on or off: decode steps captured once per shape and replayed; auto = on for "
+          "every backend but the CPU");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache storage: f32, f16 or bf16");
 ABSL_FLAG(int32_t, prefill_tokens, 512, "prompt length of the prefill measurement");
 ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is reported)");
@@ -781,6 +787,13 @@ struct ModelResult {
   std::map<std::pair<int, int>, DecodeRun> decode;  // (context, batch) -> run
 };
 
+absl::StatusOr<engine::DeviceRouting> ParseDeviceRouting(absl::string_view v) {
+  if (v == "auto") return engine::DeviceRouting::kAuto;
+  if (v == "on") return engine::DeviceRouting::kOn;
+  if (v == "off") return engine::DeviceRouting::kOff;
+  return absl::InvalidArgumentError(absl::StrCat("'", v, "' is not auto, on or off"));
+}
+
 absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, const std::string& dir,
                                                              const std::vector<int>& batches,
                                                              const std::vector<int>& contexts,
@@ -789,6 +802,9 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, con
   opt.model_dir = dir;
   opt.backend = absl::GetFlag(FLAGS_backend);
   opt.num_threads = absl::GetFlag(FLAGS_threads);
+  // Both flags were checked before any run.
+  opt.device_routing = *ParseDeviceRouting(absl::GetFlag(FLAGS_device_routing));
+  opt.graphs = *ParseDeviceRouting(absl::GetFlag(FLAGS_graphs));
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.max_seqs = batches.back();
   opt.kv_dtype = kv_dtype;
@@ -1108,6 +1124,13 @@ absl::Status Main() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
 
+  for (const auto& [name, value] :
+       {std::pair{"--device_routing", absl::GetFlag(FLAGS_device_routing)},
+        {"--graphs", absl::GetFlag(FLAGS_graphs)}}) {
+    if (absl::StatusOr<engine::DeviceRouting> r = ParseDeviceRouting(value); !r.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", r.status().message()));
+    }
+  }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   double bw = 0;
   if (backend_name == "cpu") {
@@ -1134,8 +1157,10 @@ absl::Status Main() {
       return absl::Status(probe.status().code(),
                           absl::StrCat("--backend ", backend_name, ": ", probe.status().message()));
     }
-    std::printf("modserve-bench: backend %s (host %s), KV %s, %d timed decode steps\n",
-                backend_name.c_str(), CpuModel("unknown").c_str(), kv.c_str(), steps);
+    std::printf("modserve-bench: backend %s (host %s), KV %s, %d timed decode steps, device "
+                "routing %s, graphs %s\n",
+                backend_name.c_str(), CpuModel("unknown").c_str(), kv.c_str(), steps,
+                absl::GetFlag(FLAGS_device_routing).c_str(), absl::GetFlag(FLAGS_graphs).c_str());
     MODSERVE_ASSIGN_OR_RETURN(bw, MeasureDeviceCopyBandwidth(**probe));
     std::printf("measured device copy bandwidth (1 GiB read + 1 GiB written per round, best of "
                 "7): %.1f GB/s (the %% of bw columns below use it)\n",

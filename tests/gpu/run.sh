@@ -5,7 +5,8 @@
 #   3. engine goldens on the cuda backend (engine_golden_test with MODSERVE_TEST_BACKEND=cuda)
 #   4. batch invariance on cuda (EngineTest.BatchCompositionDoesNotChangeTokens)
 #   5. compute-sanitizer memcheck on the conformance suite (cuda only) and on a short decode
-#   6. benchmark: modserve-bench --backend cuda (the engine's one Transformer), table printed last
+#   6. benchmark: modserve-bench --backend cuda (the engine's one Transformer; device step and
+#      decode graphs, then the same without graphs), table printed last
 # Every stage prints PASS / FAIL / SKIP(reason); the script exits non-zero when any stage FAILs.
 # Results (logs, summary.txt, bench.md) go to $OUT when it is set, else <build-dir>/gpu-run-out.
 # Usage: tests/gpu/run.sh [build-dir]
@@ -19,11 +20,14 @@ CUDA_ARCH="${CUDA_ARCH:-90}"
 RESULTS="${OUT:-$BUILD/gpu-run-out}"
 LOG="$RESULTS/logs"
 # Benchmark runs, one modserve-bench each (in this order, each under its own timeout): tinyllama
-# dense + MoD at batch 1 / 8 / 64, then the 8B shape dense + MoD at batch 1 / 64. The synthetic
+# dense + MoD at batch 1 / 8 / 64 with decode graphs (the default on cuda), the same with eager
+# launches (--graphs off: graphs vs eager step time), then the 8B shape dense + MoD at batch 1 /
+# 64. The synthetic
 # checkpoints are written first (16 GB each for 8B, kept in the build dir), so a first run is the
 # slowest. BENCH_ARGS, when set, replaces both with one run of those flags.
 COMMON_BENCH="--contexts 1024 --steps 32 --prefill_reps 1 --kv_dtype bf16 --workdir $BUILD/bench-ckpts"
 BENCH_RUNS=("--shapes tinyllama --variants dense,mod --batches 1,8,64 $COMMON_BENCH"
+            "--shapes tinyllama --variants dense,mod --batches 1,8,64 --graphs off $COMMON_BENCH"
             "--shapes 8b --variants dense,mod --batches 1,64 $COMMON_BENCH")
 [[ -n "${BENCH_ARGS:-}" ]] && BENCH_RUNS=("$BENCH_ARGS")
 START=$(date +%s)

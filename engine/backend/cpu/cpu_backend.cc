@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -102,6 +103,7 @@ void CpuBackend::SetDeviceRowCount(const TensorView& count) {
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
+  MODSERVE_CHECK(!capturing_) << "Allocate during a graph capture";
   // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a real pointer.
   const size_t rounded =
       std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
@@ -114,6 +116,7 @@ absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
 }
 
 absl::Status CpuBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
+  MODSERVE_CHECK(!capturing_) << "CopyToDevice during a graph capture";
   if (host_src.device != Device::kCpu || dst.device != Device::kCpu) {
     return absl::InvalidArgumentError(
         "cpu backend CopyToDevice: both tensors must be host tensors");
@@ -128,6 +131,7 @@ absl::Status CpuBackend::CopyToDevice(const TensorView& host_src, const TensorVi
 }
 
 absl::Status CpuBackend::CopyToHost(const TensorView& src, const TensorView& host_dst) {
+  MODSERVE_CHECK(!capturing_) << "CopyToHost during a graph capture";
   if (src.device != Device::kCpu || host_dst.device != Device::kCpu) {
     return absl::InvalidArgumentError("cpu backend CopyToHost: both tensors must be host tensors");
   }
@@ -141,7 +145,45 @@ absl::Status CpuBackend::CopyToHost(const TensorView& src, const TensorView& hos
 }
 
 // Every op runs to completion before returning, so there is never anything to wait for.
-absl::Status CpuBackend::Synchronize() { return absl::OkStatus(); }
+absl::Status CpuBackend::Synchronize() {
+  MODSERVE_CHECK(!capturing_) << "Synchronize during a graph capture";
+  return absl::OkStatus();
+}
+
+void CpuBackend::Record(std::function<void()> op) {
+  recording_.push_back([this, op = std::move(op), count = row_count_] {
+    row_count_ = count;
+    op();
+  });
+}
+
+absl::Status CpuBackend::BeginCapture() {
+  if (capturing_) return absl::FailedPreconditionError("cpu backend: a capture is already open");
+  capturing_ = true;
+  recording_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CpuBackend::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError("cpu backend: no capture is open");
+  capturing_ = false;
+  const int id = next_graph_++;
+  graphs_[id] = std::exchange(recording_, {});
+  return id;
+}
+
+absl::Status CpuBackend::Replay(int graph) {
+  if (capturing_) return absl::FailedPreconditionError("cpu backend: Replay during a capture");
+  auto it = graphs_.find(graph);
+  if (it == graphs_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend: no graph ", graph));
+  }
+  // The host's row count is its own: a replay sets each op's, then gives the host's back.
+  const int32_t* host_count = row_count_;
+  for (const std::function<void()>& op : it->second) op();
+  row_count_ = host_count;
+  return absl::OkStatus();
+}
 
 template <typename W>
 void CpuBackend::WeightToF32(const W* src, int64_t count, float* dst) const {
@@ -191,6 +233,7 @@ void CpuBackend::EmbedQuantized(const TensorView& ids, const TensorView& table,
 }
 
 void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  if (capturing_) return Record([=, this] { Embed(ids, table, out); });
   CheckEmbedArgs(kHost, ids, table, out);
   if (const int64_t n = CountedRows(ids.dim(0)); n < ids.dim(0)) {
     if (n > 0) Embed(ids.rows(0, n), table, out.rows(0, n));
@@ -248,6 +291,7 @@ void CpuBackend::RmsNormT(float eps, const TensorView& x, const TensorView& weig
 
 void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView& weight,
                          const TensorView& out) {
+  if (capturing_) return Record([=, this] { RmsNorm(params, x, weight, out); });
   CheckRmsNormArgs(kHost, x, weight, out);
   if (const int64_t n = CountedRows(x.dim(0)); n < x.dim(0)) {
     if (n > 0) RmsNorm(params, x.rows(0, n), weight, out.rows(0, n));
@@ -277,6 +321,7 @@ void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const
 // so sharing one parallel pass and one quantization of x changes no bit.
 void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView& bias,
                       const TensorView& out) {
+  if (capturing_) return Record([=, this] { Gemm(x, w, bias, out); });
   const GemmOperand member{w, bias, out};
   GemmGroup(x, absl::MakeConstSpan(&member, 1));
 }
@@ -335,6 +380,11 @@ QuantGemmFn CpuBackend::QuantKernel(DType dtype) const {
 // x is rounded to 8 bits per 32-element block (QuantizedActs) once per activation layout the
 // group's kernels want, then every weight block is an integer dot product (kernels.h).
 void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> group) {
+  if (capturing_) {
+    return Record([=, this, members = std::vector<GemmOperand>(group.begin(), group.end())] {
+      GemmGroup(x, members);
+    });
+  }
   if (const int64_t n = CountedRows(x.dim(0)); n < x.dim(0)) {
     if (n == 0) return;
     absl::InlinedVector<GemmOperand, 4> counted(group.begin(), group.end());
@@ -526,6 +576,9 @@ void CpuBackend::RopeAndAppendKvT(const RopeParams& p, const TensorView& q, cons
 void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& positions,
                                  const TensorView& slots, const TensorView& kv_pool) {
+  if (capturing_) {
+    return Record([=, this] { RopeAndAppendKv(params, q, k, v, positions, slots, kv_pool); });
+  }
   CheckRopeAndAppendKvArgs(kHost, params, q, k, v, positions, slots, kv_pool);
   if (const int64_t n = CountedRows(q.dim(0)); n < q.dim(0)) {
     if (n > 0) {
@@ -741,6 +794,10 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
                            const TensorView& kv_pool, const TensorView& page_table,
                            const TensorView& row_seq, const TensorView& row_kv_len,
                            const TensorView& out) {
+  if (capturing_) {
+    return Record(
+        [=, this] { Attention(params, q, kv_pool, page_table, row_seq, row_kv_len, out); });
+  }
   CheckAttentionArgs(kHost, params, q, kv_pool, page_table, row_seq, row_kv_len, out);
   if (const int64_t n = CountedRows(q.dim(0)); n < q.dim(0)) {
     if (n > 0) {
@@ -769,6 +826,7 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
 
 // ---- elementwise and MoD ops -----------------------------------------------------------------
 void CpuBackend::SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  if (capturing_) return Record([=, this] { SwiGlu(gate, up, out); });
   CheckSameShapeF32Args(kHost, gate, up, out);
   if (const int64_t n = CountedRows(gate.dim(0)); n < gate.dim(0)) {
     if (n > 0) SwiGlu(gate.rows(0, n), up.rows(0, n), out.rows(0, n));
@@ -783,6 +841,7 @@ void CpuBackend::SwiGlu(const TensorView& gate, const TensorView& up, const Tens
 }
 
 void CpuBackend::Activation(const ActivationParams& params, const TensorView& x) {
+  if (capturing_) return Record([=, this] { Activation(params, x); });
   CheckActivationArgs(kHost, x);
   if (const int64_t n = CountedRows(x.dim(0)); n < x.dim(0)) {
     if (n > 0) Activation(params, x.rows(0, n));
@@ -808,6 +867,7 @@ void CpuBackend::Activation(const ActivationParams& params, const TensorView& x)
 }
 
 void CpuBackend::Add(const TensorView& a, const TensorView& b, const TensorView& out) {
+  if (capturing_) return Record([=, this] { Add(a, b, out); });
   CheckSameShapeF32Args(kHost, a, b, out);
   if (const int64_t n = CountedRows(a.dim(0)); n < a.dim(0)) {
     if (n > 0) Add(a.rows(0, n), b.rows(0, n), out.rows(0, n));
@@ -822,6 +882,7 @@ void CpuBackend::Add(const TensorView& a, const TensorView& b, const TensorView&
 }
 
 void CpuBackend::GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) {
+  if (capturing_) return Record([=, this] { GatherRows(x, idx, out); });
   CheckGatherRowsArgs(kHost, x, idx, out);
   if (const int64_t m = CountedRows(idx.dim(0)); m < idx.dim(0)) {
     if (m > 0) GatherRows(x, idx.rows(0, m), out.rows(0, m));
@@ -839,6 +900,7 @@ void CpuBackend::GatherRows(const TensorView& x, const TensorView& idx, const Te
 
 void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const TensorView& x,
                                 const TensorView& y, const TensorView& idx, const TensorView& s) {
+  if (capturing_) return Record([=, this] { ScatterCombine(params, x, y, idx, s); });
   CheckScatterCombineArgs(kHost, x, y, idx, s);
   if (const int64_t m = CountedRows(idx.dim(0)); m < idx.dim(0)) {
     if (m > 0) ScatterCombine(params, x, y.rows(0, m), idx.rows(0, m), s.rows(0, m));
@@ -884,6 +946,7 @@ void CpuBackend::ScatterCombine(const ScatterCombineParams& params, const Tensor
 
 void CpuBackend::CopyKvPages(const TensorView& kv_pool,
                              absl::Span<const std::pair<int32_t, int32_t>> copies) {
+  MODSERVE_CHECK(!capturing_) << "CopyKvPages during a graph capture";
   CheckCopyKvPagesArgs(kHost, kv_pool, copies);
   const size_t page_bytes = kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));
   char* base = static_cast<char*>(kv_pool.data);
@@ -898,6 +961,9 @@ void CpuBackend::CopyKvPages(const TensorView& kv_pool,
 void CpuBackend::RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
                              const TensorView& probs, const TensorView& idx,
                              const TensorView& s_sel, const TensorView& count) {
+  if (capturing_) {
+    return Record([=, this] { RouteSelect(z, tau, s, probs, idx, s_sel, count); });
+  }
   if (const int64_t n = CountedRows(z.dim(0)); n < z.dim(0)) {
     CheckRouteSelectArgs(kHost, z, tau, s, probs, idx, s_sel, count);
     if (n == 0) {
@@ -918,6 +984,12 @@ void CpuBackend::RouteRows(const TensorView& idx, const TensorView& row_seq,
                            const TensorView& seq_first_row, const TensorView& seq_kv_base,
                            const TensorView& out_pos, const TensorView& out_slots,
                            const TensorView& out_seq, const TensorView& out_kv_len) {
+  if (capturing_) {
+    return Record([=, this] {
+      RouteRows(idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base, out_pos, out_slots,
+                out_seq, out_kv_len);
+    });
+  }
   CheckRouteRowsArgs(kHost, idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base,
                      out_pos, out_slots, out_seq, out_kv_len);
   const int64_t m = CountedRows(idx.dim(0)), n = row_seq.dim(0);

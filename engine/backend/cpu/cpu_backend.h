@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -51,6 +53,14 @@ class CpuBackend final : public Backend {
   }
   bool Supports(OpKind op, DType dtype) const override;
   bool SupportsDeviceRowCount() const override { return true; }
+  // Graphs record the ops (with the device row count each was enqueued under) as calls to run
+  // again. They save nothing on the CPU, where ops run when called; they exist so that what a
+  // device backend captures runs the same way here, in tests.
+  bool SupportsGraphs() const override { return true; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int> EndCapture() override;
+  absl::Status Replay(int graph) override;
+  void ReleaseGraphs() override { graphs_.clear(); }
   // Ops run when called, so the count is read when the op is called.
   void SetDeviceRowCount(const TensorView& count) override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
@@ -128,8 +138,15 @@ class CpuBackend final : public Backend {
     return row_count_ == nullptr ? n : std::clamp<int64_t>(*row_count_, 0, n);
   }
 
+  // During a capture: appends `op` to the recording, to run under the row count set now.
+  void Record(std::function<void()> op);
+
   const KernelTable& kernels_;
   const int32_t* row_count_ = nullptr;  // SetDeviceRowCount's count, or null
+  bool capturing_ = false;
+  std::vector<std::function<void()>> recording_;
+  std::map<int, std::vector<std::function<void()>>> graphs_;
+  int next_graph_ = 0;
   ThreadPool pool_;
   // Scratch reused across calls so a decode step does not allocate once sizes have been seen.
   std::vector<float> bias_f32_;      // f32 Gemm biases of a group, converted once per call

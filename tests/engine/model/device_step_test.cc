@@ -32,7 +32,8 @@ struct Runner {
   std::unique_ptr<Transformer> transformer;
 
   static std::unique_ptr<Runner> Make(const LoadedModel& model, DeviceRouting routing,
-                                      int32_t pages, bool prefix_cache) {
+                                      int32_t pages, bool prefix_cache,
+                                      DeviceRouting graphs = DeviceRouting::kOff) {
     auto r = std::make_unique<Runner>();
     auto be = backend::cpu::CpuBackend::Create({.num_threads = 2});
     EXPECT_TRUE(be.ok()) << be.status();
@@ -51,6 +52,7 @@ struct Runner {
     opts.num_pages = pages;
     opts.kv_dtype = DType::kBF16;
     opts.device_routing = routing;
+    opts.graphs = graphs;
     auto t = Transformer::Create(cfg, model.weights(), r->backend.get(), r->kv.get(), opts);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return nullptr;
@@ -227,6 +229,72 @@ TEST_P(DeviceStepTest, SharedPrefixPagesMatchTheHostStep) {
   }
   EXPECT_EQ(dev->transformer->num_device_steps(),
             AllTausAreF32(cfg, {StepSequence{.threshold = 0.5}}) ? 7 : 0);
+}
+
+// Graphs (the CPU backend records and replays the ops): decode steps of 1 to 5 sequences (buckets
+// 1, 2, 4 and 8) over contexts that cross page-table strides, with a long prompt that asks for
+// every logit in between (the logits buffer grows, which drops the graphs), against the host
+// step.
+TEST_P(DeviceStepTest, GraphReplaysMatchTheHostStepBitForBit) {
+  auto model = LoadModel(GetParam());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
+  auto host = Runner::Make(*model, DeviceRouting::kOff, 600, false);
+  auto dev = Runner::Make(*model, DeviceRouting::kOn, 600, false, DeviceRouting::kOn);
+  ASSERT_NE(host, nullptr);
+  ASSERT_NE(dev, nullptr);
+  constexpr int kSeqs = 5;
+  std::vector<std::vector<int32_t>> tokens(kSeqs + 1);
+  std::vector<int32_t> fed(kSeqs + 1, 0);
+  auto run = [&](std::vector<StepSequence> batch, const std::string& what) {
+    auto want = host->transformer->Step(batch);
+    auto got = dev->transformer->Step(batch);
+    ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    ExpectSameOutput(*got, *want, what);
+    ExpectSameKv(*dev->kv, *host->kv, what);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int s = static_cast<int>(batch[i].seq_id);
+      fed[s] += static_cast<int32_t>(batch[i].tokens.size());
+      const float* row = want->logits.data() + int64_t{want->logit_offsets[i + 1] - 1} * vocab;
+      tokens[s].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+  };
+  for (int s = 0; s <= kSeqs; ++s) {
+    ASSERT_TRUE(host->kv->AddSequence(s).ok());
+    ASSERT_TRUE(dev->kv->AddSequence(s).ok());
+  }
+  for (int s = 0; s < kSeqs; ++s) {  // prompts of 3 to 15 tokens, one prefill step each
+    for (int t = 0; t < 3 + 3 * s; ++t) tokens[s].push_back((s * 17 + t * 11 + 5) % vocab);
+    run({StepSequence{.seq_id = s, .tokens = tokens[s], .start_pos = 0, .threshold = 0.5}},
+        "prefill " + std::to_string(s));
+  }
+  int64_t decode_steps = 0;
+  for (int step = 0; step < 24; ++step) {
+    if (step == 12) {  // 40 prompt tokens, every logit: more rows than the logits buffer holds
+      for (int t = 0; t < 40; ++t) tokens[kSeqs].push_back((t * 13 + 1) % vocab);
+      run({StepSequence{.seq_id = kSeqs, .tokens = tokens[kSeqs], .start_pos = 0,
+                        .threshold = 0.5, .all_logits = true}},
+          "long prompt");
+      tokens[kSeqs].pop_back();
+    }
+    std::vector<StepSequence> batch;
+    const int active = step % kSeqs + 1;
+    for (int s = 0; s < active; ++s) {
+      batch.push_back({.seq_id = s,
+                       .tokens = absl::MakeConstSpan(tokens[s]).subspan(fed[s], 1),
+                       .start_pos = fed[s],
+                       .threshold = 0.5});
+    }
+    if (AllTausAreF32(model->config(), batch)) ++decode_steps;
+    run(batch, GetParam() + " decode step " + std::to_string(step));
+  }
+  // Every decode step ran as a replay; shapes were captured once each, and again after the drop.
+  EXPECT_EQ(dev->transformer->num_graph_replays(), decode_steps);
+  if (decode_steps > 0) {
+    EXPECT_GE(dev->transformer->num_graph_captures(), 4);
+    EXPECT_LT(dev->transformer->num_graph_captures(), decode_steps);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, DeviceStepTest, ::testing::ValuesIn(Checkpoints()),
