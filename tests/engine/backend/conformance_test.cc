@@ -997,6 +997,50 @@ TEST_P(BackendConformanceTest, DeviceRowCountLimitsEveryOpToTheCountedRows) {
   }
 }
 
+// A captured graph runs nothing until replayed, then reads its inputs (and the device row count
+// in force when each op was captured) at replay time.
+TEST_P(BackendConformanceTest, GraphReplaysReadTheirInputsWhenTheyRun) {
+  if (!backend_->SupportsGraphs()) GTEST_SKIP() << backend_->name() << " has no graphs";
+  if (!backend_->SupportsDeviceRowCount()) {
+    GTEST_SKIP() << backend_->name() << " has no device row counts";
+  }
+  constexpr int64_t kCap = 6, kK = 40, kM = 23;
+  std::mt19937 rng(77);
+  HostTensor w = Random(rng, DType::kBF16, {kM, kK});
+  HostTensor sentinel(DType::kF32, {kCap, kM});
+  for (int64_t i = 0; i < sentinel.numel(); ++i) sentinel.f32()[i] = -12345.0f;
+  const TensorView x = Upload(Random(rng, DType::kF32, {kCap, kK}));
+  const TensorView b = Upload(Random(rng, DType::kF32, {kCap, kM}));
+  const TensorView y = Upload(sentinel), out = Upload(sentinel);
+  const TensorView count = Upload(Ints({kCap}));
+  const TensorView wd = Upload(w);
+  ASSERT_TRUE(backend_->BeginCapture().ok());
+  backend_->SetDeviceRowCount(count);
+  backend_->Gemm(x, wd, {}, y);  // y = x w^T on the counted rows
+  backend_->SetDeviceRowCount({});
+  backend_->Add(y, b, out);  // out = y + b on every row
+  absl::StatusOr<int> graph = backend_->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  // Nothing ran yet.
+  ExpectClose(Download(out, sentinel), sentinel, 0.0, "before the first replay");
+  for (int32_t rows : {6, 2, 4}) {
+    HostTensor xh = Random(rng, DType::kF32, {kCap, kK}), bh = Random(rng, DType::kF32, {kCap, kM});
+    ASSERT_TRUE(backend_->CopyToDevice(xh.view(), x).ok());
+    ASSERT_TRUE(backend_->CopyToDevice(bh.view(), b).ok());
+    ASSERT_TRUE(backend_->CopyToDevice(Ints({rows}).view(), count).ok());
+    ASSERT_TRUE(backend_->Replay(*graph).ok());
+    HostTensor xr = FirstRows(xh, rows), want_y(DType::kF32, {rows, kM});
+    cpu::reference::Gemm(xr.view(), w.view(), {}, want_y.view());
+    HostTensor br = FirstRows(bh, rows), want(DType::kF32, {rows, kM});
+    cpu::reference::Add(want_y.view(), br.view(), want.view());
+    ExpectClose(FirstRows(Download(out, sentinel), rows), want, kAccumOrderRelTol,
+                "replay with " + std::to_string(rows) + " counted rows");
+  }
+  EXPECT_FALSE(backend_->Replay(*graph + 1000).ok());
+  backend_->ReleaseGraphs();
+  EXPECT_FALSE(backend_->Replay(*graph).ok()) << "a released graph is gone";
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,
                          ::testing::ValuesIn(BackendVariants()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
