@@ -48,6 +48,7 @@ asan_configure() {
 # hostile input arrives), and every committed fuzz input.
 quick_tests=(fuzz_regressions_test block_pool_test block_table_test kv_cache_manager_test
   prefix_cache_test scheduler_test backend_thread_pool_test step_loop_test engine_test
+  device_step_test
   prefix_cache_engine_test speculative_decoding_test request_validation_test server_test
   security_test http_parse_test http_server_test http_api_test)
 # Left to tools/test.sh's release run: tests that take a minute or more at -O1 with ASan and add

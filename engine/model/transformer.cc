@@ -896,10 +896,12 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
       if (routed) kv[i] = base[i][l];
     }
     if (routed) {
-      float* tau = reinterpret_cast<float*>(in + lay.tau + int64_t{k} * n);
+      int32_t* tau = in + lay.tau + int64_t{k} * n;  // f32 bits
       for (int64_t i = 0; i < S; ++i) {
         const float t = static_cast<float>(LayerThreshold(*config_.mod, k, seqs[i].threshold));
-        std::fill(tau + out.row_offsets[i], tau + out.row_offsets[i + 1], t);
+        int32_t bits;
+        std::memcpy(&bits, &t, sizeof bits);
+        std::fill(tau + out.row_offsets[i], tau + out.row_offsets[i + 1], bits);
       }
       ++k;
     }
