@@ -352,15 +352,16 @@ class Backend {
                            absl::Span<const std::pair<int32_t, int32_t>> copies) = 0;
 
   // The MoD routing decision of one routed layer, made where z lives (DESIGN.md section 5.1).
-  // For each row i: p = 1 / (1 + exp(-z[i])) evaluated in f64, probs[i] = p rounded to f32, and
-  // the row is routed in when p > tau[i] (tau widened to f64; the row's own threshold, so one
-  // call serves sequences of different request tau). The routed rows' indices, ascending, go to
-  // idx[0 .. count) and their router scores s[idx[j]] to s_sel[j]; count[0] = how many. Entries
-  // of idx and s_sel from count on are unspecified.
-  // z, tau, s, probs, s_sel [n] f32; idx [n] i32; count [1] i32; n >= 1. probs, idx, s_sel and
+  // For each row i: row i is routed in when z[i] > z_cut[i] (f32; the row's own cut, so one call
+  // serves sequences of different request tau; the host derives it from tau so that this is the
+  // reference's f64 comparison sigmoid(z) > tau, bit for bit: RouterZCut in model/config.h), and
+  // probs[i] = f32(1 / (1 + exp(-z[i]))) evaluated in f64. The routed rows' indices, ascending,
+  // go to idx[0 .. count) and their router scores s[idx[j]] to s_sel[j]; count[0] = how many.
+  // Entries of idx and s_sel from count on are unspecified.
+  // z, z_cut, s, probs, s_sel [n] f32; idx [n] i32; count [1] i32; n >= 1. probs, idx, s_sel and
   // count must not alias each other or the inputs. Under a device row count c (above) only rows
   // [0, c) are candidates, and count[0] is written even when c is 0.
-  virtual void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+  virtual void RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                            const TensorView& probs, const TensorView& idx,
                            const TensorView& s_sel, const TensorView& count) = 0;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -422,6 +423,34 @@ double LayerThreshold(const ModConfig& mod, size_t k, double request_threshold) 
   if (tau_l == tau_0) return request_threshold;
   auto logit = [](double p) { return std::log(p) - std::log1p(-p); };
   return 1.0 / (1.0 + std::exp(-(logit(tau_l) + logit(request_threshold) - logit(tau_0))));
+}
+
+float RouterZCut(double tau) {
+  // f32 bit patterns mapped to unsigned keys in value order: negatives reversed below positives.
+  auto key = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  };
+  auto value = [](uint32_t k) {
+    const uint32_t u = (k & 0x80000000u) != 0 ? (k & 0x7fffffffu) : ~k;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  auto routed = [tau](float z) {
+    return 1.0 / (1.0 + std::exp(-static_cast<double>(z))) > tau;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  if (!routed(inf)) return inf;
+  // routed(value(lo)) is false (the sigmoid of -inf is 0 and tau > 0), routed(value(hi)) true;
+  // the rule is monotone in z.
+  uint32_t lo = key(-inf), hi = key(inf);
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (routed(value(mid)) ? hi : lo) = mid;
+  }
+  return value(lo);
 }
 
 bool ModelConfig::IsRouted(int l) const {

@@ -79,6 +79,13 @@ struct ModConfig {
 // tools/modref/config.py computes it. r must lie in (0, 1).
 double LayerThreshold(const ModConfig& mod, size_t k, double request_threshold);
 
+// The routing rule sigmoid(z) > tau (the sigmoid of the f32 z evaluated in f64 as
+// 1 / (1 + exp(-z)), against the f64 tau) as one f32 comparison: the largest f32 value c (in value
+// order, -inf and +inf included) whose sigmoid is not above tau. For every f32 z, z > c exactly
+// when the rule routes z in (NaN never is). tau in (0, 1]; 1 gives +inf (nothing is routed in).
+// Found by bisection over the f32 values (about 32 evaluations of the sigmoid).
+float RouterZCut(double tau);
+
 // All sizes are int64_t so that products of two of them (vocab_size * d_model, ...) never
 // overflow; each is validated to lie in [1, 2^31 - 1].
 struct ModelConfig {

@@ -187,10 +187,10 @@ absl::Status Transformer::AllocateBuffers() {
   MODSERVE_RETURN_IF_ERROR(alloc(ph_, T * p, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(s_sel_, T, 4));
   const int64_t num_routed = config_.mod ? static_cast<int64_t>(config_.mod->routed_layers.size()) : 0;
-  MODSERVE_RETURN_IF_ERROR(alloc(tau_, T, 4));
+  MODSERVE_RETURN_IF_ERROR(alloc(zcut_, T, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(route_, 1 + T, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(probs_, std::max<int64_t>(1, num_routed) * T, 4));
-  h_tau_.resize(T);
+  h_zcut_.resize(T);
   h_route_.resize(1 + T);
   h_probs_.resize(static_cast<size_t>(std::max<int64_t>(1, num_routed) * T));
   // Logits are asked for one row per sequence, except by prompt logprobs and speculative
@@ -206,9 +206,6 @@ absl::Status Transformer::AllocateBuffers() {
   }
   h_page_table_.resize(static_cast<size_t>(options_.max_seqs) * max_pages_per_seq_);
   h_pages_.resize(static_cast<size_t>(options_.max_seqs));
-  z_host_.resize(T);
-  s_host_.resize(T);
-  h_s_sel_.resize(T);
   return absl::OkStatus();
 }
 
@@ -229,7 +226,7 @@ absl::Status Transformer::EnsureLogitRows(int64_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status Transformer::RouteScores(int layer, int64_t n, bool to_host) {
+absl::Status Transformer::RouteScores(int layer, int64_t n) {
   const LayerWeights& lw = weights_.layers[layer];
   const ModConfig& mod = *config_.mod;
   const int64_t d = config_.d_model;
@@ -267,11 +264,7 @@ absl::Status Transformer::RouteScores(int layer, int64_t n, bool to_host) {
   } else {
     backend_->Gemm(u, router.w, router.bias, router.out);
   }
-  if (!to_host) return absl::OkStatus();  // decided by RouteSelect where z lives
-  // The decision is made on the host; on the CPU backend these copies are memcpys.
-  MODSERVE_RETURN_IF_ERROR(
-      backend_->CopyToHost(s, TensorView(s_host_.data(), DType::kF32, {n, 1})));
-  return backend_->CopyToHost(z, TensorView(z_host_.data(), DType::kF32, {n, 1}));
+  return absl::OkStatus();
 }
 
 void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix) {
@@ -429,39 +422,24 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   out.selected.assign(num_routed, std::vector<uint8_t>(N));
   out.probs.assign(num_routed, std::vector<float>(N));
   int routed_idx = 0;
-  std::vector<double> layer_tau(num_seqs);  // tau_l of each sequence at the routed layer
-  // Routed layers whose decision RouteSelect made (their probs are downloaded after the loop).
-  std::vector<uint8_t> decided_on_device(num_routed, 0);
   for (int l = 0; l < L; ++l) {
     const bool routed = config_.IsRouted(l);
-    bool on_device = false;  // this routed layer's decision came from RouteSelect
     // Rows that run the block: all of them, or those routed in.
     int64_t m = 0;
     if (routed) {
-      // RouteSelect compares sigmoid(z) in f64 with an f32 threshold widened to f64: the host
-      // comparison exactly when every tau_l is an f32 value (0.5, the default, is), so the
-      // decisions are the same bits on every backend that follows the reference. Otherwise the
-      // host decides, as it always has.
-      on_device = true;
+      // Decided where z lives; the cut makes RouteSelect's f32 comparison the reference's f64
+      // rule on every backend (section 5.1).
+      if (auto st = RouteScores(l, N); !st.ok()) return fail(st);
       for (int64_t i = 0; i < num_seqs; ++i) {
-        layer_tau[i] = LayerThreshold(*config_.mod, routed_idx, seqs[i].threshold);
-        if (static_cast<double>(static_cast<float>(layer_tau[i])) != layer_tau[i]) {
-          on_device = false;
-        }
+        const float cut = ZCut(routed_idx, seqs[i].threshold);
+        std::fill(h_zcut_.begin() + out.row_offsets[i], h_zcut_.begin() + out.row_offsets[i + 1],
+                  cut);
       }
-      if (auto st = RouteScores(l, N, !on_device); !st.ok()) return fail(st);
-    }
-    if (routed && on_device) {
-      for (int64_t i = 0; i < num_seqs; ++i) {
-        for (int32_t r = out.row_offsets[i]; r < out.row_offsets[i + 1]; ++r) {
-          h_tau_[r] = static_cast<float>(layer_tau[i]);
-        }
-      }
-      if (auto st = Upload(backend_, h_tau_, N, tau_, DType::kF32); !st.ok()) return fail(st);
+      if (auto st = Upload(backend_, h_zcut_, N, zcut_, DType::kF32); !st.ok()) return fail(st);
       const bool z_is_s =
           config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
       backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
-                            tau_.View(DType::kF32, {N}), s_.View(DType::kF32, {N}),
+                            zcut_.View(DType::kF32, {N}), s_.View(DType::kF32, {N}),
                             probs_.View(DType::kF32, {N}, static_cast<size_t>(routed_idx * N) * 4),
                             route_.View(DType::kI32, {N}, 4), s_sel_.View(DType::kF32, {N}),
                             route_.View(DType::kI32, {1}));
@@ -477,22 +455,6 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       for (int64_t j = 0; j < m; ++j) {
         h_idx_[j] = h_route_[1 + j];
         out.selected[routed_idx][h_idx_[j]] = 1;
-      }
-      decided_on_device[routed_idx] = 1;
-    } else if (routed) {
-      for (int64_t i = 0; i < num_seqs; ++i) {
-        for (int32_t r = out.row_offsets[i]; r < out.row_offsets[i + 1]; ++r) {
-          // sigmoid(z) > tau_l(r), in double so only true near-ties can differ from the reference
-          const double prob = 1.0 / (1.0 + std::exp(-static_cast<double>(z_host_[r])));
-          const bool sel = prob > layer_tau[i];
-          out.selected[routed_idx][r] = sel;
-          out.probs[routed_idx][r] = static_cast<float>(prob);
-          if (sel) {
-            h_idx_[m] = r;
-            h_s_sel_[m] = s_host_[r];
-            ++m;
-          }
-        }
       }
     }
     if (routed) {
@@ -565,23 +527,16 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     // Gather the selected rows, run the block on that compact batch, scatter the weighted
     // update back: x' = x + g(s) (y - x) or g(s) y.
     // RouteSelect left the rows and their scores on the device already.
-    if (!on_device) {
-      for (auto st : {Upload(backend_, h_idx_, m, idx_, DType::kI32),
-                      Upload(backend_, h_s_sel_, m, s_sel_, DType::kF32)}) {
-        if (!st.ok()) return fail(st);
-      }
-    }
     const TensorView xs = xs_.View(DType::kF32, {m, d});
-    const TensorView idx =
-        on_device ? route_.View(DType::kI32, {m}, 4) : idx_.View(DType::kI32, {m});
+    const TensorView idx = route_.View(DType::kI32, {m}, 4);
     backend_->GatherRows(x, idx, xs);
     RunBlock(l, xs, m, ix);
     backend_->ScatterCombine({ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)},
                              x, xs, idx, s_sel_.View(DType::kF32, {m}));
   }
 
-  // sigmoid(z) of the layers RouteSelect decided: one download for the whole step.
-  if (std::find(decided_on_device.begin(), decided_on_device.end(), 1) != decided_on_device.end()) {
+  // sigmoid(z) of every routed layer: one download for the whole step.
+  if (num_routed > 0) {
     const int64_t count = int64_t{num_routed} * N;
     if (auto st = backend_->CopyToHost(probs_.View(DType::kF32, {count}),
                                        TensorView(h_probs_.data(), DType::kF32, {count}));
@@ -589,7 +544,6 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       return fail(st);
     }
     for (int k = 0; k < num_routed; ++k) {
-      if (!decided_on_device[k]) continue;
       std::copy(h_probs_.begin() + k * N, h_probs_.begin() + (k + 1) * N, out.probs[k].begin());
     }
   }
@@ -654,14 +608,19 @@ bool Transformer::UseDeviceStep(absl::Span<const StepSequence> seqs) const {
       !backend_->Supports(backend::OpKind::kRouteRows, DType::kI32)) {
     return false;
   }
-  const int num_routed = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
-  for (int k = 0; k < num_routed; ++k) {
-    for (const StepSequence& seq : seqs) {
-      const double tau = LayerThreshold(*config_.mod, k, seq.threshold);
-      if (static_cast<double>(static_cast<float>(tau)) != tau) return false;
-    }
-  }
+  (void)seqs;
   return true;
+}
+
+float Transformer::ZCut(int k, double request_threshold) {
+  const std::pair<int, double> key{k, request_threshold};
+  if (auto it = zcuts_.find(key); it != zcuts_.end()) return it->second;
+  // Requests may bring any threshold: keep the table small.
+  if (zcuts_.size() >= 4096) zcuts_.clear();
+  const float cut = RouterZCut(LayerThreshold(*config_.mod, static_cast<size_t>(k),
+                                              request_threshold));
+  zcuts_.emplace(key, cut);
+  return cut;
 }
 
 Transformer::DeviceLayout Transformer::MakeDeviceLayout(int64_t n, int64_t seqs,
@@ -680,8 +639,8 @@ Transformer::DeviceLayout Transformer::MakeDeviceLayout(int64_t n, int64_t seqs,
   lay.logit_idx = lay.first_row + seqs;
   lay.step_rows = lay.logit_idx + logit_rows;
   lay.layers = lay.step_rows + 1;
-  lay.tau = lay.layers + L * 2 * n;
-  lay.pages = lay.tau + K * n;
+  lay.zcut = lay.layers + L * 2 * n;
+  lay.pages = lay.zcut + K * n;
   lay.words = lay.pages + L * seqs * stride;
   lay.out_words = K * (1 + 2 * n);
   return lay;
@@ -712,14 +671,13 @@ void Transformer::EnqueueDeviceForward(const DeviceLayout& lay, bool counted) {
                 page_table});
       continue;
     }
-    // Cannot fail without a download (to_host = false).
-    MODSERVE_CHECK(RouteScores(l, N, /*to_host=*/false).ok());
+    MODSERVE_CHECK(RouteScores(l, N).ok());  // enqueues ops only
     const bool z_is_s = config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
     const TensorView count = out_view(int64_t{k} * (1 + N), 1);
     const TensorView idx = out_view(int64_t{k} * (1 + N) + 1, N);
     const TensorView s_sel = s_sel_.View(DType::kF32, {N});
     backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
-                          in_view(lay.tau + int64_t{k} * N, {N}, DType::kF32),
+                          in_view(lay.zcut + int64_t{k} * N, {N}, DType::kF32),
                           s_.View(DType::kF32, {N}),
                           out_view(int64_t{K} * (1 + N) + int64_t{k} * N, N, DType::kF32), idx,
                           s_sel, count);
@@ -868,7 +826,7 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   // The upload, in i32 words (DeviceLayout): ids, row_seq and row_pos [n], seq_first_row
   // [seqs], logit rows, the step's row count; per layer its slots [n] (row r's: the j-th
   // candidate of its sequence, j its place there) and [n] more: kv lengths per row (dense layer)
-  // or base entry counts per sequence (routed); per routed layer tau [n] (f32 bits); per layer
+  // or base entry counts per sequence (routed); per routed layer z cuts [n] (f32 bits); per layer
   // its page table [seqs, stride]. Capacity beyond the step holds zeros and is never read.
   h_step_in_.assign(static_cast<size_t>(lay.words), 0);
   int32_t* in = h_step_in_.data();
@@ -896,12 +854,12 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
       if (routed) kv[i] = base[i][l];
     }
     if (routed) {
-      int32_t* tau = in + lay.tau + int64_t{k} * n;  // f32 bits
+      int32_t* cuts = in + lay.zcut + int64_t{k} * n;  // f32 bits
       for (int64_t i = 0; i < S; ++i) {
-        const float t = static_cast<float>(LayerThreshold(*config_.mod, k, seqs[i].threshold));
+        const float cut = ZCut(k, seqs[i].threshold);
         int32_t bits;
-        std::memcpy(&bits, &t, sizeof bits);
-        std::fill(tau + out.row_offsets[i], tau + out.row_offsets[i + 1], bits);
+        std::memcpy(&bits, &cut, sizeof bits);
+        std::fill(cuts + out.row_offsets[i], cuts + out.row_offsets[i + 1], bits);
       }
       ++k;
     }

@@ -119,12 +119,11 @@ class Transformer {
   };
   // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y).
   void RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix);
-  // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_; with to_host, host copies
-  // land in z_host_, s_host_.
-  absl::Status RouteScores(int layer, int64_t n, bool to_host);
-  // Whether this step runs as DeviceStep: the options and the backend allow it, and every
-  // sequence's tau_l is an f32 value at every routed layer (RouteSelect's comparison is then the
-  // host's, section 5.1).
+  // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_.
+  absl::Status RouteScores(int layer, int64_t n);
+  // RouterZCut of the k-th routed layer's tau_l for a request threshold, remembered.
+  float ZCut(int k, double request_threshold);
+  // Whether this step runs as DeviceStep: the options and the backend allow it.
   bool UseDeviceStep(absl::Span<const StepSequence> seqs) const;
   // A step with no host round trip inside the forward pass: every new token's KV slot reserved
   // at every layer up front, the routed rows and their slots found on the device (RouteSelect,
@@ -141,7 +140,7 @@ class Transformer {
   struct DeviceLayout {
     int64_t n = 0, seqs = 0, stride = 0, logit_rows = 0;
     int64_t ids = 0, row_seq = 0, row_pos = 0, first_row = 0, logit_idx = 0, step_rows = 0;
-    int64_t layers = 0, tau = 0, pages = 0, words = 0, out_words = 0;
+    int64_t layers = 0, zcut = 0, pages = 0, words = 0, out_words = 0;
   };
   DeviceLayout MakeDeviceLayout(int64_t n, int64_t seqs, int64_t stride,
                                 int64_t logit_rows) const;
@@ -173,6 +172,7 @@ class Transformer {
   TransformerOptions options_;
   int64_t max_pages_per_seq_ = 0;
   int64_t num_device_steps_ = 0;
+  std::map<std::pair<int, double>, float> zcuts_;  // ZCut's table: (k, request tau) -> cut
   int64_t num_graph_captures_ = 0;
   int64_t num_graph_replays_ = 0;
   // Graph of each (bucket, page-table stride): the backend's id, or -1 where capture failed
@@ -209,15 +209,15 @@ class Transformer {
   // layer uses [num_seqs, its longest page list of the step]).
   backend::DeviceBuffer ids_, idx_, pos_, slots_, row_seq_, row_kv_len_, page_table_;
 
-  // Routing on the device (Backend::RouteSelect): per-row thresholds tau_ [T] f32; route_
+  // Routing on the device (Backend::RouteSelect): per-row z cuts zcut_ [T] f32; route_
   // [1 + T] i32 = the routed count, then the routed rows' indices (one download gives both);
   // probs_ [num_routed, T] f32, every routed layer's sigmoid(z), downloaded once per step.
-  backend::DeviceBuffer tau_, route_, probs_;
+  backend::DeviceBuffer zcut_, route_, probs_;
 
   // Host staging (same shapes), reused every step.
   std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_,
       h_page_table_;
-  std::vector<float> z_host_, s_host_, h_s_sel_, h_tau_, h_probs_;
+  std::vector<float> h_zcut_, h_probs_;
   std::vector<absl::Span<const PageId>> h_pages_;  // [max_seqs] one layer's page lists
   std::vector<int32_t> h_route_;
 

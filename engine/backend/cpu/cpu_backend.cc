@@ -958,23 +958,23 @@ void CpuBackend::CopyKvPages(const TensorView& kv_pool,
 
 // One pass over n rows (n is at most a step's tokens): the reference's loop itself, so the
 // decisions are those the host made before this op existed, bit for bit.
-void CpuBackend::RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+void CpuBackend::RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                              const TensorView& probs, const TensorView& idx,
                              const TensorView& s_sel, const TensorView& count) {
   if (capturing_) {
-    return Record([=, this] { RouteSelect(z, tau, s, probs, idx, s_sel, count); });
+    return Record([=, this] { RouteSelect(z, z_cut, s, probs, idx, s_sel, count); });
   }
   if (const int64_t n = CountedRows(z.dim(0)); n < z.dim(0)) {
-    CheckRouteSelectArgs(kHost, z, tau, s, probs, idx, s_sel, count);
+    CheckRouteSelectArgs(kHost, z, z_cut, s, probs, idx, s_sel, count);
     if (n == 0) {
       count.as<int32_t>()[0] = 0;
       return;
     }
-    reference::RouteSelect(z.rows(0, n), tau.rows(0, n), s.rows(0, n), probs.rows(0, n),
+    reference::RouteSelect(z.rows(0, n), z_cut.rows(0, n), s.rows(0, n), probs.rows(0, n),
                            idx.rows(0, n), s_sel.rows(0, n), count);
     return;
   }
-  reference::RouteSelect(z, tau, s, probs, idx, s_sel, count);
+  reference::RouteSelect(z, z_cut, s, probs, idx, s_sel, count);
 }
 
 // The reference's formula, with each row's rank carried along: the routed rows of a sequence

@@ -88,7 +88,7 @@ class CpuBackend final : public Backend {
                       const TensorView& idx, const TensorView& s) override;
   void CopyKvPages(const TensorView& kv_pool,
                    absl::Span<const std::pair<int32_t, int32_t>> copies) override;
-  void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+  void RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                    const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                    const TensorView& count) override;
   void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,

@@ -149,20 +149,20 @@ void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorVie
       << "y " << y.ShapeString() << " idx " << idx.ShapeString() << " s " << s.ShapeString();
 }
 
-void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& tau,
+void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& z_cut,
                           const TensorView& s, const TensorView& probs, const TensorView& idx,
                           const TensorView& s_sel, const TensorView& count) {
   CheckTensor(device, z, DType::kF32, 1, "z");
-  CheckTensor(device, tau, DType::kF32, 1, "tau");
+  CheckTensor(device, z_cut, DType::kF32, 1, "z_cut");
   CheckTensor(device, s, DType::kF32, 1, "s");
   CheckTensor(device, probs, DType::kF32, 1, "probs");
   CheckTensor(device, idx, DType::kI32, 1, "idx");
   CheckTensor(device, s_sel, DType::kF32, 1, "s_sel");
   CheckTensor(device, count, DType::kI32, 1, "count");
   const int64_t n = z.dim(0);
-  MODSERVE_CHECK(n >= 1 && tau.dim(0) == n && s.dim(0) == n && probs.dim(0) == n &&
+  MODSERVE_CHECK(n >= 1 && z_cut.dim(0) == n && s.dim(0) == n && probs.dim(0) == n &&
                  idx.dim(0) == n && s_sel.dim(0) == n && count.dim(0) == 1)
-      << "z " << z.ShapeString() << " tau " << tau.ShapeString() << " s " << s.ShapeString()
+      << "z " << z.ShapeString() << " z_cut " << z_cut.ShapeString() << " s " << s.ShapeString()
       << " probs " << probs.ShapeString() << " idx " << idx.ShapeString() << " s_sel "
       << s_sel.ShapeString() << " count " << count.ShapeString();
 }

@@ -35,7 +35,7 @@ void CheckGatherRowsArgs(Device device, const TensorView& x, const TensorView& i
 void CheckScatterCombineArgs(Device device, const TensorView& x, const TensorView& y,
                              const TensorView& idx, const TensorView& s);
 // z, tau, s, probs, s_sel [n] f32, idx [n] i32, count [1] i32 (Backend::RouteSelect).
-void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& tau,
+void CheckRouteSelectArgs(Device device, const TensorView& z, const TensorView& z_cut,
                           const TensorView& s, const TensorView& probs, const TensorView& idx,
                           const TensorView& s_sel, const TensorView& count);
 // idx and the four outputs [m] i32; row_seq, row_pos, cand_slots [N] i32; seq_first_row and

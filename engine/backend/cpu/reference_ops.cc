@@ -407,15 +407,15 @@ void CopyKvPages(const TensorView& kv_pool, absl::Span<const std::pair<int32_t, 
   }
 }
 
-void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+void RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                  const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                  const TensorView& count) {
-  CheckRouteSelectArgs(kHost, z, tau, s, probs, idx, s_sel, count);
+  CheckRouteSelectArgs(kHost, z, z_cut, s, probs, idx, s_sel, count);
   int32_t m = 0;
   for (int64_t i = 0; i < z.dim(0); ++i) {
-    const double p = 1.0 / (1.0 + std::exp(-static_cast<double>(z.as<float>()[i])));
-    probs.as<float>()[i] = static_cast<float>(p);
-    if (p > static_cast<double>(tau.as<float>()[i])) {
+    const float zi = z.as<float>()[i];
+    probs.as<float>()[i] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(zi))));
+    if (zi > z_cut.as<float>()[i]) {
       idx.as<int32_t>()[m] = static_cast<int32_t>(i);
       s_sel.as<float>()[m] = s.as<float>()[i];
       ++m;

@@ -29,7 +29,7 @@ void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& ou
 void ScatterCombine(const ScatterCombineParams& params, const TensorView& x, const TensorView& y,
                     const TensorView& idx, const TensorView& s);
 void CopyKvPages(const TensorView& kv_pool, absl::Span<const std::pair<int32_t, int32_t>> copies);
-void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+void RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                  const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                  const TensorView& count);
 void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,

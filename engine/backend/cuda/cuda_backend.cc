@@ -91,7 +91,7 @@ class CudaBackend final : public Backend {
   void SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) override;
   void Activation(const ActivationParams& params, const TensorView& x) override;
   void Add(const TensorView& a, const TensorView& b, const TensorView& out) override;
-  void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+  void RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                    const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                    const TensorView& count) override;
   void GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) override;
@@ -661,12 +661,12 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
          "ScatterCombine");
 }
 
-void CudaBackend::RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+void CudaBackend::RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                               const TensorView& probs, const TensorView& idx,
                               const TensorView& s_sel, const TensorView& count) {
-  cpu::CheckRouteSelectArgs(kDev, z, tau, s, probs, idx, s_sel, count);
+  cpu::CheckRouteSelectArgs(kDev, z, z_cut, s, probs, idx, s_sel, count);
   MakeCurrent();
-  Record(kernels::RouteSelect(stream_, z.as<float>(), tau.as<float>(), s.as<float>(), z.dim(0),
+  Record(kernels::RouteSelect(stream_, z.as<float>(), z_cut.as<float>(), s.as<float>(), z.dim(0),
                               rows_, probs.as<float>(), idx.as<int32_t>(), s_sel.as<float>(),
                               count.as<int32_t>()),
          "RouteSelect");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -448,23 +449,21 @@ TEST_P(BackendConformanceTest, ScatterCombineMatchesReferenceForEveryMode) {
 }
 
 TEST_P(BackendConformanceTest, RouteSelectMatchesReferenceDecisionsAndCompaction) {
-  // 1500 rows span two tiles of the CUDA kernel's block; thresholds differ per row (sequences of
-  // different request tau in one step) and include 1 (nothing passes) and tiny ones (all pass).
+  // 1500 rows span two tiles of the CUDA kernel's block; cuts differ per row (sequences of
+  // different request tau in one step) and include +inf (nothing passes), -inf (all pass) and
+  // z itself (a row exactly at its cut stays out: the comparison is strict).
   for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{64}, int64_t{1500}}) {
     std::mt19937 rng(static_cast<uint32_t>(n) + 2024);
-    std::uniform_real_distribution<float> zd(-6.0f, 6.0f), td(0.02f, 0.98f);
-    std::vector<float> z(n), tau(n);
+    std::uniform_real_distribution<float> zd(-6.0f, 6.0f), cd(-3.0f, 3.0f);
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> z(n), cut(n);
     for (int64_t i = 0; i < n; ++i) {
       z[i] = zd(rng);
-      tau[i] = i % 11 == 5 ? 1.0f : (i % 13 == 7 ? 1e-6f : td(rng));
-      // Keep clear of near-ties: a device exp may differ from the host's in the last f64 bit.
-      while (std::abs(1.0 / (1.0 + std::exp(-static_cast<double>(z[i]))) - tau[i]) < 1e-9) {
-        z[i] = zd(rng);
-      }
+      cut[i] = i % 11 == 5 ? inf : (i % 13 == 7 ? -inf : (i % 7 == 3 ? z[i] : cd(rng)));
     }
     HostTensor z_t(DType::kF32, {n}), tau_t(DType::kF32, {n});
     std::memcpy(z_t.storage.data(), z.data(), z.size() * 4);
-    std::memcpy(tau_t.storage.data(), tau.data(), tau.size() * 4);
+    std::memcpy(tau_t.storage.data(), cut.data(), cut.size() * 4);
     HostTensor s_t = Random(rng, DType::kF32, {n}, 2.0f);
     HostTensor want_probs(DType::kF32, {n}), want_s_sel(DType::kF32, {n});
     HostTensor want_idx = Ints(std::vector<int32_t>(n, -1));
@@ -942,8 +941,8 @@ TEST_P(BackendConformanceTest, DeviceRowCountLimitsEveryOpToTheCountedRows) {
 
       // RouteSelect over the counted rows, then RouteRows of its selection.
       HostTensor z = Random(rng, DType::kF32, {kCap}, 3.0f);
-      HostTensor tau(DType::kF32, {kCap});
-      for (int64_t i = 0; i < kCap; ++i) tau.f32()[i] = 0.5f;
+      HostTensor tau(DType::kF32, {kCap});  // z cuts
+      for (int64_t i = 0; i < kCap; ++i) tau.f32()[i] = 0.0f;
       HostTensor want_probs(DType::kF32, {std::max<int64_t>(rows, 1)}),
           want_sidx = Ints(std::vector<int32_t>(std::max<int64_t>(rows, 1), -1)),
           want_ssel(DType::kF32, {std::max<int64_t>(rows, 1)}), want_count = Ints({0});

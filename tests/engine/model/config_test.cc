@@ -3,6 +3,7 @@
 #include "engine/model/config.h"
 
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,34 @@ TEST(ConfigTest, OneCapacityFillsEveryRoutedLayer) {
 }
 
 // DESIGN.md section 2: tau_l(r) = sigmoid(logit(tau_l) + logit(r) - logit(tau_0)).
+// The cut against the rule it replaces, evaluated directly: the cut itself stays out, the next f32
+// above it is routed in, and so is every sampled z above it (and none below), for thresholds that
+// are f32 values and thresholds that are not (calibrated per-layer ones), near 0 and near 1.
+TEST(ConfigTest, RouterZCutIsTheSigmoidRuleAsOneComparison) {
+  auto rule = [](float z, double tau) {
+    return 1.0 / (1.0 + std::exp(-static_cast<double>(z))) > tau;
+  };
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> zd(-40.0f, 40.0f);
+  for (double tau : {0.5, 0.25, 0.3, 0.1234567890123, 1e-12, 0.999999, 0.5 + 1e-16,
+                     1.0 / 3.0, 0.87654321}) {
+    const float cut = RouterZCut(tau);
+    ASSERT_TRUE(std::isfinite(cut)) << tau;
+    EXPECT_FALSE(rule(cut, tau)) << tau;
+    EXPECT_TRUE(rule(std::nextafter(cut, INFINITY), tau)) << tau;
+    for (int i = 0; i < 2000; ++i) {
+      // Half of the samples within a few thousand ulps of the cut, where a wrong cut would show.
+      const float z = i % 2 == 0 ? zd(rng)
+                                 : cut + static_cast<float>(static_cast<int>(rng() % 8001) - 4000) *
+                                             std::max(std::abs(cut), 1e-30f) * 1.2e-7f;
+      EXPECT_EQ(z > cut, rule(z, tau)) << "tau " << tau << " z " << z << " cut " << cut;
+    }
+  }
+  // 1 routes nothing in: the sigmoid never exceeds it.
+  EXPECT_EQ(RouterZCut(1.0), INFINITY);
+  EXPECT_FALSE(std::nanf("") > RouterZCut(0.5));
+}
+
 TEST(ConfigTest, LayerThresholdMovesAlongTheLogitAxis) {
   ModConfig m;
   m.routed_layers = {1, 3};

@@ -96,10 +96,10 @@ class NoQuantBackend : public Backend {
                       const TensorView& y, const TensorView& idx, const TensorView& s) override {
     cpu_->ScatterCombine(p, x, y, idx, s);
   }
-  void RouteSelect(const TensorView& z, const TensorView& tau, const TensorView& s,
+  void RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
                    const TensorView& probs, const TensorView& idx, const TensorView& s_sel,
                    const TensorView& count) override {
-    cpu_->RouteSelect(z, tau, s, probs, idx, s_sel, count);
+    cpu_->RouteSelect(z, z_cut, s, probs, idx, s_sel, count);
   }
   void RouteRows(const TensorView& idx, const TensorView& row_seq, const TensorView& row_pos,
                  const TensorView& cand_slots, const TensorView& seq_first_row,

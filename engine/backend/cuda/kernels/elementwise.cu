@@ -97,7 +97,7 @@ __global__ void ScatterCombineKernel(int weight_fn, int scale_target, float* x, 
 constexpr int kRouteThreads = 1024;
 
 __global__ void __launch_bounds__(kRouteThreads)
-    RouteSelectKernel(const float* __restrict__ z, const float* __restrict__ tau,
+    RouteSelectKernel(const float* __restrict__ z, const float* __restrict__ z_cut,
                       const float* __restrict__ s, int64_t capacity,
                       const int32_t* __restrict__ rows, float* __restrict__ probs,
                       int32_t* __restrict__ idx, float* __restrict__ s_sel,
@@ -113,9 +113,9 @@ __global__ void __launch_bounds__(kRouteThreads)
     const int64_t i = start + threadIdx.x;
     bool routed = false;
     if (i < n) {
-      const double p = 1.0 / (1.0 + exp(-static_cast<double>(z[i])));
-      probs[i] = static_cast<float>(p);
-      routed = p > static_cast<double>(tau[i]);
+      const float zi = z[i];
+      probs[i] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(zi))));
+      routed = zi > z_cut[i];  // the host's f64 rule, as an f32 cut (Backend::RouteSelect)
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, routed);
     if (lane == 0) warp_totals[warp] = __popc(ballot);
@@ -210,10 +210,10 @@ cudaError_t ScatterCombine(cudaStream_t stream, int weight_fn, int scale_target,
   return cudaGetLastError();
 }
 
-cudaError_t RouteSelect(cudaStream_t stream, const float* z, const float* tau, const float* s,
+cudaError_t RouteSelect(cudaStream_t stream, const float* z, const float* z_cut, const float* s,
                         int64_t n, const int32_t* rows, float* probs, int32_t* idx, float* s_sel,
                         int32_t* count) {
-  RouteSelectKernel<<<1, kRouteThreads, 0, stream>>>(z, tau, s, n, rows, probs, idx, s_sel, count);
+  RouteSelectKernel<<<1, kRouteThreads, 0, stream>>>(z, z_cut, s, n, rows, probs, idx, s_sel, count);
   return cudaGetLastError();
 }
 

@@ -137,10 +137,10 @@ cudaError_t ScatterCombine(cudaStream_t stream, int weight_fn, int scale_target,
                            int64_t n, int64_t d, const float* y, const int32_t* idx,
                            const float* s, int64_t m, const int32_t* rows);
 // MoD routing decision (Backend::RouteSelect): probs[i] = f32(p), p = 1 / (1 + exp(-z[i])) in
-// f64; rows with p > tau[i] compacted in ascending order into idx / s_sel, their number into
+// f64; rows with z[i] > z_cut[i] compacted in ascending order into idx / s_sel, their number into
 // *count (always written, 0 under a row count of 0). One block of 1024 threads walks the rows in
 // tiles (n is at most a step's tokens).
-cudaError_t RouteSelect(cudaStream_t stream, const float* z, const float* tau, const float* s,
+cudaError_t RouteSelect(cudaStream_t stream, const float* z, const float* z_cut, const float* s,
                         int64_t n, const int32_t* rows, float* probs, int32_t* idx, float* s_sel,
                         int32_t* count);
 
