@@ -594,17 +594,20 @@ absl::Status Transformer::EnsureBytes(backend::DeviceBuffer& buf, size_t bytes) 
   return absl::OkStatus();
 }
 
-bool Transformer::UseDeviceStep(absl::Span<const StepSequence> seqs) const {
-  switch (options_.device_routing) {
+bool Transformer::Enabled(DeviceRouting mode) const {
+  switch (mode) {
     case DeviceRouting::kOff:
       return false;
     case DeviceRouting::kAuto:
-      if (backend_->device() == Device::kCpu) return false;
-      break;
+      return backend_->device() != Device::kCpu;
     case DeviceRouting::kOn:
-      break;
+      return true;
   }
-  if (!backend_->SupportsDeviceRowCount() ||
+  return false;
+}
+
+bool Transformer::UseDeviceStep(absl::Span<const StepSequence> seqs) const {
+  if (!Enabled(options_.device_routing) || !backend_->SupportsDeviceRowCount() ||
       !backend_->Supports(backend::OpKind::kRouteRows, DType::kI32)) {
     return false;
   }
@@ -711,16 +714,7 @@ void Transformer::DropGraphs() {
 Transformer::~Transformer() { DropGraphs(); }
 
 bool Transformer::UseGraph(absl::Span<const StepSequence> seqs) const {
-  switch (options_.graphs) {
-    case DeviceRouting::kOff:
-      return false;
-    case DeviceRouting::kAuto:
-      if (backend_->device() == Device::kCpu) return false;
-      break;
-    case DeviceRouting::kOn:
-      break;
-  }
-  if (!backend_->SupportsGraphs()) return false;
+  if (!Enabled(options_.graphs) || !backend_->SupportsGraphs()) return false;
   // Decode steps only: one token per sequence, the logits of that token.
   for (const StepSequence& q : seqs) {
     if (q.tokens.size() != 1) return false;

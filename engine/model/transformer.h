@@ -123,6 +123,8 @@ class Transformer {
   absl::Status RouteScores(int layer, int64_t n);
   // RouterZCut of the k-th routed layer's tau_l for a request threshold, remembered.
   float ZCut(int k, double request_threshold);
+  // Whether an option of that kind is on for this backend (kAuto: unless it is the CPU).
+  bool Enabled(DeviceRouting mode) const;
   // Whether this step runs as DeviceStep: the options and the backend allow it.
   bool UseDeviceStep(absl::Span<const StepSequence> seqs) const;
   // A step with no host round trip inside the forward pass: every new token's KV slot reserved

@@ -90,6 +90,25 @@ void ExpectSameOutput(const StepOutput& got, const StepOutput& want, const std::
   EXPECT_EQ(got.num_layer_skips, want.num_layer_skips) << what;
 }
 
+// Runs one step on both, checks they agree, and returns the host step's output.
+StepOutput StepBoth(Runner& host, Runner& dev, absl::Span<const StepSequence> batch,
+                    const std::string& what) {
+  auto want = host.transformer->Step(batch);
+  auto got = dev.transformer->Step(batch);
+  EXPECT_TRUE(want.ok()) << what << ": " << want.status();
+  EXPECT_TRUE(got.ok()) << what << ": " << got.status();
+  if (!want.ok() || !got.ok()) return {};
+  ExpectSameOutput(*got, *want, what);
+  ExpectSameKv(*dev.kv, *host.kv, what);
+  return *std::move(want);
+}
+
+// The greedy token of the last logit row of the i-th sequence of a step.
+int32_t Greedy(const StepOutput& out, size_t i, int32_t vocab) {
+  const float* row = out.logits.data() + int64_t{out.logit_offsets[i + 1] - 1} * vocab;
+  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+}
+
 class DeviceStepTest : public ::testing::TestWithParam<std::string> {};
 
 // Three sequences: prefill chunks of different lengths and thresholds, then decode steps in
@@ -131,19 +150,15 @@ TEST_P(DeviceStepTest, MatchesTheHostStepBitForBit) {
     }
     const std::string what = GetParam() + " step " + std::to_string(step);
     ++device_steps;
-    auto want = host->transformer->Step(batch);
-    auto got = dev->transformer->Step(batch);
-    ASSERT_TRUE(want.ok()) << what << ": " << want.status();
-    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
-    ExpectSameOutput(*got, *want, what);
-    ExpectSameKv(*dev->kv, *host->kv, what);
+    const StepOutput want = StepBoth(*host, *dev, batch, what);
+    ASSERT_FALSE(HasFailure()) << what;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int s = static_cast<int>(batch[i].seq_id);
       fed[s] += static_cast<int32_t>(batch[i].tokens.size());
-      if (fed[s] < static_cast<int32_t>(tokens[s].size())) continue;
-      // Greedy continuation from the sequence's last logit row.
-      const float* row = want->logits.data() + int64_t{want->logit_offsets[i + 1] - 1} * vocab;
-      tokens[s].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      // Greedy continuation once the prompt is fed.
+      if (fed[s] >= static_cast<int32_t>(tokens[s].size())) {
+        tokens[s].push_back(Greedy(want, i, vocab));
+      }
     }
   }
   EXPECT_EQ(host->transformer->num_device_steps(), 0);
@@ -234,17 +249,11 @@ TEST_P(DeviceStepTest, GraphReplaysMatchTheHostStepBitForBit) {
   std::vector<std::vector<int32_t>> tokens(kSeqs + 1);
   std::vector<int32_t> fed(kSeqs + 1, 0);
   auto run = [&](std::vector<StepSequence> batch, const std::string& what) {
-    auto want = host->transformer->Step(batch);
-    auto got = dev->transformer->Step(batch);
-    ASSERT_TRUE(want.ok()) << what << ": " << want.status();
-    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
-    ExpectSameOutput(*got, *want, what);
-    ExpectSameKv(*dev->kv, *host->kv, what);
-    for (size_t i = 0; i < batch.size(); ++i) {
+    const StepOutput want = StepBoth(*host, *dev, batch, what);
+    for (size_t i = 0; !HasFailure() && i < batch.size(); ++i) {
       const int s = static_cast<int>(batch[i].seq_id);
       fed[s] += static_cast<int32_t>(batch[i].tokens.size());
-      const float* row = want->logits.data() + int64_t{want->logit_offsets[i + 1] - 1} * vocab;
-      tokens[s].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      tokens[s].push_back(Greedy(want, i, vocab));
     }
   };
   for (int s = 0; s <= kSeqs; ++s) {
@@ -255,6 +264,7 @@ TEST_P(DeviceStepTest, GraphReplaysMatchTheHostStepBitForBit) {
     for (int t = 0; t < 3 + 3 * s; ++t) tokens[s].push_back((s * 17 + t * 11 + 5) % vocab);
     run({StepSequence{.seq_id = s, .tokens = tokens[s], .start_pos = 0, .threshold = 0.5}},
         "prefill " + std::to_string(s));
+    ASSERT_FALSE(HasFailure());
   }
   int64_t decode_steps = 0;
   for (int step = 0; step < 24; ++step) {
@@ -275,6 +285,7 @@ TEST_P(DeviceStepTest, GraphReplaysMatchTheHostStepBitForBit) {
     }
     ++decode_steps;
     run(batch, GetParam() + " decode step " + std::to_string(step));
+    ASSERT_FALSE(HasFailure());
   }
   // Every decode step ran as a replay; shapes were captured once each, and again after the drop.
   EXPECT_EQ(dev->transformer->num_graph_replays(), decode_steps);
