@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
