@@ -880,23 +880,30 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
     const std::pair<int64_t, int64_t> key{lay.n, lay.stride};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
-      // Captured once per shape; a backend that refuses leaves this shape to eager launches.
-      int id = -1;
-      if (backend_->BeginCapture().ok()) {
-        EnqueueDeviceForward(lay, /*counted=*/true);
-        absl::StatusOr<int> captured = backend_->EndCapture();
-        if (captured.ok()) {
-          id = *captured;
-          ++num_graph_captures_;
+      // The first step of a shape runs eagerly: whatever its kernels and libraries set up on
+      // first use (module loading, library handles) happens outside a capture.
+      graphs_.emplace(key, kGraphWarmup);
+      EnqueueDeviceForward(lay, /*counted=*/true);
+      ++num_graph_warmups_;
+    } else {
+      if (it->second == kGraphWarmup) {
+        // Captured once per shape; a backend that refuses leaves this shape to eager launches.
+        it->second = kGraphRefused;
+        if (backend_->BeginCapture().ok()) {
+          EnqueueDeviceForward(lay, /*counted=*/true);
+          absl::StatusOr<int> captured = backend_->EndCapture();
+          if (captured.ok()) {
+            it->second = *captured;
+            ++num_graph_captures_;
+          }
         }
       }
-      it = graphs_.emplace(key, id).first;
-    }
-    if (it->second < 0) {
-      EnqueueDeviceForward(lay, /*counted=*/true);
-    } else {
-      if (auto st = backend_->Replay(it->second); !st.ok()) return fail(st);
-      ++num_graph_replays_;
+      if (it->second == kGraphRefused) {
+        EnqueueDeviceForward(lay, /*counted=*/true);
+      } else {
+        if (auto st = backend_->Replay(it->second); !st.ok()) return fail(st);
+        ++num_graph_replays_;
+      }
     }
   }
   if (auto st = DownloadLogits(R, out); !st.ok()) return fail(st);

@@ -98,6 +98,8 @@ class Transformer {
   int64_t num_device_steps() const { return num_device_steps_; }
   int64_t num_graph_captures() const { return num_graph_captures_; }
   int64_t num_graph_replays() const { return num_graph_replays_; }
+  // Device steps of a graph shape run eagerly because the shape was new (each shape's first).
+  int64_t num_graph_warmups() const { return num_graph_warmups_; }
 
   // Drops the graphs it captured (they name its buffers).
   ~Transformer();
@@ -177,9 +179,11 @@ class Transformer {
   std::map<std::pair<int, double>, float> zcuts_;  // ZCut's table: (k, request tau) -> cut
   int64_t num_graph_captures_ = 0;
   int64_t num_graph_replays_ = 0;
-  // Graph of each (bucket, page-table stride): the backend's id, or -1 where capture failed
-  // (that shape then runs eagerly).
+  // Graph of each (bucket, page-table stride) seen: the backend's id, kGraphWarmup after the
+  // shape's first (eager) step, kGraphRefused where capture failed (the shape then runs eagerly).
+  static constexpr int kGraphWarmup = -1, kGraphRefused = -2;
   std::map<std::pair<int64_t, int64_t>, int> graphs_;
+  int64_t num_graph_warmups_ = 0;
 
   struct Biases {
     TensorView router;            // [1]
