@@ -2,6 +2,7 @@
 #include "engine/model/transformer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -226,7 +227,7 @@ absl::Status Transformer::EnsureLogitRows(int64_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status Transformer::RouteScores(int layer, int64_t n) {
+void Transformer::RouteScores(int layer, int64_t n) {
   const LayerWeights& lw = weights_.layers[layer];
   const ModConfig& mod = *config_.mod;
   const int64_t d = config_.d_model;
@@ -264,7 +265,6 @@ absl::Status Transformer::RouteScores(int layer, int64_t n) {
   } else {
     backend_->Gemm(u, router.w, router.bias, router.out);
   }
-  return absl::OkStatus();
 }
 
 void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix) {
@@ -353,7 +353,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     }
   }
 
-  if (UseDeviceStep(seqs)) {
+  if (UseDeviceStep()) {
     MODSERVE_ASSIGN_OR_RETURN(std::optional<StepOutput> done, DeviceStep(seqs, out));
     if (done.has_value()) return *std::move(done);
   }
@@ -362,49 +362,12 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   // layer's room is reserved once its routing is known (below), so a MoD step never holds pages
   // for tokens that skip the layer. If that later reservation fails, everything reserved in this
   // step goes back and the step fails whole (nothing committed), as it would up front.
-  std::vector<ReservedSlots> reserved(num_seqs);
-  std::vector<std::vector<int32_t>> base(num_seqs, std::vector<int32_t>(L));
+  std::vector<ReservedSlots> reserved;
+  std::vector<std::vector<int32_t>> base;
+  MODSERVE_RETURN_IF_ERROR(ReserveStep(seqs, /*routed_layers=*/false, &reserved, &base));
   std::vector<std::vector<int32_t>> used(num_seqs, std::vector<int32_t>(L, 0));
-  auto release = [&](int64_t upto) {
-    for (int64_t i = 0; i < upto; ++i) {
-      (void)kv_->Commit(seqs[i].seq_id, std::vector<int32_t>(L, 0)).ok();
-    }
-  };
-  // A reservation that appends to a page shared through the prefix cache came with a private
-  // copy of it to make first (copy-on-write); the backend runs ops in order, so the copy lands
-  // before this step writes the page or reads it through the sequence's page table.
-  std::vector<std::pair<int32_t, int32_t>> page_copies;
-  auto copy_pages = [&](const ReservedSlots& r) {
-    if (r.copies.empty()) return;
-    page_copies.clear();
-    for (const PageCopy& c : r.copies) page_copies.emplace_back(c.src, c.dst);
-    const int64_t KV = config_.n_kv_heads, hd = config_.head_dim;
-    backend_->CopyKvPages(
-        kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd}),
-        page_copies);
-  };
-  std::vector<int32_t> counts(L, 0);
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const int32_t n = static_cast<int32_t>(seqs[i].tokens.size());
-    for (int l = 0; l < L; ++l) {
-      auto count = kv_->NumTokens(seqs[i].seq_id, l);
-      if (!count.ok()) {
-        release(i);
-        return count.status();
-      }
-      base[i][l] = *count;
-      counts[l] = config_.IsRouted(l) ? 0 : n;
-    }
-    auto r = kv_->ReserveCapacity(seqs[i].seq_id, counts);
-    if (!r.ok()) {
-      release(i);
-      return r.status();
-    }
-    copy_pages(*r);
-    reserved[i] = *std::move(r);
-  }
   auto fail = [&](absl::Status st) {
-    release(num_seqs);
+    ReleaseReservations(seqs, num_seqs);
     return st;
   };
   // Slots of one routed layer, per sequence: reserved when that layer's routing is known.
@@ -429,7 +392,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     if (routed) {
       // Decided where z lives; the cut makes RouteSelect's f32 comparison the reference's f64
       // rule on every backend (section 5.1).
-      if (auto st = RouteScores(l, N); !st.ok()) return fail(st);
+      RouteScores(l, N);
       for (int64_t i = 0; i < num_seqs; ++i) {
         const float cut = ZCut(routed_idx, seqs[i].threshold);
         std::fill(h_zcut_.begin() + out.row_offsets[i], h_zcut_.begin() + out.row_offsets[i + 1],
@@ -464,7 +427,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
         continue;
       }
       // Room for the routed-in tokens of each sequence at this layer only.
-      std::fill(counts.begin(), counts.end(), 0);
+      std::vector<int32_t> counts(L, 0);
       for (int64_t i = 0; i < num_seqs; ++i) {
         counts[l] = static_cast<int32_t>(std::count(
             out.selected[routed_idx - 1].begin() + out.row_offsets[i],
@@ -475,7 +438,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
         }
         auto r = kv_->ReserveCapacity(seqs[i].seq_id, counts);
         if (!r.ok()) return fail(r.status());
-        copy_pages(*r);
+        CopyPagesOnWrite(*r);
         routed_reserved[i] = *std::move(r);
       }
     } else {
@@ -549,14 +512,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   }
 
   // logits = lm_head(RMSNorm_final(x)) for the rows asked for
-  out.logit_offsets.push_back(0);
-  int64_t R = 0;
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const int32_t first = seqs[i].all_logits ? out.row_offsets[i] : out.row_offsets[i + 1] - 1;
-    for (int32_t r = first; r < out.row_offsets[i + 1]; ++r) h_idx_[R++] = r;
-    out.logit_offsets.push_back(static_cast<int32_t>(R));
-  }
-  if (auto st = Upload(backend_, h_idx_, R, idx_, DType::kI32); !st.ok()) return fail(st);
+  const std::vector<int32_t> logit_rows = LogitRows(seqs, out);
+  const int64_t R = static_cast<int64_t>(logit_rows.size());
+  if (auto st = Upload(backend_, logit_rows, R, idx_, DType::kI32); !st.ok()) return fail(st);
   if (auto st = EnsureLogitRows(R); !st.ok()) return fail(st);
   EnqueueLogits(idx_.View(DType::kI32, {R}));
   if (auto st = DownloadLogits(R, out); !st.ok()) return fail(st);
@@ -567,6 +525,63 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     MODSERVE_CHECK(kv_->Commit(seqs[i].seq_id, used[i]).ok());
   }
   return out;
+}
+
+void Transformer::ReleaseReservations(absl::Span<const StepSequence> seqs, int64_t upto) {
+  const std::vector<int32_t> none(static_cast<size_t>(config_.n_layers), 0);
+  for (int64_t i = 0; i < upto; ++i) (void)kv_->Commit(seqs[i].seq_id, none).ok();
+}
+
+void Transformer::CopyPagesOnWrite(const ReservedSlots& r) {
+  if (r.copies.empty()) return;
+  page_copies_.clear();
+  for (const PageCopy& c : r.copies) page_copies_.emplace_back(c.src, c.dst);
+  const int64_t KV = config_.n_kv_heads, hd = config_.head_dim;
+  backend_->CopyKvPages(
+      kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd}),
+      page_copies_);
+}
+
+absl::Status Transformer::ReserveStep(absl::Span<const StepSequence> seqs, bool routed_layers,
+                                      std::vector<ReservedSlots>* reserved,
+                                      std::vector<std::vector<int32_t>>* base) {
+  const int L = static_cast<int>(config_.n_layers);
+  const int64_t S = static_cast<int64_t>(seqs.size());
+  reserved->assign(S, ReservedSlots{});
+  base->assign(S, std::vector<int32_t>(L));
+  std::vector<int32_t> counts(L, 0);
+  for (int64_t i = 0; i < S; ++i) {
+    const int32_t n = static_cast<int32_t>(seqs[i].tokens.size());
+    for (int l = 0; l < L; ++l) {
+      absl::StatusOr<int32_t> count = kv_->NumTokens(seqs[i].seq_id, l);
+      if (!count.ok()) {
+        ReleaseReservations(seqs, i);
+        return count.status();
+      }
+      (*base)[i][l] = *count;
+      counts[l] = routed_layers || !config_.IsRouted(l) ? n : 0;
+    }
+    absl::StatusOr<ReservedSlots> r = kv_->ReserveCapacity(seqs[i].seq_id, counts);
+    if (!r.ok()) {
+      ReleaseReservations(seqs, i);
+      return r.status();
+    }
+    CopyPagesOnWrite(*r);
+    (*reserved)[i] = *std::move(r);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> Transformer::LogitRows(absl::Span<const StepSequence> seqs,
+                                            StepOutput& out) const {
+  std::vector<int32_t> rows;
+  out.logit_offsets.assign(1, 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int32_t first = seqs[i].all_logits ? out.row_offsets[i] : out.row_offsets[i + 1] - 1;
+    for (int32_t r = first; r < out.row_offsets[i + 1]; ++r) rows.push_back(r);
+    out.logit_offsets.push_back(static_cast<int32_t>(rows.size()));
+  }
+  return rows;
 }
 
 void Transformer::EnqueueLogits(const TensorView& rows_idx) {
@@ -606,13 +621,9 @@ bool Transformer::Enabled(DeviceRouting mode) const {
   return false;
 }
 
-bool Transformer::UseDeviceStep(absl::Span<const StepSequence> seqs) const {
-  if (!Enabled(options_.device_routing) || !backend_->SupportsDeviceRowCount() ||
-      !backend_->Supports(backend::OpKind::kRouteRows, DType::kI32)) {
-    return false;
-  }
-  (void)seqs;
-  return true;
+bool Transformer::UseDeviceStep() const {
+  return Enabled(options_.device_routing) && backend_->SupportsDeviceRowCount() &&
+         backend_->Supports(backend::OpKind::kRouteRows, DType::kI32);
 }
 
 float Transformer::ZCut(int k, double request_threshold) {
@@ -674,7 +685,7 @@ void Transformer::EnqueueDeviceForward(const DeviceLayout& lay, bool counted) {
                 page_table});
       continue;
     }
-    MODSERVE_CHECK(RouteScores(l, N).ok());  // enqueues ops only
+    RouteScores(l, N);
     const bool z_is_s = config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
     const TensorView count = out_view(int64_t{k} * (1 + N), 1);
     const TensorView idx = out_view(int64_t{k} * (1 + N) + 1, N);
@@ -723,8 +734,7 @@ bool Transformer::UseGraph(absl::Span<const StepSequence> seqs) const {
 }
 
 int64_t Transformer::GraphBucket(int64_t n) const {
-  int64_t b = 1;
-  while (b < n) b *= 2;
+  const int64_t b = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n)));
   // A step never has more than max_seqs sequences (nor rows than max_batch_tokens): the last
   // bucket is that many.
   return std::max(n, std::min<int64_t>(b, std::min(options_.max_seqs, options_.max_batch_tokens)));
@@ -736,47 +746,17 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   const int L = static_cast<int>(config_.n_layers);
   const int64_t N = out.row_offsets.back();
   const int K = config_.mod ? static_cast<int>(config_.mod->routed_layers.size()) : 0;
-  const TensorView pool =
-      kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * config_.n_kv_heads,
-                                        options_.block_size, config_.head_dim});
 
-  // Room for every new token at every layer, routed or not; the base entry counts.
-  std::vector<ReservedSlots> reserved(S);
-  std::vector<std::vector<int32_t>> base(S, std::vector<int32_t>(L));
-  auto release = [&](int64_t upto) {
-    for (int64_t i = 0; i < upto; ++i) {
-      (void)kv_->Commit(seqs[i].seq_id, std::vector<int32_t>(L, 0)).ok();
-    }
-  };
-  std::vector<std::pair<int32_t, int32_t>> page_copies;
-  for (int64_t i = 0; i < S; ++i) {
-    for (int l = 0; l < L; ++l) {
-      absl::StatusOr<int32_t> count = kv_->NumTokens(seqs[i].seq_id, l);
-      if (!count.ok()) {
-        release(i);
-        return count.status();
-      }
-      base[i][l] = *count;
-    }
-    absl::StatusOr<ReservedSlots> r = kv_->ReserveCapacity(
-        seqs[i].seq_id,
-        std::vector<int32_t>(L, out.row_offsets[i + 1] - out.row_offsets[i]));
-    if (!r.ok()) {
-      release(i);
-      if (r.status().code() == absl::StatusCode::kResourceExhausted) return std::nullopt;
-      return r.status();
-    }
-    // Copy-on-write of a shared tail page: made now, whatever becomes of this step, because the
-    // sequence's page table already names the copy.
-    if (!r->copies.empty()) {
-      page_copies.clear();
-      for (const PageCopy& c : r->copies) page_copies.emplace_back(c.src, c.dst);
-      backend_->CopyKvPages(pool, page_copies);
-    }
-    reserved[i] = *std::move(r);
+  // Room for every new token at every layer, routed or not; the base entry counts. A
+  // reservation that does not fit goes back whole: the host step may still fit.
+  std::vector<ReservedSlots> reserved;
+  std::vector<std::vector<int32_t>> base;
+  if (absl::Status st = ReserveStep(seqs, /*routed_layers=*/true, &reserved, &base); !st.ok()) {
+    if (st.code() == absl::StatusCode::kResourceExhausted) return std::nullopt;
+    return st;
   }
   auto fail = [&](absl::Status st) -> absl::StatusOr<std::optional<StepOutput>> {
-    release(S);
+    ReleaseReservations(seqs, S);
     return st;
   };
 
@@ -793,14 +773,7 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
       P = std::max(P, static_cast<int64_t>(list->size()));
     }
   }
-  // Logit rows: every row of a sequence that asks for all, else its last.
-  std::vector<int32_t> logit_rows;
-  out.logit_offsets.assign(1, 0);
-  for (int64_t i = 0; i < S; ++i) {
-    const int32_t first = seqs[i].all_logits ? out.row_offsets[i] : out.row_offsets[i + 1] - 1;
-    for (int32_t r = first; r < out.row_offsets[i + 1]; ++r) logit_rows.push_back(r);
-    out.logit_offsets.push_back(static_cast<int32_t>(logit_rows.size()));
-  }
+  const std::vector<int32_t> logit_rows = LogitRows(seqs, out);
   const int64_t R = static_cast<int64_t>(logit_rows.size());
 
   // A decode step of a graph bucket runs with the bucket's capacity (rows = sequences = logit
@@ -810,8 +783,7 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   DeviceLayout lay;
   if (graph) {
     const int64_t B = GraphBucket(S);
-    int64_t stride = 1;
-    while (stride < P) stride *= 2;
+    const int64_t stride = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(P)));
     lay = MakeDeviceLayout(B, B, std::min(stride, max_pages_per_seq_), B);
   } else {
     lay = MakeDeviceLayout(N, S, P, R);

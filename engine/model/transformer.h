@@ -121,14 +121,30 @@ class Transformer {
   };
   // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y).
   void RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix);
-  // z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_.
-  absl::Status RouteScores(int layer, int64_t n);
+  // Enqueues z and s for `n` rows of x_, left in z_ (or s_ when z is s) and s_.
+  void RouteScores(int layer, int64_t n);
   // RouterZCut of the k-th routed layer's tau_l for a request threshold, remembered.
   float ZCut(int k, double request_threshold);
   // Whether an option of that kind is on for this backend (kAuto: unless it is the CPU).
   bool Enabled(DeviceRouting mode) const;
-  // Whether this step runs as DeviceStep: the options and the backend allow it.
-  bool UseDeviceStep(absl::Span<const StepSequence> seqs) const;
+  // Whether steps run as DeviceStep: the options and the backend allow it.
+  bool UseDeviceStep() const;
+  // KV capacity for every new token of `seqs` at every dense layer, and with `routed_layers` at
+  // the routed ones too; base[i][l] = the entries sequence i held at layer l before the step.
+  // Copy-on-write page copies are enqueued as reservations come. On error nothing stays
+  // reserved.
+  absl::Status ReserveStep(absl::Span<const StepSequence> seqs, bool routed_layers,
+                           std::vector<ReservedSlots>* reserved,
+                           std::vector<std::vector<int32_t>>* base);
+  // Gives back what the first `upto` sequences reserved in this step (nothing committed).
+  void ReleaseReservations(absl::Span<const StepSequence> seqs, int64_t upto);
+  // A reservation that appends to a page shared through the prefix cache came with a private
+  // copy of it to make first; the backend runs ops in order, so the copy lands before the step
+  // writes the page or reads it through the sequence's page table.
+  void CopyPagesOnWrite(const ReservedSlots& r);
+  // The step rows whose logits are asked for (every row of a sequence with all_logits, else its
+  // last), filling out.logit_offsets.
+  std::vector<int32_t> LogitRows(absl::Span<const StepSequence> seqs, StepOutput& out) const;
   // A step with no host round trip inside the forward pass: every new token's KV slot reserved
   // at every layer up front, the routed rows and their slots found on the device (RouteSelect,
   // RouteRows), the routed block run under a device row count, and the decisions downloaded once,
@@ -226,6 +242,7 @@ class Transformer {
   std::vector<float> h_zcut_, h_probs_;
   std::vector<absl::Span<const PageId>> h_pages_;  // [max_seqs] one layer's page lists
   std::vector<int32_t> h_route_;
+  std::vector<std::pair<int32_t, int32_t>> page_copies_;  // CopyPagesOnWrite's scratch
 
   // DeviceStep: everything the host knows before the step, in one upload (layout in DeviceStep),
   // and every routed layer's [count, idx...] then its probs, in one download.
