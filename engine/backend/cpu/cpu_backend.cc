@@ -37,10 +37,11 @@ constexpr int64_t kGemmRowGrain = 16;
 // TinyLlama sizes (k = 2048), enough to amortise packing its w block once per x row block.
 constexpr int64_t kGemmColBlock = 128;
 constexpr int64_t kGemmRowBlock = 256;
-// Attention: keys per tile (scores and converted K/V of a tile stay in L1 at head_dim <= 128),
-// and the fewest keys worth a split of its own (below that the combine costs more than it saves).
+// Attention: keys per tile (one kv head's scores and K/V rows of a tile stay in L1 at head_dim
+// <= 128), and keys per split of a row's context: enough that the combine costs little beside
+// them, few enough that batch-1 decode at a few hundred keys keeps both threads busy.
 constexpr int64_t kKeyTile = 64;
-constexpr int64_t kMinKeysPerSplit = 256;
+constexpr int64_t kKeysPerSplit = 256;
 
 void FreeAligned(void* data, void* /*ctx*/) { std::free(data); }
 
@@ -632,25 +633,34 @@ auto AttnAccumulateFor(const KernelTable& k) {
 
 }  // namespace
 
-// Flash-style: per (row, kv head, split) task, keys are visited in tiles of kKeyTile; each tile's
+// Flash-style: one task per (row, split) covers every kv head, so it reads whole pages (K of
+// every head, then V of every head: 2 * n_kv_heads * block_size rows in a row) rather than one
+// head's slice of each. Keys are visited in tiles of kKeyTile; for each kv head in turn, a tile's
 // scores update a running max m, denominator l and unnormalised output acc for every q head of
-// the GQA group, so memory is O(tile) whatever the context. K/V are read in place from the pages
-// in their storage type, each key and value vector once for all the group's q heads. With more
-// than one split, each task leaves (m, l, acc) in attn_partial_ and a second pass merges the
-// splits (log-sum-exp combine).
+// its GQA group, so memory is O(tile) whatever the context. K/V are read in place from the pages
+// in their storage type, each key and value vector once for all the group's q heads.
+//
+// A row's context is split at fixed multiples of kKeysPerSplit: the splits, and so the bits of
+// the row's output, depend on its kv_len alone, never on how many rows share the call or on the
+// thread count (MaxRowInvariantRows covers attention). Each split of a row with several leaves
+// (m, l, acc) of every kv head in attn_partial_, and a second pass merges them in split order
+// (log-sum-exp combine).
 template <typename T>
 void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
                             const TensorView& kv_pool, const TensorView& page_table,
                             const TensorView& row_seq, const TensorView& row_kv_len,
                             const TensorView& out) {
   const int64_t n = q.dim(0), hd = p.head_dim, kv = p.n_kv_heads, bs = p.block_size;
-  const int64_t group = p.n_heads / kv;
+  const int64_t nh = p.n_heads, group = nh / kv;
   const int64_t num_seqs = page_table.dim(0), max_pages = page_table.dim(1);
   const int64_t num_pages = kv_pool.dim(0);
   const int32_t* pt = page_table.as<int32_t>();
   const int32_t* seq_of = row_seq.as<int32_t>();
   const int32_t* kv_len = row_kv_len.as<int32_t>();
-  int64_t max_kv_len = 0;
+  // Row i's tasks are [first[i], first[i + 1]), one per kKeysPerSplit keys.
+  std::vector<int64_t>& first = attn_first_task_;
+  first.resize(n + 1);
+  first[0] = 0;
   for (int64_t i = 0; i < n; ++i) {
     MODSERVE_CHECK(seq_of[i] >= 0 && seq_of[i] < num_seqs)
         << "row_seq " << seq_of[i] << " of " << num_seqs;
@@ -660,21 +670,14 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       MODSERVE_CHECK(pages[e] >= 0 && pages[e] < num_pages)
           << "page " << pages[e] << " of " << num_pages;
     }
-    max_kv_len = std::max<int64_t>(max_kv_len, kv_len[i]);
+    first[i + 1] = first[i] + (kv_len[i] + kKeysPerSplit - 1) / kKeysPerSplit;
   }
   if (n == 0) return;
-
-  // Split the context only when (row, kv head) pairs alone cannot keep every thread busy, e.g.
-  // batch-1 decode with few kv heads; 2 tasks per thread absorb uneven progress.
-  const int64_t pairs = n * kv;
-  int64_t splits = 1;
-  if (pairs < 2 * pool_.num_threads()) {
-    splits = std::min((2 * pool_.num_threads() + pairs - 1) / pairs,
-                      (max_kv_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
-    splits = std::max<int64_t>(splits, 1);
-  }
-  const int64_t partial_stride = group * (hd + 2);  // per task: m[group], l[group], acc[group][hd]
-  if (splits > 1) attn_partial_.resize(pairs * splits * partial_stride);
+  const int64_t num_tasks = first[n];
+  // Task t of a split row leaves its (m[group], l[group], acc[group][hd]) for kv head g at
+  // partial + (t * kv + g) * partial_stride.
+  const int64_t partial_stride = group * (hd + 2);
+  if (num_tasks > n) attn_partial_.resize(num_tasks * kv * partial_stride);
 
   const float* qp = q.as<float>();
   const T* pool = kv_pool.as<T>();
@@ -683,27 +686,25 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   const KernelTable& kern = kernels_;
   float* partial = attn_partial_.data();
 
-  auto run_task = [&](int64_t task) {
-    const int64_t s = task % splits, pair = task / splits;
-    const int64_t i = pair / kv, g = pair % kv;
-    const int64_t len = kv_len[i];
-    const int64_t per_split = (len + splits - 1) / splits;
-    const int64_t j_begin = std::min(len, s * per_split),
-                  j_end = std::min(len, j_begin + per_split);
+  auto run_task = [&](int64_t i, int64_t task) {
+    const int64_t s = task - first[i], len = kv_len[i];
+    const bool split = first[i + 1] - first[i] > 1;
+    const int64_t j_begin = s * kKeysPerSplit, j_end = std::min(len, j_begin + kKeysPerSplit);
     const int32_t* pages = pt + seq_of[i] * max_pages;
 
-    float* scratch = ThreadScratch(group * (kKeyTile + hd + 4));
-    float* scores = scratch;                 // [group, kKeyTile]
-    float* acc = scores + group * kKeyTile;  // [group, hd]
-    float* m = acc + group * hd;             // [group]
-    float* l = m + group;                    // [group]
-    float* rescale = l + group;              // [group]
-    float* ones = rescale + group;           // [group]
-    std::fill(acc, acc + group * hd, 0.0f);
-    std::fill(m, m + group, -INFINITY);
-    std::fill(l, l + group, 0.0f);
-    std::fill(ones, ones + group, 1.0f);
-    const float* qg = qp + (i * p.n_heads + g * group) * hd;  // the group's heads are contiguous
+    // Head h of the row (kv head h / group) owns scores[h], acc[h], m[h], l[h], rescale[h].
+    float* scratch = ThreadScratch(nh * (kKeyTile + hd + 4));
+    float* scores = scratch;              // [nh, kKeyTile]
+    float* acc = scores + nh * kKeyTile;  // [nh, hd]
+    float* m = acc + nh * hd;             // [nh]
+    float* l = m + nh;                    // [nh]
+    float* rescale = l + nh;              // [nh]
+    float* ones = rescale + nh;           // [nh]
+    std::fill(acc, acc + nh * hd, 0.0f);
+    std::fill(m, m + nh, -INFINITY);
+    std::fill(l, l + nh, 0.0f);
+    std::fill(ones, ones + nh, 1.0f);
+    const float* qi = qp + i * nh * hd;
 
     // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
     // The entries of one head in one page are contiguous rows, which the kernels read in place:
@@ -718,64 +719,76 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       }
     };
     const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
-    for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
-      const int64_t nt = std::min(kKeyTile, j_end - t0);
-      // The next tile's rows are prefetched into L2 first: its pages lie anywhere in the pool,
-      // in runs too short (bs rows) for the hardware prefetcher to find.
-      const int64_t t1 = t0 + kKeyTile;
-      for_each_run(t1, std::min(kKeyTile, j_end - t1), [&](int64_t, int64_t run, const T* rows) {
-        const char* kb = reinterpret_cast<const char*>(rows + g * bs * hd);
-        const char* vb = reinterpret_cast<const char*>(rows + (kv + g) * bs * hd);
-        for (int64_t off = 0; off < run * row_bytes; off += 64) {
-          __builtin_prefetch(kb + off, 0, 2);
-          __builtin_prefetch(vb + off, 0, 2);
+    // Prefetches a tile's rows of every head into L2: its pages lie anywhere in the pool.
+    auto prefetch_tile = [&](int64_t from) {
+      for_each_run(from, std::min(kKeyTile, j_end - from), [&](int64_t, int64_t run, const T* rows) {
+        for (int64_t half = 0; half < 2 * kv; ++half) {
+          const char* b = reinterpret_cast<const char*>(rows + half * bs * hd);
+          for (int64_t off = 0; off < run * row_bytes; off += 64) __builtin_prefetch(b + off, 0, 2);
         }
       });
-      for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
-        AttnScoresFor<T>(kern)(qg, group, rows + g * bs * hd, run, hd, scale, scores + t,
-                               kKeyTile);
-      });
-      for (int64_t h = 0; h < group; ++h) {
-        rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
+    };
+    prefetch_tile(j_begin);
+    for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
+      const int64_t nt = std::min(kKeyTile, j_end - t0);
+      prefetch_tile(t0 + kKeyTile);
+      for (int64_t g = 0; g < kv; ++g) {
+        float* sg = scores + g * group * kKeyTile;
+        for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
+          AttnScoresFor<T>(kern)(qi + g * group * hd, group, rows + g * bs * hd, run, hd, scale,
+                                 sg + t, kKeyTile);
+        });
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
+        }
+        // acc is rescaled once per tile, by the first run's call.
+        for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
+          AttnAccumulateFor<T>(kern)(sg + t, kKeyTile, group, rows + (kv + g) * bs * hd, run, hd,
+                                     t == 0 ? rescale + g * group : ones, acc + g * group * hd);
+        });
       }
-      // acc is rescaled once per tile, by the first run's call.
-      for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
-        AttnAccumulateFor<T>(kern)(scores + t, kKeyTile, group, rows + (kv + g) * bs * hd, run,
-                                   hd, t == 0 ? rescale : ones, acc);
-      });
     }
 
-    if (splits == 1) {
-      for (int64_t h = 0; h < group; ++h) {
-        float* dst = o + (i * p.n_heads + g * group + h) * hd;
+    if (!split) {
+      for (int64_t h = 0; h < nh; ++h) {
+        float* dst = o + (i * nh + h) * hd;
         const float inv_l = 1.0f / l[h];
         for (int64_t d = 0; d < hd; ++d) dst[d] = acc[h * hd + d] * inv_l;
       }
     } else {
-      float* dst = partial + task * partial_stride;
-      std::copy(m, m + group, dst);
-      std::copy(l, l + group, dst + group);
-      std::copy(acc, acc + group * hd, dst + 2 * group);
+      for (int64_t g = 0; g < kv; ++g) {
+        float* dst = partial + (task * kv + g) * partial_stride;
+        std::copy(m + g * group, m + (g + 1) * group, dst);
+        std::copy(l + g * group, l + (g + 1) * group, dst + group);
+        std::copy(acc + g * group * hd, acc + (g + 1) * group * hd, dst + 2 * group);
+      }
     }
   };
-  pool_.ParallelFor(0, pairs * splits, 1, [&](int64_t b, int64_t e) {
-    for (int64_t task = b; task < e; ++task) run_task(task);
+  // Tasks in row order; a chunk's first task finds its row by binary search, later ones step.
+  pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
+    int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
+    for (int64_t task = b; task < e; ++task) {
+      while (task >= first[i + 1]) ++i;
+      run_task(i, task);
+    }
   });
-  if (splits == 1) return;
+  if (num_tasks == n) return;
 
-  // Merge the splits of each (row, kv head); an empty split has m = -inf and weighs 0.
-  pool_.ParallelFor(0, pairs, 1, [&](int64_t b, int64_t e) {
+  // Merge the splits of each (row, kv head) that has several, in split order.
+  pool_.ParallelFor(0, n * kv, 1, [&](int64_t b, int64_t e) {
     for (int64_t pair = b; pair < e; ++pair) {
       const int64_t i = pair / kv, g = pair % kv;
-      const float* parts = partial + pair * splits * partial_stride;
+      if (first[i + 1] - first[i] == 1) continue;
       for (int64_t h = 0; h < group; ++h) {
         float m_all = -INFINITY;
-        for (int64_t s = 0; s < splits; ++s) m_all = std::max(m_all, parts[s * partial_stride + h]);
-        float* dst = o + (i * p.n_heads + g * group + h) * hd;
+        for (int64_t t = first[i]; t < first[i + 1]; ++t) {
+          m_all = std::max(m_all, partial[(t * kv + g) * partial_stride + h]);
+        }
+        float* dst = o + (i * nh + g * group + h) * hd;
         std::fill(dst, dst + hd, 0.0f);
         float l_all = 0.0f;
-        for (int64_t s = 0; s < splits; ++s) {
-          const float* part = parts + s * partial_stride;
+        for (int64_t t = first[i]; t < first[i + 1]; ++t) {
+          const float* part = partial + (t * kv + g) * partial_stride;
           const float l_s = part[group + h];
           if (l_s == 0.0f) continue;
           const float wgt = std::exp(part[h] - m_all);

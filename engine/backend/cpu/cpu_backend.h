@@ -152,7 +152,8 @@ class CpuBackend final : public Backend {
   std::vector<float> bias_f32_;      // f32 Gemm biases of a group, converted once per call
   std::vector<GemmMember> gemm_members_;
   std::vector<float> norm_weight_;   // [d] f32: the RmsNorm weight converted once per call
-  std::vector<float> attn_partial_;  // [n, n_kv_heads, splits, group, head_dim + 2] f32
+  std::vector<float> attn_partial_;        // [tasks, n_kv_heads, group, head_dim + 2] f32
+  std::vector<int64_t> attn_first_task_;  // [n + 1]: row i's attention tasks start here
   // QuantizedActs of the quantized-weight Gemm's x, one per activation layout a group needs
   // (64-byte aligned), grown to the largest seen.
   struct FreeDeleter {

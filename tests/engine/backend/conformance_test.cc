@@ -320,6 +320,66 @@ TEST_P(BackendConformanceTest, AttentionLongContextDecodeMatchesReference) {
   }
 }
 
+TEST_P(BackendConformanceTest, AttentionRowsGetTheBitsOfAOneRowCallWithinTheRowInvariantRange) {
+  // Backend::MaxRowInvariantRows covers every op of a step, attention included: self-speculative
+  // verification relies on it. Each row of a multi-row call must get exactly the bits it gets
+  // alone, at contexts long enough to be split, for MQA, odd GQA groups and every storage type.
+  const int64_t bound = std::min(backend_->MaxRowInvariantRows(DType::kBF16),
+                                 backend_->MaxRowInvariantRows(DType::kQ4_1));
+  if (bound < 2) GTEST_SKIP() << GetParam() << " claims no row invariance";
+  const std::vector<int32_t> lens = {1500, 40, 700, 257, 3001, 256, 1, 1024, 511, 2048};
+  const int64_t n = std::min<int64_t>(bound, static_cast<int64_t>(lens.size()));
+  for (DType dt : kStorageDTypes) {
+    for (auto [n_heads, n_kv_heads] : std::vector<std::pair<int, int>>{{6, 1}, {9, 3}, {8, 4}}) {
+      std::mt19937 rng(n_heads * 31 + n_kv_heads + static_cast<int>(dt));
+      const AttentionParams p = {.n_heads = n_heads,
+                                 .n_kv_heads = n_kv_heads,
+                                 .head_dim = 64,
+                                 .block_size = 16,
+                                 .scale = 0.125f};
+      std::vector<int64_t> pages_per_seq;
+      for (int64_t i = 0; i < n; ++i) pages_per_seq.push_back((lens[i] + 15) / 16);
+      const int64_t num_pages =
+          std::accumulate(pages_per_seq.begin(), pages_per_seq.end(), int64_t{0});
+      const auto seq_pages = ScatteredPages(rng, num_pages, pages_per_seq);
+      const int64_t max_pages = *std::max_element(pages_per_seq.begin(), pages_per_seq.end());
+      HostTensor table(DType::kI32, {n, max_pages});
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t e = 0; e < max_pages; ++e) {
+          table.i32()[i * max_pages + e] = e < pages_per_seq[i] ? seq_pages[i][e] : -1;
+        }
+      }
+      HostTensor q = Random(rng, DType::kF32, {n, p.n_heads, p.head_dim});
+      HostTensor pool = Random(rng, dt, {num_pages, 2 * p.n_kv_heads, 16, p.head_dim}, 2.0f);
+      std::vector<int32_t> row_seq(n);
+      std::iota(row_seq.begin(), row_seq.end(), 0);
+      const HostTensor seq_t = Ints(row_seq), len_t = Ints(std::vector<int32_t>(
+                                                   lens.begin(), lens.begin() + n));
+      const TensorView pool_d = Upload(pool), table_d = Upload(table);
+      HostTensor all(DType::kF32, {n, int64_t{p.n_heads} * p.head_dim});
+      const TensorView all_d = Upload(all);
+      backend_->Attention(p, Upload(q), pool_d, table_d, Upload(seq_t), Upload(len_t), all_d);
+      const HostTensor got_all = Download(all_d, all);
+      const size_t row_bytes = static_cast<size_t>(p.n_heads) * p.head_dim * sizeof(float);
+      for (int64_t i = 0; i < n; ++i) {
+        HostTensor qi(DType::kF32, {1, p.n_heads, p.head_dim});
+        std::memcpy(qi.storage.data(), q.storage.data() + i * row_bytes, row_bytes);
+        HostTensor one(DType::kF32, {1, int64_t{p.n_heads} * p.head_dim});
+        const TensorView one_d = Upload(one);
+        backend_->Attention(p, Upload(qi), pool_d, table_d,
+                            Upload(Ints(std::vector<int32_t>{static_cast<int32_t>(i)})),
+                            Upload(Ints(std::vector<int32_t>{lens[i]})), one_d);
+        const HostTensor got_one = Download(one_d, one);
+        EXPECT_EQ(std::memcmp(got_one.storage.data(), got_all.storage.data() + i * row_bytes,
+                              row_bytes),
+                  0)
+            << DTypeName(dt) << " " << n_heads << "/" << n_kv_heads << " row " << i << " of "
+            << n << " (kv_len " << lens[i] << ")";
+      }
+    }
+  }
+}
+
 TEST_P(BackendConformanceTest, AttentionRoutedSparsePatternMatchesReference) {
   // A routed layer's cache: of 300 prompt tokens about 30% were selected; the layer's page list
   // holds only those, and each selected row sees the selected tokens up to and including itself.
