@@ -125,6 +125,31 @@ TEST(SpeculativeDecodingTest, DraftAtTheRequestThresholdIsAlwaysAccepted) {
   EXPECT_EQ(engine->kv_stats().num_free_pages, engine->kv_stats().num_pages);
 }
 
+TEST(SpeculativeDecodingTest, DraftsAreAcceptedPastTheContextWhereAttentionSplits) {
+  // With several threads a one-row decode step at a long context splits its attention; the
+  // verification pass of 1 + K rows must split each row exactly as that step does, or the drafts
+  // at the request's own threshold stop matching it bit for bit. Contexts 300-340 cross the CPU
+  // backend's split size (256 keys).
+  EngineOptions eo;
+  eo.model_dir = kDemo;
+  eo.num_threads = 3;
+  eo.kv_cache_bytes = 16 << 20;
+  auto created = Engine::Create(eo);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& engine = **created;
+  const Request request = Greedy(Prompt(300, 4, 2048), 40);
+  const GenerationResult want = RunSteps(engine, request, 0);
+  Request spec = request;
+  spec.speculative_tokens = 4;
+  spec.speculative_threshold = 0.5;  // models/demo's default threshold: the draft is the model
+  int64_t drafted = 0, accepted = 0;
+  const GenerationResult got = RunSteps(engine, spec, 4, 0, &drafted, &accepted);
+  ExpectSameOutput(got, want, "K=4 at T=r, context 300-340");
+  EXPECT_GT(drafted, 30);
+  EXPECT_EQ(accepted, drafted);
+  EXPECT_EQ(engine.kv_stats().num_free_pages, engine.kv_stats().num_pages);
+}
+
 TEST(SpeculativeDecodingTest, GreedyOutputRoutingAndPagesEqualDecodingOnEveryCheckpoint) {
   std::vector<std::string> dirs = {kDemo};
   for (const auto& entry :

@@ -721,7 +721,8 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
     // Prefetches a tile's rows of every head into L2: its pages lie anywhere in the pool.
     auto prefetch_tile = [&](int64_t from) {
-      for_each_run(from, std::min(kKeyTile, j_end - from), [&](int64_t, int64_t run, const T* rows) {
+      const int64_t count = std::min(kKeyTile, j_end - from);
+      for_each_run(from, count, [&](int64_t, int64_t run, const T* rows) {
         for (int64_t half = 0; half < 2 * kv; ++half) {
           const char* b = reinterpret_cast<const char*>(rows + half * bs * hd);
           for (int64_t off = 0; off < run * row_bytes; off += 64) __builtin_prefetch(b + off, 0, 2);

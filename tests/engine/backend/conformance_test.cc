@@ -785,7 +785,8 @@ TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvari
                                : std::vector<int64_t>{1100, 1030}) {
       const int64_t m = 23;
       std::mt19937 rng(static_cast<uint32_t>(k * 13 + static_cast<int>(dt)));
-      HostTensor x = quantized ? QuantGemmInput(rng, bound, k) : Random(rng, DType::kF32, {bound, k});
+      HostTensor x =
+          quantized ? QuantGemmInput(rng, bound, k) : Random(rng, DType::kF32, {bound, k});
       HostTensor w = quantized ? RandomQuantized(rng, dt, m, k) : Random(rng, dt, {m, k});
       HostTensor bias = Random(rng, DType::kF32, {m});
       const TensorView w_d = Upload(w), bias_d = Upload(bias);
