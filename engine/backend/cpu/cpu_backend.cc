@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -113,8 +114,11 @@ absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
   // page costs four TLB entries. madvise before the first touch; a refusal changes nothing.
   const size_t align = bytes >= kHugePage ? kHugePage : kAlignment;
   // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a real pointer.
-  const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
-  void* data = std::aligned_alloc(align, rounded);
+  // A size within one granule of SIZE_MAX would wrap when rounded up: it fails like any other.
+  const size_t rounded = bytes > std::numeric_limits<size_t>::max() - align
+                             ? 0
+                             : std::max<size_t>(align, (bytes + align - 1) / align * align);
+  void* data = rounded == 0 ? nullptr : std::aligned_alloc(align, rounded);
   if (data == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes of host memory"));

@@ -820,6 +820,22 @@ TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvari
   if (ran == 0) GTEST_SKIP() << backend_->name() << " claims no row invariance";
 }
 
+TEST_P(BackendConformanceTest, AllocateOfAnImpossibleSizeFailsCleanly) {
+  // Sizes whose rounding up to the allocation granule would wrap around must fail, not return a
+  // small buffer that claims to be huge. (Sizes that merely exceed memory are left out: under
+  // ASan the allocator aborts on them by design.)
+  const size_t max = std::numeric_limits<size_t>::max();
+  for (size_t bytes : {max, max - 100, max - (size_t{2} << 20) + 2}) {
+    auto buffer = backend_->Allocate(bytes);
+    EXPECT_FALSE(buffer.ok()) << bytes;
+    if (!buffer.ok() && backend_->device() == Device::kCpu) {
+      EXPECT_EQ(buffer.status().code(), absl::StatusCode::kResourceExhausted) << buffer.status();
+    }
+  }
+  auto small = backend_->Allocate(4096);
+  EXPECT_TRUE(small.ok()) << small.status();
+}
+
 TEST_P(BackendConformanceTest, SupportsEveryStorageDTypeForWeightOps) {
   for (DType dt : kStorageDTypes) {
     for (OpKind op : {OpKind::kEmbed, OpKind::kRmsNorm, OpKind::kGemm, OpKind::kRopeAndAppendKv,
