@@ -370,8 +370,10 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     ReleaseReservations(seqs, num_seqs);
     return st;
   };
-  // Slots of one routed layer, per sequence: reserved when that layer's routing is known.
+  // Slots of one routed layer, per sequence: reserved when that layer's routing is known, with
+  // counts naming that layer alone.
   std::vector<ReservedSlots> routed_reserved(num_seqs);
+  std::vector<int32_t> counts(L, 0);
 
   // x = embed_tokens[ids]
   for (int64_t i = 0, r = 0; i < num_seqs; ++i) {
@@ -427,7 +429,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
         continue;
       }
       // Room for the routed-in tokens of each sequence at this layer only.
-      std::vector<int32_t> counts(L, 0);
+      std::fill(counts.begin(), counts.end(), 0);
       for (int64_t i = 0; i < num_seqs; ++i) {
         counts[l] = static_cast<int32_t>(std::count(
             out.selected[routed_idx - 1].begin() + out.row_offsets[i],

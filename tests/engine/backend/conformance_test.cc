@@ -214,21 +214,27 @@ struct AttentionCase {
   std::vector<int32_t> row_kv_len;
 };
 
+// The page table of these page lists, one row per sequence. Unused entries hold -1: a kernel
+// that reads past kv_len would fault or fail.
+HostTensor PageTable(const std::vector<std::vector<int32_t>>& seq_pages) {
+  size_t max_pages = 1;
+  for (const auto& pages : seq_pages) max_pages = std::max(max_pages, pages.size());
+  HostTensor table(DType::kI32,
+                   {static_cast<int64_t>(seq_pages.size()), static_cast<int64_t>(max_pages)});
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    for (size_t e = 0; e < max_pages; ++e) {
+      table.i32()[s * max_pages + e] = e < seq_pages[s].size() ? seq_pages[s][e] : -1;
+    }
+  }
+  return table;
+}
+
 void RunAttentionCase(BackendConformanceTest* test, const AttentionCase& c, DType dt,
                       uint32_t seed) {
   const AttentionParams& p = c.params;
   std::mt19937 rng(seed);
   const int64_t n = static_cast<int64_t>(c.row_seq.size());
-  size_t max_pages = 1;
-  for (const auto& pages : c.seq_pages) max_pages = std::max(max_pages, pages.size());
-  // Unused page-table entries hold -1: a kernel that reads past kv_len would fault or fail.
-  HostTensor table(DType::kI32,
-                   {static_cast<int64_t>(c.seq_pages.size()), static_cast<int64_t>(max_pages)});
-  for (size_t s = 0; s < c.seq_pages.size(); ++s) {
-    for (size_t e = 0; e < max_pages; ++e) {
-      table.i32()[s * max_pages + e] = e < c.seq_pages[s].size() ? c.seq_pages[s][e] : -1;
-    }
-  }
+  HostTensor table = PageTable(c.seq_pages);
   HostTensor q = Random(rng, DType::kF32, {n, p.n_heads, p.head_dim});
   // Scale 2 on the pool makes the scores peaky enough that max subtraction matters.
   HostTensor pool =
@@ -341,14 +347,7 @@ TEST_P(BackendConformanceTest, AttentionRowsGetTheBitsOfAOneRowCallWithinTheRowI
       for (int64_t i = 0; i < n; ++i) pages_per_seq.push_back((lens[i] + 15) / 16);
       const int64_t num_pages =
           std::accumulate(pages_per_seq.begin(), pages_per_seq.end(), int64_t{0});
-      const auto seq_pages = ScatteredPages(rng, num_pages, pages_per_seq);
-      const int64_t max_pages = *std::max_element(pages_per_seq.begin(), pages_per_seq.end());
-      HostTensor table(DType::kI32, {n, max_pages});
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t e = 0; e < max_pages; ++e) {
-          table.i32()[i * max_pages + e] = e < pages_per_seq[i] ? seq_pages[i][e] : -1;
-        }
-      }
+      const HostTensor table = PageTable(ScatteredPages(rng, num_pages, pages_per_seq));
       HostTensor q = Random(rng, DType::kF32, {n, p.n_heads, p.head_dim});
       HostTensor pool = Random(rng, dt, {num_pages, 2 * p.n_kv_heads, 16, p.head_dim}, 2.0f);
       std::vector<int32_t> row_seq(n);
