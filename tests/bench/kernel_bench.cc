@@ -3,7 +3,7 @@
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
 // [best|scalar|avx2|avx512]
-// [decode|attention|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute] (the last: only that
+// [decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute] (the last: only that
 // benchmark; quant-compute is one core's kernel throughput in CPU time). Prefill GFLOP/s are
 // printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
@@ -42,6 +42,9 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Mode "attention-4k": buffers stay on 4 KiB pages (the engine's KV pool before it madvised).
+bool g_small_pages = false;
+
 // A 2 MiB-aligned buffer of `count` T, madvise'd for transparent huge pages.
 template <typename T>
 struct HugeBuffer {
@@ -50,7 +53,7 @@ struct HugeBuffer {
     const size_t bytes = (n * sizeof(T) + align - 1) / align * align;
     ptr = static_cast<T*>(std::aligned_alloc(align, bytes));
     MODSERVE_CHECK(ptr != nullptr);
-    ::madvise(ptr, bytes, MADV_HUGEPAGE);
+    if (!g_small_pages) ::madvise(ptr, bytes, MADV_HUGEPAGE);
   }
   HugeBuffer(HugeBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
   HugeBuffer(const HugeBuffer&) = delete;
@@ -420,11 +423,13 @@ int Main(int argc, char** argv) {
   const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
   std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
               backend.num_threads(), peak);
-  if (only == "attention") {
+  if (only == "attention" || only == "attention-4k") {
+    g_small_pages = only == "attention-4k";
     for (int n_heads : {32, 12}) {
       for (int32_t context : {1024, 4096}) {
         for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, n_heads, batch, context);
       }
+      BenchDecodeAttention(backend, n_heads, 64, 1024);
     }
     return 0;
   }
@@ -499,7 +504,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512] "
-        "[decode|attention|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
+        "[decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
         "quantized-GEMM throughput in CPU time, weights in L2.\n");
