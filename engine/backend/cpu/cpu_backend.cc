@@ -41,6 +41,8 @@ constexpr int64_t kGemmRowGrain = 16;
 // TinyLlama sizes (k = 2048), enough to amortise packing its w block once per x row block.
 constexpr int64_t kGemmColBlock = 128;
 constexpr int64_t kGemmRowBlock = 256;
+// The AMX Gemm wants x row ranges that start at a multiple of 32.
+static_assert(kGemmRowBlock % 32 == 0);
 // Attention: keys per tile (one kv head's scores and K/V rows of a tile stay in L1 at head_dim
 // <= 128), and keys per split of a row's context: enough that the combine costs little beside
 // them, few enough that batch-1 decode at a few hundred keys keeps both threads busy.
@@ -64,6 +66,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu backend num_threads must be >= 0, got ", options.num_threads));
+  }
+  if (options.kernels != nullptr) {
+    return std::unique_ptr<CpuBackend>(new CpuBackend(*options.kernels, options.num_threads));
   }
   const Isa isa = options.isa.value_or(BestIsa());
   if (!CpuHasIsa(isa)) {
@@ -344,6 +349,11 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
   if (g.acts != nullptr) {
     return g.quant(*g.acts, x_begin, x_end, g.w, g.bias, g.out, g.m, row_begin, row_end);
   }
+  if (g.amx) {
+    return kernels_.gemm_amx_bf16(amx_x_.get(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
+                                  g.bias, g.out, g.m, row_begin, row_end,
+                                  ThreadScratch(kAmxScratchFloats));
+  }
   // Float weights: the decode kernel always takes all n rows of x.
   switch (g.dtype) {
     case DType::kF32:
@@ -465,6 +475,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   }
 
   gemm_members_.clear();
+  bool any_amx = false;
   int64_t small_rows = 0, large_tiles = 0, bias_used = 0;
   const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   for (const GemmOperand& g : group) {
@@ -492,6 +503,8 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.large = n > kGemmSmallNMax;
     } else {
       mem.large = n > kernels_.float_small_n_max;
+      mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
+      any_amx = any_amx || mem.amx;
     }
     if (mem.large) {
       mem.first = large_tiles;
@@ -503,6 +516,21 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     gemm_members_.push_back(mem);
   }
   const float* xp = x.as<float>();
+  if (any_amx) {
+    // x split into its bf16 terms once for every AMX member (rows padded to 32).
+    const size_t bytes = AmxPackedXBytes(n, k);
+    if (amx_x_bytes_ < bytes) {
+      amx_x_.reset(static_cast<char*>(
+          std::aligned_alloc(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)));
+      MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
+      amx_x_bytes_ = bytes;
+    }
+    pool_.ParallelFor(0, AmxPackedRows(n),
+                      std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
+                      [&](int64_t b, int64_t e) {
+                        kernels_.pack_x_bf16x3(xp, n, k, b, e, amx_x_.get());
+                      });
+  }
   if (small_rows > 0) {
     pool_.ParallelFor(0, small_rows, kGemmRowGrain, [&](int64_t b, int64_t e) {
       for (const GemmMember& g : gemm_members_) {

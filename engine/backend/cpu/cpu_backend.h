@@ -25,6 +25,9 @@ struct CpuBackendOptions {
   int num_threads = 0;
   // Forces the kernels of one ISA (dispatch tests, benchmarks); unset = the best this CPU runs.
   std::optional<Isa> isa;
+  // A kernel table to run instead of KernelsFor(isa), e.g. one with a software model of a unit
+  // this CPU lacks (tests). It must outlive the backend; isa is then ignored.
+  const KernelTable* kernels = nullptr;
 };
 
 // Threads: engine thread only (see Backend). Owns a ThreadPool whose workers sleep between ops.
@@ -115,6 +118,7 @@ class CpuBackend final : public Backend {
     QuantGemmFn quant = nullptr;        // quantized w: its kernel,
     const QuantizedActs* acts = nullptr;  // and x as that kernel reads it
     bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
+    bool amx = false;                   // large BF16 on the matrix unit (x from amx_x_)
     int64_t first = 0;  // its first weight row (decode) or tile (prefill) in the group's pass
   };
   // Weight rows [row_begin, row_end) of one member for the x rows [x_begin, x_end) (all n rows
@@ -161,6 +165,9 @@ class CpuBackend final : public Backend {
   };
   std::unique_ptr<char, FreeDeleter> act_scratch_;
   size_t act_scratch_bytes_ = 0;
+  // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16x3), once per group.
+  std::unique_ptr<char, FreeDeleter> amx_x_;
+  size_t amx_x_bytes_ = 0;
 };
 
 }  // namespace modserve::backend::cpu

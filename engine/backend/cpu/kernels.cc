@@ -8,6 +8,17 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 #endif
 
 namespace modserve::backend::cpu {
@@ -20,12 +31,119 @@ std::string_view IsaName(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAmx:
+      return "amx";
   }
   return "?";
 }
 
 #if defined(__x86_64__)
 namespace {
+constexpr unsigned kCpuidAmxBf16 = 1u << 22;  // leaf 7, subleaf 0, EDX
+constexpr unsigned kCpuidAmxTile = 1u << 24;
+constexpr unsigned kCpuidOsxsave = 1u << 27;  // leaf 1, ECX
+constexpr uint64_t kXcr0TileState = (uint64_t{1} << 17) | (uint64_t{1} << 18);  // XTILECFG, DATA
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+uint64_t Xcr0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+sigjmp_buf probe_jump;
+void OnProbeSigill(int) { siglongjmp(probe_jump, 1); }
+
+// A 40 x 70 x 50 Gemm (every padding path: rows, columns and k past a tile) on the unit against
+// a double-precision sum. Returns "" or what went wrong. An illegal instruction (a hypervisor
+// that advertises AMX but does not run it) is caught and reported instead of killing the process.
+std::string SelfTest() {
+  constexpr int64_t n = 40, k = 70, m = 50;
+  std::vector<float> x(n * k), out(n * m, 0.0f), bias(m);
+  std::vector<bf16_t> w(m * k);
+  uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / (1 << 23);
+  };
+  for (float& v : x) v = next();
+  for (bf16_t& v : w) v = F32ToBf16(next());
+  for (float& v : bias) v = next();
+  std::vector<uint16_t> packed(AmxPackedXBytes(n, k) / 2);
+  float* scratch = static_cast<float*>(std::aligned_alloc(64, kAmxScratchFloats * sizeof(float)));
+  if (scratch == nullptr) return "no memory for the self-test";
+
+  struct sigaction action = {}, previous = {};
+  action.sa_handler = OnProbeSigill;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGILL, &action, &previous);
+  const bool faulted = sigsetjmp(probe_jump, 1) != 0;
+  if (!faulted) {
+    internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data());
+    internal::AmxGemmBf16(packed.data(), k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
+                          scratch);
+  }
+  sigaction(SIGILL, &previous, nullptr);
+  std::free(scratch);
+  if (faulted) return "a tile instruction raised SIGILL (AMX advertised but not usable here)";
+
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double want = bias[j], magnitude = std::fabs(bias[j]);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = static_cast<double>(x[i * k + kk]) * Bf16ToF32(w[j * k + kk]);
+        want += p;
+        magnitude += std::fabs(p);
+      }
+      const double got = out[i * m + j];
+      if (!(std::fabs(got - want) <= 1e-5 * magnitude + 1e-30)) {
+        return "the self-test Gemm on the unit gave " + std::to_string(got) + " for " +
+               std::to_string(want) + " at [" + std::to_string(i) + ", " + std::to_string(j) +
+               "]";
+      }
+    }
+  }
+  return "";
+}
+
+std::string Probe() {
+  if (const char* off = std::getenv("MODSERVE_DISABLE_AMX"); off != nullptr && off[0] == '1') {
+    return "disabled by MODSERVE_DISABLE_AMX=1";
+  }
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kCpuidOsxsave) == 0) {
+    return "the OS does not enable XSAVE";
+  }
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (edx & kCpuidAmxTile) == 0 ||
+      (edx & kCpuidAmxBf16) == 0) {
+    return "the CPU has no AMX-BF16";
+  }
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl")) {
+    return "the CPU has AMX but not AVX-512 F/BW/VL";
+  }
+  if ((Xcr0() & kXcr0TileState) != kXcr0TileState) return "the OS does not enable the tile state";
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    return "the kernel refused the tile permission (arch_prctl ARCH_REQ_XCOMP_PERM: " +
+           std::string(std::strerror(errno)) + ")";
+  }
+  return SelfTest();
+}
+
+// The AMX table: AVX-512's plus the tile Gemm. Built here, in baseline code, so that asking for
+// it on a CPU without AVX-512 runs nothing it cannot.
+const KernelTable& AmxKernelTable() {
+  static const KernelTable table = [] {
+    KernelTable t = internal::kAvx512KernelTable;
+    t.isa = Isa::kAmx;
+    t.pack_x_bf16x3 = &internal::AmxPackX;
+    t.gemm_amx_bf16 = &internal::AmxGemmBf16;
+    return t;
+  }();
+  return table;
+}
+
 // F16C is CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
 bool HasF16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -52,8 +170,19 @@ bool CpuHasIsa(Isa isa) {
 #else
       return false;
 #endif
+    case Isa::kAmx:
+      return CpuHasIsa(Isa::kAvx512) && AmxUnavailableReason().empty();
   }
   return false;
+}
+
+std::string_view AmxUnavailableReason() {
+#if defined(__x86_64__)
+  static const std::string reason = Probe();
+  return reason;
+#else
+  return "AMX exists only on x86-64";
+#endif
 }
 
 bool CpuHasAvx512Bf16() {
@@ -65,6 +194,7 @@ bool CpuHasAvx512Bf16() {
 }
 
 Isa BestIsa() {
+  if (CpuHasIsa(Isa::kAmx)) return Isa::kAmx;
   if (CpuHasIsa(Isa::kAvx512)) return Isa::kAvx512;
   if (CpuHasIsa(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;
@@ -110,6 +240,12 @@ const KernelTable& KernelsFor(Isa isa) {
     case Isa::kAvx512:
 #if defined(__x86_64__)
       return internal::kAvx512KernelTable;
+#else
+      return internal::kScalarKernelTable;
+#endif
+    case Isa::kAmx:
+#if defined(__x86_64__)
+      return AmxKernelTable();
 #else
       return internal::kScalarKernelTable;
 #endif

@@ -1,8 +1,10 @@
-// Per-ISA CPU kernel tables (scalar, AVX2+FMA+F16C, AVX-512F/BW/VL) and run-time ISA detection.
+// Per-ISA CPU kernel tables (scalar, AVX2+FMA+F16C, AVX-512F/BW/VL, AVX-512 with the AMX BF16
+// prefill Gemm) and run-time ISA detection.
 // The kernels are single-threaded pieces of an op; threading and shape checks live in cpu_backend.
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -10,13 +12,19 @@
 
 namespace modserve::backend::cpu {
 
-enum class Isa : uint8_t { kScalar, kAvx2, kAvx512 };
+// kAmx is kAvx512's table plus the AMX BF16 prefill Gemm (gemm_amx_bf16 below).
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAmx };
 
 std::string_view IsaName(Isa isa);
 
 // Whether this CPU (and OS) can run kernels of `isa`: kAvx2 needs AVX2, FMA and F16C; kAvx512
-// needs AVX-512 F, BW and VL on top. kScalar is always available.
+// needs AVX-512 F, BW and VL on top; kAmx needs AMX-TILE and AMX-BF16 on top, the tile state
+// enabled by the OS, this process's tile permission granted by the kernel, no
+// MODSERVE_DISABLE_AMX=1 in the environment, and a self-test of the unit that passes (the first
+// call runs it once). kScalar is always available.
 bool CpuHasIsa(Isa isa);
+// Why CpuHasIsa(Isa::kAmx) is false ("" when it is true), e.g. "the CPU has no AMX-BF16".
+std::string_view AmxUnavailableReason();
 // The widest ISA that CpuHasIsa() accepts.
 Isa BestIsa();
 // Whether the CPU reports AVX512_BF16 (informational: see kernels_avx512.cc for why the GEMM
@@ -85,6 +93,17 @@ struct KernelTable {
   GemmLargeNFn<f16_t> gemm_large_f16;
   GemmLargeNFn<bf16_t> gemm_large_bf16;
 
+  // BF16 weights with n > float_small_n_max on the matrix unit; null in tables without one.
+  // pack_x_bf16x3 writes rows [row_begin, row_end) (up to AmxPackedRows(n)) of x [n, k] into the
+  // packed form (AmxPackedXBytes(n, k), 64-byte aligned); gemm_amx_bf16 then computes rows
+  // [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x_begin a
+  // multiple of 32, with kAmxScratchFloats floats of scratch (amx_gemm_impl.h).
+  void (*pack_x_bf16x3)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                        void* packed);
+  void (*gemm_amx_bf16)(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                        const bf16_t* w, const float* bias, float* out, int64_t ldo,
+                        int64_t row_begin, int64_t row_end, float* scratch);
+
   QuantizeActsFn quantize_acts;
   QuantGemmFn gemm_q8_0;
   QuantGemmFn gemm_q4_0;
@@ -127,11 +146,27 @@ struct KernelTable {
 const KernelTable& KernelsFor(Isa isa);
 
 namespace internal {
+#if defined(__x86_64__)
+// kernels_amx.cc: the kAmx table's two kernels (see KernelTable::gemm_amx_bf16).
+void AmxPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+              void* packed);
+void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                 const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                 int64_t row_end, float* scratch);
+#endif
 // Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
 extern const KernelTable kScalarKernelTable;
 extern const KernelTable kAvx2KernelTable;
 extern const KernelTable kAvx512KernelTable;
 }  // namespace internal
+
+// Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, three bf16 terms per element)
+// and scratch (a 256 x 128 f32 staging block and 64 KiB of packed w).
+constexpr int64_t AmxPackedRows(int64_t n) { return (n + 31) / 32 * 32; }
+constexpr size_t AmxPackedXBytes(int64_t n, int64_t k) {
+  return static_cast<size_t>(AmxPackedRows(n)) * static_cast<size_t>((k + 31) / 32 * 32) * 3 * 2;
+}
+inline constexpr int64_t kAmxScratchFloats = 256 * 128 + 8 * 8 * 256;
 
 // Decode/prefill threshold of the quantized-weight kernels (and the default of
 // KernelTable::float_small_n_max): the decode kernels up to this many x rows, the packed prefill

@@ -44,7 +44,7 @@ constexpr double kSameOrderRelTol = 1e-6;
 // "cpu", "cuda" (from the registry) and "cpu-<isa>" (the CPU backend forced to one kernel ISA).
 std::vector<std::string> BackendVariants() {
   std::vector<std::string> names = CompiledBackends();
-  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
     names.push_back("cpu-" + std::string(cpu::IsaName(isa)));
   }
   return names;
@@ -54,7 +54,7 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
  public:
   void SetUp() override {
     const std::string& name = GetParam();
-    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
       if (name != "cpu-" + std::string(cpu::IsaName(isa))) continue;
       if (!cpu::CpuHasIsa(isa)) GTEST_SKIP() << "this CPU cannot run the " << name << " kernels";
       // 3 threads on any machine, so the threaded and split-context paths always run.

@@ -1,0 +1,203 @@
+// The AMX BF16 prefill Gemm, written once against a tile-operations class T so that the same
+// packing and loop code runs on the matrix unit (kernels_amx.cc) and on a software model of the
+// tiles (tests/engine/backend/amx_gemm_test.cc, which runs on any CPU). Deliberately no include
+// guard and no includes, like simd_kernels_impl.h: each user includes it inside its own anonymous
+// namespace after defining T, so the two instantiations never meet at link time.
+//
+// T provides, for tiles 0-7 configured as 16 rows x 64 bytes:
+//   static void Configure();                      // palette 1, every tile 16 x 64 B
+//   template <int kT> static void Load(const void* base, int64_t stride);
+//   template <int kT> static void Store(void* base, int64_t stride);
+//   template <int kC, int kA, int kB> static void Dot();  // TDPBF16PS: C += A . B
+//   static void Release();
+// Dot's contract (Intel SDM, TDPBF16PS): C is 16 x 16 f32, A 16 rows of 32 bf16, B 16 rows of
+// 16 bf16 pairs; C[m][n] += A[m][2p] * B[p][2n] + A[m][2p + 1] * B[p][2n + 1] for p < 16.
+//
+// Precision. The unit multiplies bf16 by bf16, and w is exactly bf16, but x is f32. x is split
+// into three bf16 terms, x = hi + mid + lo (each the round-to-nearest bf16 of what is left), whose
+// sum is x to within 2^-24 relative: the same as x itself in f32. Each term is multiplied by the
+// same w tile, so the products are exact and only the f32 accumulation order differs from the
+// FMA kernels (the tolerance every Gemm kernel already meets). The price is three tile products
+// per 32 k instead of one.
+//
+// Layouts (kernels.h has the sizes):
+// - packed x, written once per Gemm by PackXBf16x3: for row tile rt (16 rows), k step s (32 k)
+//   and term t (hi, mid, lo), one 1 KiB A tile of 16 rows x 32 bf16 at tile index
+//   (rt * steps + s) * 3 + t. Rows are padded with zeros to a multiple of 32, k to a multiple
+//   of 32.
+// - packed w, written by each call for its column chunk and k slice: for column tile ct
+//   (16 weight rows) and k step s, one B tile of 16 rows (k pairs) x 16 columns x 2 bf16.
+
+inline constexpr int64_t kAmxTileRows = 16;  // rows of an A or C tile, columns of a C tile
+inline constexpr int64_t kAmxStepK = 32;     // k per A tile row (32 bf16 = 64 bytes)
+inline constexpr int kAmxTerms = 3;          // bf16 terms of each x
+inline constexpr int64_t kAmxTileBf16 = kAmxTileRows * kAmxStepK;  // 512 bf16 = 1 KiB
+// A call works in chunks of kAmxChunkCols weight rows x kAmxChunkRows x rows (the backend's
+// tiles are exactly one chunk) and k slices of kAmxSliceSteps steps: the slice's B tiles
+// (8 x 8 KiB) and the chunk's C staging (128 KiB) are the call's scratch.
+inline constexpr int64_t kAmxChunkCols = 128;
+inline constexpr int64_t kAmxChunkRows = 256;
+inline constexpr int64_t kAmxSliceSteps = 8;
+
+inline int64_t AmxRoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// Round-to-nearest-even f32 -> bf16 bits, and back. The split below never feeds them a NaN
+// (non-finite x is handled before).
+inline uint16_t AmxBf16Bits(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float AmxBf16Value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// x = hi + mid + lo. A finite x whose hi would round to infinity (|x| near FLT_MAX) takes the
+// truncated hi instead, so every term stays finite; a non-finite x is carried by hi alone (a NaN
+// keeps its quiet bit).
+inline void AmxSplit(float v, uint16_t out[3]) {
+  uint32_t u;
+  __builtin_memcpy(&u, &v, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    out[0] = static_cast<uint16_t>((u >> 16) | ((u & 0x007fffffu) != 0 ? 0x0040u : 0u));
+    out[1] = out[2] = 0;
+    return;
+  }
+  uint16_t hi = AmxBf16Bits(v);
+  if ((hi & 0x7f80u) == 0x7f80u) hi = static_cast<uint16_t>(u >> 16);
+  const float r1 = v - AmxBf16Value(hi);  // exact: r1 has at most 16 significant bits
+  const uint16_t mid = AmxBf16Bits(r1);
+  const float r2 = r1 - AmxBf16Value(mid);  // exact
+  out[0] = hi;
+  out[1] = mid;
+  out[2] = AmxBf16Bits(r2);
+}
+
+// Rows [row_begin, row_end) of packed x (row_end may run past n into the zero padding, up to
+// AmxRoundUp(n, 32)). x [n, k] f32 row-major.
+inline void PackXBf16x3(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                        uint16_t* packed) {
+  const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t rt = r / kAmxTileRows, rr = r % kAmxTileRows;
+    for (int64_t s = 0; s < steps; ++s) {
+      uint16_t* tiles = packed + (rt * steps + s) * kAmxTerms * kAmxTileBf16 + rr * kAmxStepK;
+      for (int64_t j = 0; j < kAmxStepK; ++j) {
+        const int64_t kk = s * kAmxStepK + j;
+        uint16_t t[3] = {0, 0, 0};
+        if (r < n && kk < k) AmxSplit(x[r * k + kk], t);
+        for (int term = 0; term < kAmxTerms; ++term) tiles[term * kAmxTileBf16 + j] = t[term];
+      }
+    }
+  }
+}
+
+// B tiles of weight rows [c0, c0 + nc) (ctiles column tiles, zero past nc) and k steps
+// [s0, s0 + ns): tile (ct, s - s0) at bp + (ct * kAmxSliceSteps + s - s0) * 256 words; word
+// [p][j] holds w[c0 + 16 ct + j] at k = 32 s + 2p (low half) and 2p + 1 (high half).
+inline void PackWBf16(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
+                      int64_t s0, int64_t ns, uint32_t* bp) {
+  for (int64_t ct = 0; ct < ctiles; ++ct) {
+    for (int64_t j = 0; j < kAmxTileRows; ++j) {
+      const int64_t col = ct * kAmxTileRows + j;
+      const uint16_t* row = w + (c0 + col) * k;
+      for (int64_t s = 0; s < ns; ++s) {
+        uint32_t* tile = bp + (ct * kAmxSliceSteps + s) * kAmxTileRows * kAmxTileRows;
+        const int64_t kb = (s0 + s) * kAmxStepK;
+        if (col >= nc) {
+          for (int64_t p = 0; p < kAmxTileRows; ++p) tile[p * kAmxTileRows + j] = 0;
+        } else if (kb + kAmxStepK <= k) {
+          for (int64_t p = 0; p < kAmxTileRows; ++p) {
+            uint32_t pair;
+            __builtin_memcpy(&pair, row + kb + 2 * p, 4);
+            tile[p * kAmxTileRows + j] = pair;
+          }
+        } else {
+          for (int64_t p = 0; p < kAmxTileRows; ++p) {
+            const int64_t k0 = kb + 2 * p;
+            const uint32_t lo = k0 < k ? row[k0] : 0u, hi = k0 + 1 < k ? row[k0 + 1] : 0u;
+            tile[p * kAmxTileRows + j] = lo | (hi << 16);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Scratch floats one call needs: the C staging of a chunk and the B tiles of a slice.
+inline constexpr int64_t kAmxStagingFloats = kAmxChunkRows * kAmxChunkCols;
+inline constexpr int64_t kAmxBTilesWords =
+    (kAmxChunkCols / kAmxTileRows) * kAmxSliceSteps * kAmxTileRows * kAmxTileRows;
+
+// Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x given as
+// PackXBf16x3 wrote it for all n rows. x_begin must be a multiple of 32. scratch:
+// kAmxStagingFloats + kAmxBTilesWords floats (no alignment needed: tile loads take any address).
+template <class T>
+void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                 const uint16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                 int64_t row_end, float* scratch) {
+  const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
+  float* staging = scratch;
+  uint32_t* bp = reinterpret_cast<uint32_t*>(scratch + kAmxStagingFloats);
+  constexpr int64_t kLds = kAmxChunkCols * sizeof(float);  // staging row stride in bytes
+  constexpr int64_t kTileStride = kAmxStepK * 2;           // 64 bytes per A / B tile row
+  constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
+  const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;  // one row tile of packed x
+  T::Configure();
+  for (int64_t c0 = row_begin; c0 < row_end; c0 += kAmxChunkCols) {
+    const int64_t nc = row_end - c0 < kAmxChunkCols ? row_end - c0 : kAmxChunkCols;
+    const int64_t ctiles = AmxRoundUp(nc, 2 * kAmxTileRows) / kAmxTileRows;
+    for (int64_t r0 = x_begin; r0 < x_end; r0 += kAmxChunkRows) {
+      const int64_t nr = x_end - r0 < kAmxChunkRows ? x_end - r0 : kAmxChunkRows;
+      const int64_t rtiles = AmxRoundUp(nr, 2 * kAmxTileRows) / kAmxTileRows;
+      for (int64_t i = 0; i < rtiles * kAmxTileRows * kAmxChunkCols; ++i) staging[i] = 0.0f;
+      for (int64_t s0 = 0; s0 < steps; s0 += kAmxSliceSteps) {
+        const int64_t ns = steps - s0 < kAmxSliceSteps ? steps - s0 : kAmxSliceSteps;
+        PackWBf16(w, k, c0, nc, ctiles, s0, ns, bp);
+        // The B tiles of one column pair stay in L1 while the row pairs stream past them.
+        for (int64_t ct = 0; ct < ctiles; ct += 2) {
+          const uint32_t* b0 = bp + ct * kAmxSliceSteps * kBTileWords;
+          const uint32_t* b1 = b0 + kAmxSliceSteps * kBTileWords;
+          for (int64_t rt = 0; rt < rtiles; rt += 2) {
+            float* c = staging + rt * kAmxTileRows * kAmxChunkCols + ct * kAmxTileRows;
+            float* c_lower = c + kAmxTileRows * kAmxChunkCols;
+            T::template Load<0>(c, kLds);
+            T::template Load<1>(c + kAmxTileRows, kLds);
+            T::template Load<2>(c_lower, kLds);
+            T::template Load<3>(c_lower + kAmxTileRows, kLds);
+            const uint16_t* a0 = packed_x + (r0 / kAmxTileRows + rt) * row_tile_bf16 +
+                                 s0 * kAmxTerms * kAmxTileBf16;
+            const uint16_t* a1 = a0 + row_tile_bf16;
+            for (int64_t s = 0; s < ns; ++s) {
+              T::template Load<6>(b0 + s * kBTileWords, kTileStride);
+              T::template Load<7>(b1 + s * kBTileWords, kTileStride);
+              for (int term = 0; term < kAmxTerms; ++term) {
+                const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
+                T::template Load<4>(a0 + at, kTileStride);
+                T::template Load<5>(a1 + at, kTileStride);
+                T::template Dot<0, 4, 6>();
+                T::template Dot<1, 4, 7>();
+                T::template Dot<2, 5, 6>();
+                T::template Dot<3, 5, 7>();
+              }
+            }
+            T::template Store<0>(c, kLds);
+            T::template Store<1>(c + kAmxTileRows, kLds);
+            T::template Store<2>(c_lower, kLds);
+            T::template Store<3>(c_lower + kAmxTileRows, kLds);
+          }
+        }
+      }
+      for (int64_t i = 0; i < nr; ++i) {
+        const float* src = staging + i * kAmxChunkCols;
+        float* dst = out + (r0 + i) * ldo + c0;
+        for (int64_t j = 0; j < nc; ++j) dst[j] = src[j] + (bias != nullptr ? bias[c0 + j] : 0.0f);
+      }
+    }
+  }
+  T::Release();
+}

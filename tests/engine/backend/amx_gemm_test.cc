@@ -1,0 +1,316 @@
+// The AMX BF16 Gemm's packing and tile loops (engine/backend/cpu/amx_gemm_impl.h) run here on a
+// software model of the eight tile registers, so they are checked on every CPU, with or without
+// a matrix unit. The model follows the instruction set reference for TILELOADD, TILESTORED and
+// TDPBF16PS, including that TDPBF16PS treats bf16 denormal inputs as zero and flushes denormal
+// results. On a CPU with usable AMX the conformance and Gemm-group suites run the hardware path
+// too (backend "cpu-amx"), and kernels_amx.cc checks the unit against a double sum at start-up.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/backend/cpu/kernels.h"
+
+namespace modserve::backend::cpu {
+namespace {
+
+struct EmulatedTiles {
+  static inline thread_local uint8_t tile[8][16][64];
+  static inline thread_local bool configured = false;
+
+  static void Configure() { configured = true; }
+  static void Release() { configured = false; }
+  template <int kT>
+  static void Load(const void* base, int64_t stride) {
+    ASSERT_TRUE(configured) << "tile load before the configuration";
+    for (int r = 0; r < 16; ++r) {
+      std::memcpy(tile[kT][r], static_cast<const uint8_t*>(base) + r * stride, 64);
+    }
+  }
+  template <int kT>
+  static void Store(void* base, int64_t stride) {
+    ASSERT_TRUE(configured) << "tile store before the configuration";
+    for (int r = 0; r < 16; ++r) {
+      std::memcpy(static_cast<uint8_t*>(base) + r * stride, tile[kT][r], 64);
+    }
+  }
+  static float Bf16(const uint8_t* p) {
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    if ((b & 0x7f80u) == 0) b &= 0x8000u;  // denormals are zero
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  template <int kC, int kA, int kB>
+  static void Dot() {
+    ASSERT_TRUE(configured) << "tile product before the configuration";
+    for (int m = 0; m < 16; ++m) {
+      for (int n = 0; n < 16; ++n) {
+        float c;
+        std::memcpy(&c, tile[kC][m] + 4 * n, 4);
+        for (int p = 0; p < 16; ++p) {
+          c += Bf16(tile[kA][m] + 4 * p) * Bf16(tile[kB][p] + 4 * n) +
+               Bf16(tile[kA][m] + 4 * p + 2) * Bf16(tile[kB][p] + 4 * n + 2);
+        }
+        if (std::fpclassify(c) == FP_SUBNORMAL) c = std::copysign(0.0f, c);
+        std::memcpy(tile[kC][m] + 4 * n, &c, 4);
+      }
+    }
+  }
+};
+
+#include "engine/backend/cpu/amx_gemm_impl.h"
+
+static_assert(kAmxScratchFloats == kAmxStagingFloats + kAmxBTilesWords);
+
+double SumOfTerms(float v) {
+  uint16_t t[3];
+  AmxSplit(v, t);
+  return static_cast<double>(AmxBf16Value(t[0])) + AmxBf16Value(t[1]) + AmxBf16Value(t[2]);
+}
+
+TEST(AmxSplitTest, ThreeBf16TermsCarryEveryFloatToF32Precision) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> bits;
+  int checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = bits(rng);
+    float v;
+    std::memcpy(&v, &u, 4);
+    if (!std::isfinite(v)) continue;
+    const double err = std::fabs(SumOfTerms(v) - v);
+    // Normal x: within half an f32 ulp. Near the bottom of the range the lo term is a bf16
+    // denormal, which the unit reads as zero; the bound there is absolute.
+    ASSERT_LE(err, std::ldexp(std::fabs(v), -24) + 0x1p-125) << "x = " << v;
+    uint16_t t[3];
+    AmxSplit(v, t);
+    for (uint16_t term : t) ASSERT_TRUE(std::isfinite(AmxBf16Value(term))) << "x = " << v;
+    ++checked;
+  }
+  EXPECT_GT(checked, 190000);
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::max(),
+                  -std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
+                  std::numeric_limits<float>::denorm_min(), 3.3895314e38f, 1e-30f, 65504.0f}) {
+    EXPECT_LE(std::fabs(SumOfTerms(v) - v), std::ldexp(std::fabs(v), -24) + 0x1p-125) << v;
+  }
+  uint16_t t[3];
+  AmxSplit(std::numeric_limits<float>::infinity(), t);
+  EXPECT_EQ(AmxBf16Value(t[0]), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(t[1], 0);
+  EXPECT_EQ(t[2], 0);
+  AmxSplit(-std::numeric_limits<float>::infinity(), t);
+  EXPECT_EQ(AmxBf16Value(t[0]), -std::numeric_limits<float>::infinity());
+  // A NaN whose payload sits only in the low 16 bits must not become infinity.
+  uint32_t nan_bits = 0x7f800001u;
+  float nan;
+  std::memcpy(&nan, &nan_bits, 4);
+  AmxSplit(nan, t);
+  EXPECT_TRUE(std::isnan(AmxBf16Value(t[0])));
+}
+
+struct Case {
+  int64_t n, k, m;
+  int64_t x_begin, x_end, row_begin, row_end;
+  bool bias;
+  float x_scale = 1.0f, w_scale = 1.0f;
+};
+
+std::string Describe(const Case& c) {
+  return "n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m) +
+         " x [" + std::to_string(c.x_begin) + ", " + std::to_string(c.x_end) + ") w rows [" +
+         std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) + ")" +
+         (c.bias ? " bias" : "") + " x scale " + std::to_string(c.x_scale) + " w scale " +
+         std::to_string(c.w_scale);
+}
+
+// Against a double sum of the same bf16 w and f32 x. Bound: the split is exact to 2^-24 of each
+// |x|, and C takes 3k + 1 f32 additions (one per term and k, the bias), each rounding within
+// 2^-24 of a partial sum no larger than the sum of |terms|. A packing or indexing error is off
+// by the size of a whole term, far outside it. Outputs outside the call's ranges stay untouched.
+void RunCase(const Case& c, std::mt19937& rng) {
+  SCOPED_TRACE(Describe(c));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(c.n * c.k), bias(c.m);
+  std::vector<uint16_t> w(c.m * c.k);
+  for (float& v : x) v = dist(rng) * c.x_scale;
+  for (uint16_t& v : w) v = AmxBf16Bits(dist(rng) * c.w_scale);
+  for (float& v : bias) v = dist(rng);
+  std::vector<uint16_t> packed(AmxPackedXBytes(c.n, c.k) / 2, 0xffff);
+  // Packed in two row ranges, as the backend's threads do.
+  const int64_t rows = AmxPackedRows(c.n), half = rows / 2;
+  PackXBf16x3(x.data(), c.n, c.k, 0, half, packed.data());
+  PackXBf16x3(x.data(), c.n, c.k, half, rows, packed.data());
+  for (uint16_t v : packed) ASSERT_NE(v, 0xffff) << "a packed element was not written";
+
+  const float sentinel = -12345.0f;
+  std::vector<float> out(c.n * c.m, sentinel);
+  std::vector<float> scratch(kAmxScratchFloats, std::numeric_limits<float>::quiet_NaN());
+  GemmAmxBf16<EmulatedTiles>(packed.data(), c.k, c.x_begin, c.x_end, w.data(),
+                             c.bias ? bias.data() : nullptr, out.data(), c.m, c.row_begin,
+                             c.row_end, scratch.data());
+  ASSERT_FALSE(EmulatedTiles::configured) << "the tiles were not released";
+  int bad = 0;
+  for (int64_t i = 0; i < c.n; ++i) {
+    for (int64_t j = 0; j < c.m; ++j) {
+      const float got = out[i * c.m + j];
+      const bool inside = i >= c.x_begin && i < c.x_end && j >= c.row_begin && j < c.row_end;
+      if (!inside) {
+        if (got != sentinel && ++bad <= 5) ADD_FAILURE() << "wrote out[" << i << ", " << j << "]";
+        continue;
+      }
+      double want = c.bias ? bias[j] : 0.0, magnitude = c.bias ? std::fabs(bias[j]) : 0.0;
+      for (int64_t kk = 0; kk < c.k; ++kk) {
+        const double p = static_cast<double>(x[i * c.k + kk]) * AmxBf16Value(w[j * c.k + kk]);
+        want += p;
+        magnitude += std::fabs(p);
+      }
+      const double bound = std::ldexp(magnitude, -24) * (3.0 * c.k + 2.0) + 1e-30;
+      if (!(std::fabs(got - want) <= bound) && ++bad <= 5) {
+        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << got << ", want " << want
+                      << " (bound " << bound << ")";
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(AmxGemmTest, TileLoopsMatchADoubleSumOverOddShapesAndRanges) {
+  std::mt19937 rng(11);
+  const Case cases[] = {
+      {1, 1, 1, 0, 1, 0, 1, false},
+      {1, 32, 16, 0, 1, 0, 16, true},
+      {17, 33, 17, 0, 17, 0, 17, true},
+      {16, 31, 15, 0, 16, 0, 15, false},
+      {33, 64, 33, 0, 33, 0, 33, true},
+      {40, 70, 50, 0, 40, 0, 50, true},
+      {64, 255, 129, 0, 64, 0, 129, true},
+      {65, 256, 128, 32, 65, 0, 128, false},
+      {100, 257, 200, 64, 100, 17, 190, true},
+      {257, 96, 40, 0, 257, 0, 40, true},  // two row chunks, the second of 1 row
+      {300, 576, 160, 256, 300, 128, 160, true},
+      {48, 300, 300, 0, 48, 0, 300, false},  // three column chunks
+      {33, 520, 47, 0, 33, 5, 47, true},     // k slices: 520 = 16 steps + 8
+      {32, 64, 32, 0, 32, 0, 32, true, 1e30f, 1e-30f},
+      {32, 64, 32, 0, 32, 0, 32, true, 1e-20f, 1e20f},
+      {32, 64, 32, 0, 32, 0, 32, false, 1e-3f, 1e3f},
+  };
+  for (const Case& c : cases) RunCase(c, rng);
+}
+
+TEST(AmxGemmTest, ElementsNearTheTopOfTheFloatRangeStaySplitFinite) {
+  // x near FLT_MAX, where a rounded-to-nearest hi would be infinity; w tiny so the sums stay
+  // finite.
+  std::vector<float> x(32 * 32, 3.3895e38f), bias(16, 0.0f);
+  std::vector<uint16_t> w(16 * 32, AmxBf16Bits(1e-10f));
+  std::vector<uint16_t> packed(AmxPackedXBytes(32, 32) / 2);
+  PackXBf16x3(x.data(), 32, 32, 0, 32, packed.data());
+  std::vector<float> out(32 * 16), scratch(kAmxScratchFloats);
+  GemmAmxBf16<EmulatedTiles>(packed.data(), 32, 0, 32, w.data(), nullptr, out.data(), 16, 0, 16,
+                             scratch.data());
+  const double want = 32.0 * 3.3895e38 * AmxBf16Value(AmxBf16Bits(1e-10f));
+  for (float v : out) ASSERT_NEAR(v, want, want * 1e-6);
+}
+
+void EmulatedPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                   void* packed) {
+  PackXBf16x3(x, n, k, row_begin, row_end, static_cast<uint16_t*>(packed));
+}
+std::atomic<int64_t> emulated_calls{0};
+void EmulatedGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
+                  const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                  float* scratch) {
+  emulated_calls.fetch_add(1);
+  GemmAmxBf16<EmulatedTiles>(static_cast<const uint16_t*>(packed_x), k, x_begin, x_end,
+                             reinterpret_cast<const uint16_t*>(w), bias, out, ldo, row_begin,
+                             row_end, scratch);
+}
+
+// The backend's side of the AMX path (x packed once per group by the pool, 2-D tiles, the
+// per-thread scratch, BF16 members beside F32 ones) with the model in place of the unit: a table
+// that is this CPU's plus the emulated kernels.
+TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
+  KernelTable table = KernelsFor(CpuHasIsa(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar);
+  table.pack_x_bf16x3 = &EmulatedPackX;
+  table.gemm_amx_bf16 = &EmulatedGemm;
+  table.float_small_n_max = kGemmSmallNMax;  // the AMX table's (AVX-512's) crossover
+  auto created = CpuBackend::Create({.num_threads = 3, .kernels = &table});
+  ASSERT_TRUE(created.ok()) << created.status();
+  CpuBackend& backend = **created;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto [n, k, m] : {std::array<int64_t, 3>{17, 64, 50}, {33, 70, 130}, {64, 96, 300},
+                         {300, 40, 140}, {520, 64, 64}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m));
+    ASSERT_GT(n, table.float_small_n_max);
+    std::vector<float> x(n * k), w32(m * k), bias(m), out_b(n * m, 0.0f), out_f(n * m, 0.0f);
+    std::vector<bf16_t> wb(m * k);
+    for (float& v : x) v = dist(rng);
+    for (float& v : w32) v = dist(rng);
+    for (int64_t i = 0; i < m * k; ++i) wb[i] = F32ToBf16(dist(rng));
+    for (float& v : bias) v = dist(rng);
+    TensorView xv(x.data(), DType::kF32, {n, k});
+    const GemmOperand group[] = {
+        {TensorView(wb.data(), DType::kBF16, {m, k}), TensorView(bias.data(), DType::kF32, {m}),
+         TensorView(out_b.data(), DType::kF32, {n, m})},
+        {TensorView(w32.data(), DType::kF32, {m, k}), TensorView(),
+         TensorView(out_f.data(), DType::kF32, {n, m})},
+    };
+    const int64_t calls_before = emulated_calls.load();
+    backend.GemmGroup(xv, group);
+    EXPECT_GT(emulated_calls.load(), calls_before) << "the BF16 member did not take the AMX path";
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double want_b = bias[j], mag_b = std::fabs(bias[j]), want_f = 0, mag_f = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double pb = static_cast<double>(x[i * k + kk]) * Bf16ToF32(wb[j * k + kk]);
+          const double pf = static_cast<double>(x[i * k + kk]) * w32[j * k + kk];
+          want_b += pb;
+          mag_b += std::fabs(pb);
+          want_f += pf;
+          mag_f += std::fabs(pf);
+        }
+        const double got_b = out_b[i * m + j], got_f = out_f[i * m + j];
+        if (!(std::fabs(got_b - want_b) <= std::ldexp(mag_b, -24) * (3.0 * k + 2) + 1e-30) &&
+            ++bad <= 5) {
+          ADD_FAILURE() << "bf16 out[" << i << ", " << j << "] = " << got_b << ", want " << want_b;
+        }
+        if (!(std::fabs(got_f - want_f) <= 1e-5 * mag_f + 1e-30) && ++bad <= 5) {
+          ADD_FAILURE() << "f32 out[" << i << ", " << j << "] = " << got_f << ", want " << want_f;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+TEST(AmxAvailabilityTest, TheIsaIsUsableExactlyWhenNoReasonIsGiven) {
+  const bool usable = CpuHasIsa(Isa::kAmx);
+  EXPECT_EQ(usable, AmxUnavailableReason().empty()) << AmxUnavailableReason();
+  const KernelTable& table = KernelsFor(Isa::kAmx);
+  if (usable) {
+    EXPECT_EQ(table.isa, Isa::kAmx);
+    EXPECT_NE(table.gemm_amx_bf16, nullptr);
+    EXPECT_EQ(BestIsa(), Isa::kAmx);
+  } else {
+    GTEST_LOG_(INFO) << "AMX unusable here: " << AmxUnavailableReason();
+    EXPECT_NE(BestIsa(), Isa::kAmx);
+  }
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    EXPECT_EQ(KernelsFor(isa).gemm_amx_bf16, nullptr) << IsaName(isa);
+  }
+}
+
+}  // namespace
+}  // namespace modserve::backend::cpu
