@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer stages. (1) quick (what CI runs, about 10 minutes on 2 cores): a clang-14
 # ASan + UBSan + LeakSanitizer build of the memory-owning engine units (KV cache, prefix cache,
-# scheduler, step loop, engine, speculative decoding, thread pool), the in-process gRPC and HTTP
+# scheduler, step loop, engine, speculative decoding, thread pool, the AMX Gemm's packing on its
+# tile model), the in-process gRPC and HTTP
 # server tests (request validation, streams, cancellation, TLS, tokens, limits, HTTP framing and
 # the OpenAI endpoints) and the fuzz corpus replay, which runs every committed fuzz input
 # through its target. (2) asan: the same build of
@@ -47,8 +48,8 @@ asan_configure() {
 # The units whose code owns memory across requests, the in-process gRPC and HTTP servers (where
 # hostile input arrives), and every committed fuzz input.
 quick_tests=(fuzz_regressions_test block_pool_test block_table_test kv_cache_manager_test
-  prefix_cache_test scheduler_test backend_thread_pool_test step_loop_test engine_test
-  device_step_test
+  prefix_cache_test scheduler_test backend_thread_pool_test backend_amx_gemm_test step_loop_test
+  engine_test device_step_test
   prefix_cache_engine_test speculative_decoding_test request_validation_test server_test
   security_test http_parse_test http_server_test http_api_test)
 # Left to tools/test.sh's release run: tests that take a minute or more at -O1 with ASan and add

@@ -59,11 +59,16 @@ struct EmulatedTiles {
       for (int n = 0; n < 16; ++n) {
         float c;
         std::memcpy(&c, tile[kC][m] + 4 * n, 4);
+        // The reference's order: two f32 multiply-adds per pair, each rounded to nearest with
+        // denormal results flushed (a product of two bf16 is exact in f32).
+        auto add = [&c](float product) {
+          c += product;
+          if (std::fpclassify(c) == FP_SUBNORMAL) c = std::copysign(0.0f, c);
+        };
         for (int p = 0; p < 16; ++p) {
-          c += Bf16(tile[kA][m] + 4 * p) * Bf16(tile[kB][p] + 4 * n) +
-               Bf16(tile[kA][m] + 4 * p + 2) * Bf16(tile[kB][p] + 4 * n + 2);
+          add(Bf16(tile[kA][m] + 4 * p) * Bf16(tile[kB][p] + 4 * n));
+          add(Bf16(tile[kA][m] + 4 * p + 2) * Bf16(tile[kB][p] + 4 * n + 2));
         }
-        if (std::fpclassify(c) == FP_SUBNORMAL) c = std::copysign(0.0f, c);
         std::memcpy(tile[kC][m] + 4 * n, &c, 4);
       }
     }
