@@ -104,7 +104,7 @@ inline void PackWBf16(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int6
   for (int64_t ct = 0; ct < ctiles; ++ct) {
     for (int64_t j = 0; j < kAmxTileRows; ++j) {
       const int64_t col = ct * kAmxTileRows + j;
-      const uint16_t* row = w + (c0 + col) * k;
+      const uint16_t* row = col < nc ? w + (c0 + col) * k : w;
       for (int64_t s = 0; s < ns; ++s) {
         uint32_t* tile = bp + (ct * kAmxSliceSteps + s) * kAmxTileRows * kAmxTileRows;
         const int64_t kb = (s0 + s) * kAmxStepK;
