@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/backend/cpu/kernels.h"
@@ -33,6 +34,29 @@ struct Avx2 {
   }
   static V Load(const f16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // 16 bf16 at p: elements 0, 2, ..., 14 (the low halves of the 32-bit lanes, shifted up) and
+  // 1, 3, ..., 15 (the high halves, masked) as f32.
+  static void LoadBf16Pairs(const bf16_t* p, V* even, V* odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  // Per-thread scratch of the BF16 decode kernel's de-interleaved x; null if it cannot grow.
+  // malloc, not a std:: container: no std:: template may be instantiated in an ISA file.
+  static float* Scratch(int64_t floats) {
+    struct Buffer {
+      float* data = nullptr;
+      int64_t size = 0;
+      ~Buffer() { std::free(data); }
+    };
+    thread_local Buffer buffer;
+    if (buffer.size < floats) {
+      std::free(buffer.data);
+      buffer.data = static_cast<float*>(std::malloc(static_cast<size_t>(floats) * sizeof(float)));
+      buffer.size = buffer.data != nullptr ? floats : 0;
+    }
+    return buffer.data;
   }
   // r[i][j] <- r[j][i] for an 8 x 8 block (PackPanels transposes 8 weight rows at a time with it
   // instead of 64 scalar stores).

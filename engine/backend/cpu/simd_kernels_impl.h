@@ -101,9 +101,115 @@ void SmallNRows(const float* x, int64_t n, int64_t k, const W* w, const float* b
   if (rest == 1) SmallNTile<S, W, 1, NW>(xi, k, w, bias, oi, ldo, r0);
 }
 
+// ---- small n, BF16 weights, where S loads bf16 in even/odd pairs ------------------------------
+// S::LoadBf16Pairs(p, &even, &odd) reads 2 * kLanes bf16 with one load and returns elements
+// 0, 2, 4, ... and 1, 3, 5, ... as f32 vectors: one shift and one mask, since a bf16 is the top
+// half of an f32. That is one integer op per kLanes weights instead of the two (zero-extend,
+// shift) of widening kLanes at a time, which on Zen 3 share the vector pipes with the FMAs: the
+// decode Gemm with 2-32 x rows is bound by those ops, not by DRAM. x is de-interleaved to match,
+// once per call, into S::Scratch.
+template <class S>
+void DeinterleaveRows(const float* x, int64_t n, int64_t k, float* xd) {
+  constexpr int64_t kL = S::kLanes, kRun = 2 * kL;
+  const int64_t k_vec = k - k % kRun;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * k;
+    float* di = xd + i * k;
+    for (int64_t b = 0; b < k_vec; b += kRun) {
+      for (int64_t t = 0; t < kL; ++t) {
+        di[b + t] = xi[b + 2 * t];
+        di[b + kL + t] = xi[b + 2 * t + 1];
+      }
+    }
+    for (int64_t kk = k_vec; kk < k; ++kk) di[kk] = xi[kk];
+  }
+}
+
+// SmallNTile for BF16 weights against de-interleaved x rows xd.
+template <class S, int NX, int NW>
+void SmallNTileBf16Pairs(const float* xd, int64_t k, const bf16_t* w, const float* bias,
+                         float* out, int64_t ldo, int64_t r0) {
+  using V = typename S::V;
+  constexpr int64_t kRun = 2 * S::kLanes;
+  V acc[NX][NW];
+#pragma GCC unroll 16
+  for (int i = 0; i < NX; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NW; ++j) acc[i][j] = S::Zero();
+  }
+  const int64_t k_vec = k - k % kRun;
+  // Software prefetch of the next group's rows, as in SmallNTile.
+  const __UINTPTR_TYPE__ next = reinterpret_cast<__UINTPTR_TYPE__>(w) +
+                                static_cast<__UINTPTR_TYPE__>(NW * k * sizeof(bf16_t));
+  const __UINTPTR_TYPE__ row_bytes = static_cast<__UINTPTR_TYPE__>(k * sizeof(bf16_t));
+  for (int64_t kk = 0; kk < k_vec; kk += kRun) {
+    if (((kk * static_cast<int64_t>(sizeof(bf16_t))) & 63) == 0) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NW; ++j) {
+        __builtin_prefetch(
+            reinterpret_cast<const void*>(next + j * row_bytes + kk * sizeof(bf16_t)), 0, 3);
+      }
+    }
+    V xe[NX], xo[NX];
+#pragma GCC unroll 16
+    for (int i = 0; i < NX; ++i) {
+      xe[i] = S::Load(xd + i * k + kk);
+      xo[i] = S::Load(xd + i * k + kk + S::kLanes);
+    }
+    // Each weight row's even half meets every x row before its odd half is made, so only two
+    // weight vectors are live at a time beside the NX * NW accumulators.
+#pragma GCC unroll 16
+    for (int j = 0; j < NW; ++j) {
+      V we, wo;
+      S::LoadBf16Pairs(w + j * k + kk, &we, &wo);
+#pragma GCC unroll 16
+      for (int i = 0; i < NX; ++i) acc[i][j] = S::Fma(xe[i], we, acc[i][j]);
+#pragma GCC unroll 16
+      for (int i = 0; i < NX; ++i) acc[i][j] = S::Fma(xo[i], wo, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NX; ++i) {
+    for (int j = 0; j < NW; ++j) {
+      float sum = S::ReduceAdd(acc[i][j]);
+      for (int64_t kk = k_vec; kk < k; ++kk) sum += xd[i * k + kk] * S::ToF32(w[j * k + kk]);
+      if (bias != nullptr) sum += bias[r0 + j];
+      out[i * ldo + r0 + j] = sum;
+    }
+  }
+}
+
+template <class S, int NW>
+void SmallNRowsBf16Pairs(const float* xd, int64_t n, int64_t k, const bf16_t* w, const float* bias,
+                         float* out, int64_t ldo, int64_t r0) {
+  constexpr int kNx = S::kSmallNx;
+  static_assert(kNx == 2, "x tiles of 2 rows and a 1-row rest");
+  int64_t i = 0;
+  for (; i + kNx <= n; i += kNx) {
+    SmallNTileBf16Pairs<S, kNx, NW>(xd + i * k, k, w, bias, out + i * ldo, ldo, r0);
+  }
+  if (i < n) SmallNTileBf16Pairs<S, 1, NW>(xd + i * k, k, w, bias, out + i * ldo, ldo, r0);
+}
+
+template <class W>
+inline constexpr bool kIsBf16 = false;
+template <>
+inline constexpr bool kIsBf16<bf16_t> = true;
+
 template <class S, class W>
 void GemmSmallN(const float* x, int64_t n, int64_t k, const W* w, const float* bias, float* out,
                 int64_t ldo, int64_t row_begin, int64_t row_end) {
+  if constexpr (kIsBf16<W> &&
+                requires(const bf16_t* p, typename S::V* v) { S::LoadBf16Pairs(p, v, v); }) {
+    if (float* xd = S::Scratch(n * k); xd != nullptr) {
+      DeinterleaveRows<S>(x, n, k, xd);
+      int64_t r = row_begin;
+      for (; r + 4 <= row_end; r += 4) {
+        SmallNRowsBf16Pairs<S, 4>(xd, n, k, w + r * k, bias, out, ldo, r);
+      }
+      for (; r < row_end; ++r) SmallNRowsBf16Pairs<S, 1>(xd, n, k, w + r * k, bias, out, ldo, r);
+      return;
+    }
+  }
   int64_t r = row_begin;
   if constexpr (S::kLanes >= 16) {
     // Batch-1 decode with 32 vector registers: 8 weight rows in flight keep more DRAM streams
