@@ -9,7 +9,8 @@
 // small-n tile), Zero(), Set1(float), Load(const float*|const f16_t*|const bf16_t*) -> V,
 // Fma(a, b, c) = a * b + c, Add, Sub, Mul, Min, Max, Round (to nearest integer), Ldexp(p, n) =
 // p * 2^n for integral n in [-126, 127], Store(float*, V), ReduceAdd(V), ReduceMax(V),
-// ToF32(float|f16_t|bf16_t).
+// ToF32(float|f16_t|bf16_t). Optional (the AVX2 traits have them): Transpose8(V[8]) for 8-lane
+// vectors (PackPanels), LoadBf16Pairs and Scratch (the BF16 decode kernel, GemmSmallN).
 
 inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
