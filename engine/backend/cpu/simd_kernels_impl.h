@@ -32,6 +32,20 @@ void ToF32Bf16(const bf16_t* src, int64_t count, float* dst) {
 }
 
 // ---- small n (decode): out[i, r0 + j] for NX x rows and NW weight rows over the whole k --------
+// A tile's epilogue: each accumulator summed, the k past k_vec added one by one, and the bias.
+template <class S, class W, int NX, int NW>
+void SmallNTileStore(const typename S::V (&acc)[NX][NW], const float* x, int64_t k, int64_t k_vec,
+                     const W* w, const float* bias, float* out, int64_t ldo, int64_t r0) {
+  for (int i = 0; i < NX; ++i) {
+    for (int j = 0; j < NW; ++j) {
+      float sum = S::ReduceAdd(acc[i][j]);
+      for (int64_t kk = k_vec; kk < k; ++kk) sum += x[i * k + kk] * S::ToF32(w[j * k + kk]);
+      if (bias != nullptr) sum += bias[r0 + j];
+      out[i * ldo + r0 + j] = sum;
+    }
+  }
+}
+
 // NX * NW independent accumulators hide the FMA latency even at n = 1; each weight vector is
 // converted once and used for all NX x rows, and the NW rows are 4 parallel DRAM streams.
 template <class S, class W, int NX, int NW>
@@ -73,14 +87,7 @@ void SmallNTile(const float* x, int64_t k, const W* w, const float* bias, float*
       for (int j = 0; j < NW; ++j) acc[i][j] = S::Fma(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < NX; ++i) {
-    for (int j = 0; j < NW; ++j) {
-      float sum = S::ReduceAdd(acc[i][j]);
-      for (int64_t kk = k_vec; kk < k; ++kk) sum += x[i * k + kk] * S::ToF32(w[j * k + kk]);
-      if (bias != nullptr) sum += bias[r0 + j];
-      out[i * ldo + r0 + j] = sum;
-    }
-  }
+  SmallNTileStore<S, W, NX, NW>(acc, x, k, k_vec, w, bias, out, ldo, r0);
 }
 
 // NW weight rows starting at row r0, for every x row; the weight rows stay in L1/L2 across the
@@ -169,14 +176,7 @@ void SmallNTileBf16Pairs(const float* xd, int64_t k, const bf16_t* w, const floa
       for (int i = 0; i < NX; ++i) acc[i][j] = S::Fma(xo[i], wo, acc[i][j]);
     }
   }
-  for (int i = 0; i < NX; ++i) {
-    for (int j = 0; j < NW; ++j) {
-      float sum = S::ReduceAdd(acc[i][j]);
-      for (int64_t kk = k_vec; kk < k; ++kk) sum += xd[i * k + kk] * S::ToF32(w[j * k + kk]);
-      if (bias != nullptr) sum += bias[r0 + j];
-      out[i * ldo + r0 + j] = sum;
-    }
-  }
+  SmallNTileStore<S, bf16_t, NX, NW>(acc, xd, k, k_vec, w, bias, out, ldo, r0);
 }
 
 template <class S, int NW>
