@@ -44,6 +44,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/backend/registry.h"
 #include "engine/common/dtype.h"
@@ -1134,8 +1135,13 @@ absl::Status Main() {
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   double bw = 0;
   if (backend_name == "cpu") {
-    std::printf("modserve-bench: %s, %d threads, KV %s, %d timed decode steps\n",
-                CpuModel("unknown").c_str(), threads, kv.c_str(), steps);
+    const backend::cpu::Isa isa = backend::cpu::BestIsa();
+    const std::string amx = isa == backend::cpu::Isa::kAmx
+                                ? ""
+                                : " (AMX: " + std::string(backend::cpu::AmxUnavailableReason()) + ")";
+    std::printf("modserve-bench: %s, kernels %s%s, %d threads, KV %s, %d timed decode steps\n",
+                CpuModel("unknown").c_str(), std::string(backend::cpu::IsaName(isa)).c_str(),
+                amx.c_str(), threads, kv.c_str(), steps);
     std::string kinds;
     bw = MeasureReadBandwidth(threads, /*huge_pages=*/true, &kinds);
     const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
