@@ -331,14 +331,20 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
   std::mt19937 rng(9);
   HugeBuffer<bf16_t> w = RandomWeights<bf16_t>(2 * m * k, rng);
   for (int64_t n : {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
-    std::vector<float> x(n * k, 0.25f), out(n * m);
+    std::vector<float> x(n * k, 0.25f), xd(n * k), out(n * m);
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep) {
       for (int which = 0; which < 2; ++which) {
         const double sec = CpuSecondsPerCall(0.2, [&](int call) {
           const bf16_t* wc = w.data() + (call % 2) * m * k;
           if (which == 0) {
-            kt.gemm_small_bf16(x.data(), n, k, wc, nullptr, out.data(), m, 0, m);
+            // The small-n kernel's x layout, made once per Gemm as the backend does.
+            const float* xs = x.data();
+            if (kt.prepare_x_bf16 != nullptr) {
+              kt.prepare_x_bf16(x.data(), n, k, xd.data());
+              xs = xd.data();
+            }
+            kt.gemm_small_bf16(xs, n, k, wc, nullptr, out.data(), m, 0, m);
           } else {
             kt.gemm_large_bf16(x.data(), 0, n, k, wc, nullptr, out.data(), m, 0, m);
           }

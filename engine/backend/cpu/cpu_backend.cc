@@ -370,8 +370,9 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
       return g.large
                  ? kernels_.gemm_large_bf16(x, x_begin, x_end, k, static_cast<const bf16_t*>(g.w),
                                             g.bias, g.out, g.m, row_begin, row_end)
-                 : kernels_.gemm_small_bf16(x, n, k, static_cast<const bf16_t*>(g.w), g.bias,
-                                            g.out, g.m, row_begin, row_end);
+                 : kernels_.gemm_small_bf16(
+                       kernels_.prepare_x_bf16 != nullptr ? small_bf16_x_.data() : x, n, k,
+                       static_cast<const bf16_t*>(g.w), g.bias, g.out, g.m, row_begin, row_end);
     default:
       break;
   }
@@ -475,7 +476,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   }
 
   gemm_members_.clear();
-  bool any_amx = false;
+  bool any_amx = false, any_small_bf16 = false;
   int64_t small_rows = 0, large_tiles = 0, bias_used = 0;
   const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   for (const GemmOperand& g : group) {
@@ -506,6 +507,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
       any_amx = any_amx || mem.amx;
     }
+    any_small_bf16 = any_small_bf16 || (!mem.large && mem.dtype == DType::kBF16);
     if (mem.large) {
       mem.first = large_tiles;
       large_tiles += (mem.m + kGemmColBlock - 1) / kGemmColBlock * row_blocks;
@@ -516,6 +518,14 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     gemm_members_.push_back(mem);
   }
   const float* xp = x.as<float>();
+  if (any_small_bf16 && kernels_.prepare_x_bf16 != nullptr) {
+    // x in the BF16 decode kernel's layout, once for every member (not once per chunk).
+    if (static_cast<int64_t>(small_bf16_x_.size()) < n * k) small_bf16_x_.resize(n * k);
+    pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
+                      [&](int64_t b, int64_t e) {
+                        kernels_.prepare_x_bf16(xp + b * k, e - b, k, small_bf16_x_.data() + b * k);
+                      });
+  }
   if (any_amx) {
     // x split into its bf16 terms once for every AMX member (rows padded to 32).
     const size_t bytes = AmxPackedXBytes(n, k);

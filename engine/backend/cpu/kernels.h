@@ -88,7 +88,11 @@ struct KernelTable {
 
   GemmSmallNFn<float> gemm_small_f32;
   GemmSmallNFn<f16_t> gemm_small_f16;
+  // Reads x as prepare_x_bf16 left it, where the table has one (x as is where it is null).
   GemmSmallNFn<bf16_t> gemm_small_bf16;
+  // Writes x [n, k] in the layout gemm_small_bf16 reads into xd [n, k] (rows independent, so
+  // callers may split them), once per Gemm; null when that kernel reads x as is.
+  void (*prepare_x_bf16)(const float* x, int64_t n, int64_t k, float* xd);
   GemmLargeNFn<float> gemm_large_f32;
   GemmLargeNFn<f16_t> gemm_large_f16;
   GemmLargeNFn<bf16_t> gemm_large_bf16;

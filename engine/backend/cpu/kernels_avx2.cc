@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "engine/backend/cpu/kernels.h"
@@ -41,22 +40,6 @@ struct Avx2 {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
-  }
-  // Per-thread scratch of the BF16 decode kernel's de-interleaved x; null if it cannot grow.
-  // malloc, not a std:: container: no std:: template may be instantiated in an ISA file.
-  static float* Scratch(int64_t floats) {
-    struct Buffer {
-      float* data = nullptr;
-      int64_t size = 0;
-      ~Buffer() { std::free(data); }
-    };
-    thread_local Buffer buffer;
-    if (buffer.size < floats) {
-      std::free(buffer.data);
-      buffer.data = static_cast<float*>(std::malloc(static_cast<size_t>(floats) * sizeof(float)));
-      buffer.size = buffer.data != nullptr ? floats : 0;
-    }
-    return buffer.data;
   }
   // r[i][j] <- r[j][i] for an 8 x 8 block (PackPanels transposes 8 weight rows at a time with it
   // instead of 64 scalar stores).

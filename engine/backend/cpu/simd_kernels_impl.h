@@ -10,7 +10,7 @@
 // Fma(a, b, c) = a * b + c, Add, Sub, Mul, Min, Max, Round (to nearest integer), Ldexp(p, n) =
 // p * 2^n for integral n in [-126, 127], Store(float*, V), ReduceAdd(V), ReduceMax(V),
 // ToF32(float|f16_t|bf16_t). Optional (the AVX2 traits have them): Transpose8(V[8]) for 8-lane
-// vectors (PackPanels), LoadBf16Pairs and Scratch (the BF16 decode kernel, GemmSmallN).
+// vectors (PackPanels), LoadBf16Pairs (the BF16 decode kernel, GemmSmallN).
 
 inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -115,7 +115,7 @@ void SmallNRows(const float* x, int64_t n, int64_t k, const W* w, const float* b
 // half of an f32. That is one integer op per kLanes weights instead of the two (zero-extend,
 // shift) of widening kLanes at a time, which on Zen 3 share the vector pipes with the FMAs: the
 // decode Gemm with 2-32 x rows is bound by those ops, not by DRAM. x is de-interleaved to match,
-// once per call, into S::Scratch.
+// once per Gemm, by the table's prepare_x_bf16 (DeinterleaveRows).
 template <class S>
 void DeinterleaveRows(const float* x, int64_t n, int64_t k, float* xd) {
   constexpr int64_t kL = S::kLanes, kRun = 2 * kL;
@@ -191,6 +191,10 @@ void SmallNRowsBf16Pairs(const float* xd, int64_t n, int64_t k, const bf16_t* w,
   if (i < n) SmallNTileBf16Pairs<S, 1, NW>(xd + i * k, k, w, bias, out + i * ldo, ldo, r0);
 }
 
+template <class S>
+inline constexpr bool kHasBf16Pairs =
+    requires(const bf16_t* p, typename S::V* v) { S::LoadBf16Pairs(p, v, v); };
+
 template <class W>
 inline constexpr bool kIsBf16 = false;
 template <>
@@ -199,17 +203,14 @@ inline constexpr bool kIsBf16<bf16_t> = true;
 template <class S, class W>
 void GemmSmallN(const float* x, int64_t n, int64_t k, const W* w, const float* bias, float* out,
                 int64_t ldo, int64_t row_begin, int64_t row_end) {
-  if constexpr (kIsBf16<W> &&
-                requires(const bf16_t* p, typename S::V* v) { S::LoadBf16Pairs(p, v, v); }) {
-    if (float* xd = S::Scratch(n * k); xd != nullptr) {
-      DeinterleaveRows<S>(x, n, k, xd);
-      int64_t r = row_begin;
-      for (; r + 4 <= row_end; r += 4) {
-        SmallNRowsBf16Pairs<S, 4>(xd, n, k, w + r * k, bias, out, ldo, r);
-      }
-      for (; r < row_end; ++r) SmallNRowsBf16Pairs<S, 1>(xd, n, k, w + r * k, bias, out, ldo, r);
-      return;
+  if constexpr (kIsBf16<W> && kHasBf16Pairs<S>) {
+    // x is the de-interleaved x (prepare_x_bf16).
+    int64_t r = row_begin;
+    for (; r + 4 <= row_end; r += 4) {
+      SmallNRowsBf16Pairs<S, 4>(x, n, k, w + r * k, bias, out, ldo, r);
     }
+    for (; r < row_end; ++r) SmallNRowsBf16Pairs<S, 1>(x, n, k, w + r * k, bias, out, ldo, r);
+    return;
   }
   int64_t r = row_begin;
   if constexpr (S::kLanes >= 16) {
@@ -576,6 +577,15 @@ constexpr int64_t FloatSmallNMax() {
 }
 
 template <class S>
+constexpr void (*PrepareXBf16())(const float*, int64_t, int64_t, float*) {
+  if constexpr (kHasBf16Pairs<S>) {
+    return &DeinterleaveRows<S>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <class S>
 constexpr KernelTable MakeKernelTable(Isa isa) {
   return KernelTable{
       .isa = isa,
@@ -583,6 +593,7 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
       .gemm_small_f32 = &GemmSmallN<S, float>,
       .gemm_small_f16 = &GemmSmallN<S, f16_t>,
       .gemm_small_bf16 = &GemmSmallN<S, bf16_t>,
+      .prepare_x_bf16 = PrepareXBf16<S>(),
       .gemm_large_f32 = &GemmLargeN<S, float>,
       .gemm_large_f16 = &GemmLargeN<S, f16_t>,
       .gemm_large_bf16 = &GemmLargeN<S, bf16_t>,

@@ -120,7 +120,11 @@ TEST_P(CpuKernelsTest, FloatGemmKernelsMatchADoubleProductForEveryRowCount) {
           const float* b = with_bias ? bias.data() : nullptr;
           if (kernel == 0) {
             if (dt == 0) kt.gemm_small_f32(x.data(), n, k, w32.data(), b, out.data(), m, r0, m);
-            if (dt == 1) kt.gemm_small_bf16(x.data(), n, k, wb.data(), b, out.data(), m, r0, m);
+            if (dt == 1) {
+              std::vector<float> xd = x;
+              if (kt.prepare_x_bf16 != nullptr) kt.prepare_x_bf16(x.data(), n, k, xd.data());
+              kt.gemm_small_bf16(xd.data(), n, k, wb.data(), b, out.data(), m, r0, m);
+            }
             if (dt == 2) kt.gemm_small_f16(x.data(), n, k, wh.data(), b, out.data(), m, r0, m);
           } else {
             if (dt == 0) kt.gemm_large_f32(x.data(), 0, n, k, w32.data(), b, out.data(), m, r0, m);
