@@ -350,7 +350,7 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
     return g.quant(*g.acts, x_begin, x_end, g.w, g.bias, g.out, g.m, row_begin, row_end);
   }
   if (g.amx) {
-    return kernels_.gemm_amx_bf16(amx_x_.get(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
+    return kernels_.gemm_amx_bf16(amx_x_.data(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
                                   g.bias, g.out, g.m, row_begin, row_end,
                                   ThreadScratch(kAmxScratchFloats));
   }
@@ -528,17 +528,11 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   }
   if (any_amx) {
     // x split into its bf16 terms once for every AMX member (rows padded to 32).
-    const size_t bytes = AmxPackedXBytes(n, k);
-    if (amx_x_bytes_ < bytes) {
-      amx_x_.reset(static_cast<char*>(
-          std::aligned_alloc(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment)));
-      MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
-      amx_x_bytes_ = bytes;
-    }
+    if (const size_t elems = AmxPackedXBytes(n, k) / 2; amx_x_.size() < elems) amx_x_.resize(elems);
     pool_.ParallelFor(0, AmxPackedRows(n),
                       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
                       [&](int64_t b, int64_t e) {
-                        kernels_.pack_x_bf16x3(xp, n, k, b, e, amx_x_.get());
+                        kernels_.pack_x_bf16x3(xp, n, k, b, e, amx_x_.data());
                       });
   }
   if (small_rows > 0) {

@@ -168,8 +168,7 @@ class CpuBackend final : public Backend {
   // x as the BF16 decode kernel reads it (KernelTable::prepare_x_bf16), once per group.
   std::vector<float> small_bf16_x_;
   // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16x3), once per group.
-  std::unique_ptr<char, FreeDeleter> amx_x_;
-  size_t amx_x_bytes_ = 0;
+  std::vector<uint16_t> amx_x_;
 };
 
 }  // namespace modserve::backend::cpu

@@ -71,8 +71,7 @@ std::string SelfTest() {
   for (bf16_t& v : w) v = F32ToBf16(next());
   for (float& v : bias) v = next();
   std::vector<uint16_t> packed(AmxPackedXBytes(n, k) / 2);
-  float* scratch = static_cast<float*>(std::aligned_alloc(64, kAmxScratchFloats * sizeof(float)));
-  if (scratch == nullptr) return "no memory for the self-test";
+  std::vector<float> scratch(kAmxScratchFloats);
 
   struct sigaction action = {}, previous = {};
   action.sa_handler = OnProbeSigill;
@@ -82,10 +81,9 @@ std::string SelfTest() {
   if (!faulted) {
     internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data());
     internal::AmxGemmBf16(packed.data(), k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
-                          scratch);
+                          scratch.data());
   }
   sigaction(SIGILL, &previous, nullptr);
-  std::free(scratch);
   if (faulted) return "a tile instruction raised SIGILL (AMX advertised but not usable here)";
 
   for (int64_t i = 0; i < n; ++i) {

@@ -99,7 +99,7 @@ struct KernelTable {
 
   // BF16 weights with n > float_small_n_max on the matrix unit; null in tables without one.
   // pack_x_bf16x3 writes rows [row_begin, row_end) (up to AmxPackedRows(n)) of x [n, k] into the
-  // packed form (AmxPackedXBytes(n, k), 64-byte aligned); gemm_amx_bf16 then computes rows
+  // packed form (AmxPackedXBytes(n, k), any alignment); gemm_amx_bf16 then computes rows
   // [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x_begin a
   // multiple of 32, with kAmxScratchFloats floats of scratch (amx_gemm_impl.h).
   void (*pack_x_bf16x3)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,

@@ -47,8 +47,9 @@ struct HwTiles {
   }
   template <int kC, int kA, int kB>
   static void Dot() {
-    static_assert(kA == 4 || kA == 5);
-    static_assert(kB == 6 || kB == 7);
+    static_assert((kC == 0 && kA == 4 && kB == 6) || (kC == 1 && kA == 4 && kB == 7) ||
+                      (kC == 2 && kA == 5 && kB == 6) || (kC == 3 && kA == 5 && kB == 7),
+                  "only the four products of GemmAmxBf16's 2 x 2 tile have an instruction here");
     if constexpr (kC == 0 && kA == 4 && kB == 6) _tile_dpbf16ps(0, 4, 6);
     if constexpr (kC == 1 && kA == 4 && kB == 7) _tile_dpbf16ps(1, 4, 7);
     if constexpr (kC == 2 && kA == 5 && kB == 6) _tile_dpbf16ps(2, 5, 6);

@@ -39,7 +39,8 @@ struct Avx2 {
   static void LoadBf16Pairs(const bf16_t* p, V* even, V* odd) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+    const __m256i high_halves = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, high_halves));
   }
   // r[i][j] <- r[j][i] for an 8 x 8 block (PackPanels transposes 8 weight rows at a time with it
   // instead of 64 scalar stores).
