@@ -2,7 +2,7 @@
 // prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention, and the
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
-// [best|scalar|avx2|avx512|amx]
+// [best|scalar|avx2|avx512|avx512vnni|amx]
 // [decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute] (the last: only that
 // benchmark; quant-compute is one core's kernel throughput in CPU time). Prefill GFLOP/s are
 // printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
@@ -408,10 +408,11 @@ int Main(int argc, char** argv) {
   if (argc > 1) options.num_threads = std::atoi(argv[1]);
   if (argc > 2 && std::string(argv[2]) != "" && std::string(argv[2]) != "best") {
     const std::string isa = argv[2];
-    options.isa = isa == "scalar" ? Isa::kScalar
-                  : isa == "avx2"   ? Isa::kAvx2
-                  : isa == "amx"    ? Isa::kAmx
-                                    : Isa::kAvx512;
+    options.isa = isa == "scalar"       ? Isa::kScalar
+                  : isa == "avx2"       ? Isa::kAvx2
+                  : isa == "avx512vnni" ? Isa::kAvx512Vnni
+                  : isa == "amx"        ? Isa::kAmx
+                                        : Isa::kAvx512;
   }
   auto created = CpuBackend::Create(options);
   if (!created.ok()) {
@@ -514,7 +515,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
     std::printf(
-        "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|amx] "
+        "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
         "[decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "

@@ -31,6 +31,8 @@ std::string_view IsaName(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Vnni:
+      return "avx512vnni";
     case Isa::kAmx:
       return "amx";
   }
@@ -129,11 +131,29 @@ std::string Probe() {
   return SelfTest();
 }
 
-// The AMX table: AVX-512's plus the tile Gemm. Built here, in baseline code, so that asking for
-// it on a CPU without AVX-512 runs nothing it cannot.
-const KernelTable& AmxKernelTable() {
+// The VNNI table: AVX-512's with the quantized-weight Gemms of kernels_avx512vnni.cc. Built here,
+// in baseline code, for the same reason as the AMX table below.
+const KernelTable& Avx512VnniKernelTable() {
   static const KernelTable table = [] {
     KernelTable t = internal::kAvx512KernelTable;
+    const KernelTable& q = internal::kAvx512VnniQuantGemms;
+    t.isa = Isa::kAvx512Vnni;
+    t.gemm_q8_0 = q.gemm_q8_0;
+    t.gemm_q4_0 = q.gemm_q4_0;
+    t.gemm_q4_1 = q.gemm_q4_1;
+    t.gemm_q4_k = q.gemm_q4_k;
+    t.gemm_q6_k = q.gemm_q6_k;
+    return t;
+  }();
+  return table;
+}
+
+// The AMX table: the VNNI table (AVX-512's where the CPU has no VNNI) plus the tile Gemm. Built
+// here, in baseline code, so that asking for it on a CPU without AVX-512 runs nothing it cannot.
+const KernelTable& AmxKernelTable() {
+  static const KernelTable table = [] {
+    KernelTable t = CpuHasIsa(Isa::kAvx512Vnni) ? Avx512VnniKernelTable()
+                                                : internal::kAvx512KernelTable;
     t.isa = Isa::kAmx;
     t.pack_x_bf16x3 = &internal::AmxPackX;
     t.gemm_amx_bf16 = &internal::AmxGemmBf16;
@@ -168,6 +188,12 @@ bool CpuHasIsa(Isa isa) {
 #else
       return false;
 #endif
+    case Isa::kAvx512Vnni:
+#if defined(__x86_64__)
+      return CpuHasIsa(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni");
+#else
+      return false;
+#endif
     case Isa::kAmx:
       return CpuHasIsa(Isa::kAvx512) && AmxUnavailableReason().empty();
   }
@@ -193,6 +219,7 @@ bool CpuHasAvx512Bf16() {
 
 Isa BestIsa() {
   if (CpuHasIsa(Isa::kAmx)) return Isa::kAmx;
+  if (CpuHasIsa(Isa::kAvx512Vnni)) return Isa::kAvx512Vnni;
   if (CpuHasIsa(Isa::kAvx512)) return Isa::kAvx512;
   if (CpuHasIsa(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;
@@ -238,6 +265,12 @@ const KernelTable& KernelsFor(Isa isa) {
     case Isa::kAvx512:
 #if defined(__x86_64__)
       return internal::kAvx512KernelTable;
+#else
+      return internal::kScalarKernelTable;
+#endif
+    case Isa::kAvx512Vnni:
+#if defined(__x86_64__)
+      return Avx512VnniKernelTable();
 #else
       return internal::kScalarKernelTable;
 #endif

@@ -1,5 +1,6 @@
-// Per-ISA CPU kernel tables (scalar, AVX2+FMA+F16C, AVX-512F/BW/VL, AVX-512 with the AMX BF16
-// prefill Gemm) and run-time ISA detection.
+// Per-ISA CPU kernel tables (scalar, AVX2+FMA+F16C, AVX-512F/BW/VL, AVX-512 with VNNI integer dot
+// products for the quantized-weight Gemm, AVX-512 with the AMX BF16 prefill Gemm) and run-time ISA
+// detection.
 // The kernels are single-threaded pieces of an op; threading and shape checks live in cpu_backend.
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_KERNELS_H_
@@ -12,16 +13,18 @@
 
 namespace modserve::backend::cpu {
 
-// kAmx is kAvx512's table plus the AMX BF16 prefill Gemm (gemm_amx_bf16 below).
-enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAmx };
+// kAvx512Vnni is kAvx512's table with the quantized-weight Gemms on vpdpbusd (AVX512_VNNI);
+// kAmx is kAvx512Vnni's table (kAvx512's on a CPU without VNNI) plus the AMX BF16 prefill Gemm
+// (gemm_amx_bf16 below).
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Vnni, kAmx };
 
 std::string_view IsaName(Isa isa);
 
 // Whether this CPU (and OS) can run kernels of `isa`: kAvx2 needs AVX2, FMA and F16C; kAvx512
-// needs AVX-512 F, BW and VL on top; kAmx needs AMX-TILE and AMX-BF16 on top, the tile state
-// enabled by the OS, this process's tile permission granted by the kernel, no
-// MODSERVE_DISABLE_AMX=1 in the environment, and a self-test of the unit that passes (the first
-// call runs it once). kScalar is always available.
+// needs AVX-512 F, BW and VL on top; kAvx512Vnni needs AVX512_VNNI on top of that; kAmx needs
+// AVX-512 F, BW and VL, AMX-TILE and AMX-BF16, the tile state enabled by the OS, this process's
+// tile permission granted by the kernel, no MODSERVE_DISABLE_AMX=1 in the environment, and a
+// self-test of the unit that passes (the first call runs it once). kScalar is always available.
 bool CpuHasIsa(Isa isa);
 // Why CpuHasIsa(Isa::kAmx) is false ("" when it is true), e.g. "the CPU has no AMX-BF16".
 std::string_view AmxUnavailableReason();
@@ -162,6 +165,9 @@ void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end
 extern const KernelTable kScalarKernelTable;
 extern const KernelTable kAvx2KernelTable;
 extern const KernelTable kAvx512KernelTable;
+// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q6_k) are set;
+// kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
+extern const KernelTable kAvx512VnniQuantGemms;
 }  // namespace internal
 
 // Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, three bf16 terms per element)

@@ -312,7 +312,7 @@ TEST(AmxAvailabilityTest, TheIsaIsUsableExactlyWhenNoReasonIsGiven) {
     GTEST_LOG_(INFO) << "AMX unusable here: " << AmxUnavailableReason();
     EXPECT_NE(BestIsa(), Isa::kAmx);
   }
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
     EXPECT_EQ(KernelsFor(isa).gemm_amx_bf16, nullptr) << IsaName(isa);
   }
 }

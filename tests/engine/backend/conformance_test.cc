@@ -44,7 +44,7 @@ constexpr double kSameOrderRelTol = 1e-6;
 // "cpu", "cuda" (from the registry) and "cpu-<isa>" (the CPU backend forced to one kernel ISA).
 std::vector<std::string> BackendVariants() {
   std::vector<std::string> names = CompiledBackends();
-  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
+  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAvx512Vnni, cpu::Isa::kAmx}) {
     names.push_back("cpu-" + std::string(cpu::IsaName(isa)));
   }
   return names;
@@ -54,7 +54,7 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
  public:
   void SetUp() override {
     const std::string& name = GetParam();
-    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
+    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAvx512Vnni, cpu::Isa::kAmx}) {
       if (name != "cpu-" + std::string(cpu::IsaName(isa))) continue;
       if (!cpu::CpuHasIsa(isa)) GTEST_SKIP() << "this CPU cannot run the " << name << " kernels";
       // 3 threads on any machine, so the threaded and split-context paths always run.
@@ -1165,6 +1165,34 @@ TEST_P(BackendConformanceTest, GraphReplaysReadTheirInputsWhenTheyRun) {
   EXPECT_FALSE(backend_->Replay(*graph + 1000).ok());
   backend_->ReleaseGraphs();
   EXPECT_FALSE(backend_->Replay(*graph).ok()) << "a released graph is gone";
+}
+
+// The kAvx512Vnni table's quantized Gemms compute every block's integer sum with vpdpbusd where
+// the kAvx512 table uses vpmaddubsw chains, and scale the sums with the same f32 operations in
+// the same order (kernels_avx512vnni.cc): the outputs must be the same bits, decode and prefill,
+// whole and partial chunks, every x tile remainder, with and without a bias.
+TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
+  if (!cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) GTEST_SKIP() << "this CPU has no AVX512_VNNI";
+  auto vnni = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAvx512Vnni});
+  auto avx512 = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512});
+  ASSERT_TRUE(vnni.ok() && avx512.ok());
+  for (DType dt : kQuantDTypes) {
+    const int64_t k = DTypeBlockElems(dt) == 32 ? 608 : 768;  // 608: 2 chunks and 3 blocks
+    for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 24, 31, 64, 100}) {
+      const int64_t m = 37;
+      std::mt19937 rng(static_cast<uint32_t>(n * 101 + static_cast<int>(dt)));
+      HostTensor x = QuantGemmInput(rng, n, k);
+      HostTensor w = RandomQuantized(rng, dt, m, k);
+      HostTensor bias = Random(rng, DType::kF32, {m});
+      const TensorView no_bias;
+      const TensorView b = n % 2 == 0 ? bias.view() : no_bias;
+      HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
+      (*vnni)->Gemm(x.view(), w.view(), b, got.view());
+      (*avx512)->Gemm(x.view(), w.view(), b, want.view());
+      EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
+          << DTypeName(dt) << " n=" << n;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,

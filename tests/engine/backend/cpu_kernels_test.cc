@@ -155,7 +155,7 @@ TEST_P(CpuKernelsTest, FloatGemmKernelsMatchADoubleProductForEveryRowCount) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, CpuKernelsTest,
-                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx),
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAmx),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 
 }  // namespace

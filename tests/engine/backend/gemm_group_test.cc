@@ -46,7 +46,7 @@ std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
 
 std::vector<Variant> Variants() {
   std::vector<Variant> v;
-  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
+  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAvx512Vnni, cpu::Isa::kAmx}) {
     // 1 thread: one range per member; 3: ranges that start inside one member and end in the next.
     for (int threads : {1, 3}) v.push_back({"cpu-" + std::string(cpu::IsaName(isa)), threads});
   }
@@ -77,7 +77,7 @@ class GemmGroupTest : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
     const Variant& v = GetParam();
-    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
+    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAvx512Vnni, cpu::Isa::kAmx}) {
       if (v.backend != "cpu-" + std::string(cpu::IsaName(isa))) continue;
       if (!cpu::CpuHasIsa(isa)) GTEST_SKIP() << "this CPU cannot run " << cpu::IsaName(isa);
       auto created = cpu::CpuBackend::Create({.num_threads = v.threads, .isa = isa});

@@ -1,0 +1,311 @@
+// The quantized-weight Gemm kernels of the kAvx512Vnni table; compiled with -mavx512vnni and
+// AVX-512 F/BW/VL for this file only. Only reachable through KernelsFor(Isa::kAvx512Vnni) (or
+// kAmx) after CpuHasIsa() said yes; everything else in that table is kernels_avx512.cc's.
+//
+// vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to an i32 lane in
+// one instruction. The AVX2 kernels spend three (vpmaddubsw, vpmaddwd, vpaddd) on the same work,
+// and Q8_0 two more for the signs; on Zen 4 vpdpbusd issues two ymm per cycle, 64 multiply-adds,
+// four times the f32 FMA rate. Same integer sums as every other ISA (exact), same f32 operations
+// as the AVX2 kernels in the same order: the results are those of the kAvx512 table, bit for bit.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/backend/cpu/kernels.h"
+#include "engine/common/quant.h"
+
+namespace modserve::backend::cpu {
+namespace {
+
+#include "engine/backend/cpu/quant_kernels_avx2_impl.h"
+
+namespace qvnni {
+
+using qavx2::kPanelBlocks;
+using qavx2::kPanelRows;
+using qavx2::Panel;
+using qavx2::QMin;
+
+inline __m256i LoadI(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 4 activation bytes at p in every 32-bit lane (an embedded-broadcast operand of vpdpbusd).
+inline __m256i Broadcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// acc[x] lane r += dot of panel row r with activation row x0 + x over the panel's `count` blocks
+// (blocks b0 .. b0 + count - 1 of the full rows); the panel is qavx2's (PackPanel), kKind as in
+// qavx2::PanelDot. Each block's integer sum is the same as there, and so are the f32 operations
+// that scale it, so the result is qavx2::PanelDot's bit for bit.
+// kKind 0: levels 0..15, one scale and offset per block: 8 vpdpbusd per block and x row.
+// kKind 1: signed levels (Q8_0). vpdpbusd wants the weight bytes unsigned: w + 128 (w ^ 0x80,
+//   once per panel vector for all x rows), and the 128 * sum(a) that adds is taken back from the
+//   activation block sums in one vpdpwssd: (sum16[2b], sum16[2b + 1]) . (-128, -128).
+// kKind 2: levels 0..63 (Q6_K), a scale and offset per 16-element half: 4 vpdpbusd per half.
+template <int kKind, int NX>
+void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
+              __m256 acc_io[]) {
+  const int64_t k = a.k, nb = k / 32;
+  const int8_t* q[NX];
+  const float* da[NX];
+  const float* ds[NX];
+  const int16_t* sum16[NX];
+  __m256 acc[NX];
+  for (int x = 0; x < NX; ++x) {
+    q[x] = a.q + (x0 + x) * k + 32 * b0;
+    da[x] = a.d + (x0 + x) * nb + b0;
+    ds[x] = a.ds + (x0 + x) * nb + b0;
+    sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
+    acc[x] = acc_io[x];
+  }
+  for (int64_t bi = 0; bi < count; ++bi) {
+    if constexpr (kKind == 0 || kKind == 1) {
+      // Two chains per x row (even and odd j): vpdpbusd's latency is 4 cycles on Zen 4.
+      __m256i s32[NX], t32[NX];
+      for (int x = 0; x < NX; ++x) s32[x] = t32[x] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        __m256i w = qavx2::LoadI(p.lv[bi][j]);
+        if constexpr (kKind == 1) w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          if (j % 2 == 0) {
+            s32[x] = _mm256_dpbusd_epi32(s32[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
+          } else {
+            t32[x] = _mm256_dpbusd_epi32(t32[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
+          }
+        }
+      }
+      for (int x = 0; x < NX; ++x) s32[x] = _mm256_add_epi32(s32[x], t32[x]);
+      const __m256 sc = _mm256_load_ps(p.scale[bi][0]);
+      if constexpr (kKind == 0) {
+        const __m256 off = _mm256_load_ps(p.offset[bi][0]);
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          const __m256 isum = _mm256_cvtepi32_ps(s32[x]);
+          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])), isum, acc[x]);
+          acc[x] = _mm256_fmadd_ps(off, _mm256_set1_ps(ds[x][bi]), acc[x]);
+        }
+      } else {
+        const __m256i minus128 = _mm256_set1_epi16(-128);
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          int32_t pair;
+          __builtin_memcpy(&pair, sum16[x] + 2 * bi, 4);
+          s32[x] = _mm256_dpwssd_epi32(s32[x], _mm256_set1_epi32(pair), minus128);
+          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])),
+                                   _mm256_cvtepi32_ps(s32[x]), acc[x]);
+        }
+      }
+    } else {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256i s32[NX];
+        for (int x = 0; x < NX; ++x) s32[x] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 4 * h; j < 4 * h + 4; ++j) {
+          const __m256i w = qavx2::LoadI(p.lv[bi][j]);
+#pragma GCC unroll 8
+          for (int x = 0; x < NX; ++x) {
+            s32[x] = _mm256_dpbusd_epi32(s32[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
+          }
+        }
+        const __m256 sc = _mm256_load_ps(p.scale[bi][h]), off = _mm256_load_ps(p.offset[bi][h]);
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          const float dx = da[x][bi];
+          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(dx)),
+                                   _mm256_cvtepi32_ps(s32[x]), acc[x]);
+          acc[x] = _mm256_fmadd_ps(
+              off, _mm256_set1_ps(dx * static_cast<float>(sum16[x][2 * bi + h])), acc[x]);
+        }
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) acc_io[x] = acc[x];
+}
+
+// x rows per PanelDot call: 8 accumulators and 8 integer sums beside the panel vector fit the 32
+// vector registers (the AVX2 kernel has 16 and stops at 4).
+inline constexpr int kRowsPerTile = 8;
+
+template <int kKind>
+void PanelDotRows(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int nx,
+                  int64_t b0, __m256 acc[]) {
+  switch (nx) {
+    case 8:
+      return qvnni::PanelDot<kKind, 8>(p, count, a, x0, b0, acc);
+    case 7:
+      return qvnni::PanelDot<kKind, 7>(p, count, a, x0, b0, acc);
+    case 6:
+      return qvnni::PanelDot<kKind, 6>(p, count, a, x0, b0, acc);
+    case 5:
+      return qvnni::PanelDot<kKind, 5>(p, count, a, x0, b0, acc);
+    case 4:
+      return qvnni::PanelDot<kKind, 4>(p, count, a, x0, b0, acc);
+    case 3:
+      return qvnni::PanelDot<kKind, 3>(p, count, a, x0, b0, acc);
+    case 2:
+      return qvnni::PanelDot<kKind, 2>(p, count, a, x0, b0, acc);
+    default:
+      return qvnni::PanelDot<kKind, 1>(p, count, a, x0, b0, acc);
+  }
+}
+
+inline constexpr int64_t kChunkBlocks = 64;
+static_assert(kChunkBlocks <= kPanelBlocks);
+
+// Prefill: qavx2::GemmPacked's loop (per panel of 8 weight rows and k-chunk, pack once, then every
+// x tile) with the VNNI PanelDot and x tiles of 8 rows.
+template <class P, int kKind>
+void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const uint8_t* w,
+                int64_t row_bytes, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                int64_t row_end) {
+  const int64_t nb = a.k / 32;
+  Panel panel;
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelRows) {
+    const int num_rows = static_cast<int>(QMin(kPanelRows, row_end - r0));
+    alignas(32) float bias_rows[8] = {};
+    for (int r = 0; r < num_rows; ++r) bias_rows[r] = bias != nullptr ? bias[r0 + r] : 0.0f;
+    for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
+      const int64_t count = QMin(kChunkBlocks, nb - b0);
+      qavx2::PackPanel<P>(w + r0 * row_bytes, row_bytes, num_rows, b0, count, &panel);
+      for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) {
+        const int nx = static_cast<int>(QMin(kRowsPerTile, x_end - i));
+        // The first k-chunk starts from the bias; later ones from what the earlier ones wrote.
+        __m256 acc[kRowsPerTile];
+        alignas(32) float tmp[8];
+        for (int x = 0; x < nx; ++x) {
+          if (b0 == 0) {
+            acc[x] = _mm256_load_ps(bias_rows);
+          } else if (num_rows == 8) {
+            acc[x] = _mm256_loadu_ps(out + (i + x) * ldo + r0);
+          } else {
+            for (int r = 0; r < 8; ++r) tmp[r] = r < num_rows ? out[(i + x) * ldo + r0 + r] : 0.0f;
+            acc[x] = _mm256_load_ps(tmp);
+          }
+        }
+        PanelDotRows<kKind>(panel, count, a, i, nx, b0, acc);
+        for (int x = 0; x < nx; ++x) {
+          if (num_rows == 8) {
+            _mm256_storeu_ps(out + (i + x) * ldo + r0, acc[x]);
+          } else {
+            _mm256_store_ps(tmp, acc[x]);
+            for (int r = 0; r < num_rows; ++r) out[(i + x) * ldo + r0 + r] = tmp[r];
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- decode: qavx2's row kernels with vpdpbusd in the pair dot products ----------------------
+// Each trait below is qavx2's with PairDot (and what it needs) replaced; the i32 lanes it returns
+// hold the same values as qavx2's, so Merge, Finish and Apply are unchanged and so are the bits.
+
+// Q8_0: the weight bytes go in as w + 128 (unsigned), and Apply takes the 128 * sum(a) back per
+// block from the activation half-block sums: one vpmaddwd per chunk instead of two vpsignb per
+// 32 bytes.
+struct Q8_0V : qavx2::Q8_0K {
+  struct Pair {
+    __m256i w0, w1;
+  };
+  static Pair LoadPair(const uint8_t* chunk, int p) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    return {_mm256_xor_si256(LoadI(chunk + 2 * p * kBlockBytes + 2), flip),
+            _mm256_xor_si256(LoadI(chunk + (2 * p + 1) * kBlockBytes + 2), flip)};
+  }
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    const __m256i zero = _mm256_setzero_si256();
+    return _mm256_hadd_epi32(_mm256_dpbusd_epi32(zero, w.w0, LoadI(a)),
+                             _mm256_dpbusd_epi32(zero, w.w1, LoadI(a + 32)));
+  }
+  static __m256 Apply(const Scales& sc, __m256i isum, const float* da, const float* ds,
+                      const int16_t* sum16, __m256 acc) {
+    // Lane j: -128 * (sum16[2j] + sum16[2j + 1]), the sum of block j's activations.
+    const __m256i corr = _mm256_madd_epi16(LoadI(sum16), _mm256_set1_epi16(-128));
+    return qavx2::Q8_0K::Apply(sc, _mm256_add_epi32(isum, corr), da, ds, sum16, acc);
+  }
+};
+
+// Q4_0 / Q4_1: both nibble halves of the pair into one i32 vector in two vpdpbusd (qavx2: two
+// vpmaddubsw, a vpaddw and a vpmaddwd).
+template <bool kHasMin>
+struct Q4K32V : qavx2::Q4K32<kHasMin> {
+  using Pair = typename qavx2::Q4K32<kHasMin>::Pair;
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w.lo, LoadI(a)), w.hi,
+                               LoadI(a + 32));
+  }
+};
+
+// Q4_K: one vpdpbusd per 32-element sub-block (qavx2: vpmaddubsw and vpmaddwd).
+struct Q4_KV : qavx2::Q4_KK {
+  static __m256i PairDot(const Pair& w, const int8_t* a) {
+    const __m256i zero = _mm256_setzero_si256();
+    return qavx2::HaddSmall(_mm256_dpbusd_epi32(zero, w.lo, LoadI(a)),
+                            _mm256_dpbusd_epi32(zero, w.hi, LoadI(a + 32)));
+  }
+};
+
+// x rows per RowDot call: qavx2 stops at 4 for its 16 registers; with 32, 8 rows keep their
+// partial sums and accumulators beside the unpacked pair, so a weight pair is unpacked once for
+// twice as many rows.
+inline constexpr int kDecodeRowsPerTile = 8;
+
+template <class T>
+void RowTile(const QuantizedActs& a, int64_t x0, int nx, const uint8_t* wrow, float* res) {
+  switch (nx) {
+    case 8:
+      return qavx2::RowDot<T, 8>(a, x0, wrow, res);
+    case 7:
+      return qavx2::RowDot<T, 7>(a, x0, wrow, res);
+    case 6:
+      return qavx2::RowDot<T, 6>(a, x0, wrow, res);
+    case 5:
+      return qavx2::RowDot<T, 5>(a, x0, wrow, res);
+    default:
+      return qavx2::RowTile<T>(a, x0, nx, wrow, res);
+  }
+}
+
+// Decode (n <= kGemmSmallNMax): weight rows outer, each read once for all x rows, as in qavx2;
+// prefill: the VNNI panels.
+template <class T, class P, int kKind>
+void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
+          float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  if (a.n > kGemmSmallNMax) {
+    return GemmPacked<P, kKind>(a, x_begin, x_end, wp, row_bytes, bias, out, ldo, row_begin,
+                                row_end);
+  }
+  float res[kDecodeRowsPerTile];
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t i = x_begin; i < x_end; i += kDecodeRowsPerTile) {
+      const int nx = static_cast<int>(QMin(kDecodeRowsPerTile, x_end - i));
+      RowTile<T>(a, i, nx, wp + r * row_bytes, res);
+      const float b = bias != nullptr ? bias[r] : 0.0f;
+      for (int x = 0; x < nx; ++x) out[(i + x) * ldo + r] = res[x] + b;
+    }
+  }
+}
+
+}  // namespace qvnni
+}  // namespace
+
+namespace internal {
+constinit const KernelTable kAvx512VnniQuantGemms = {
+    .isa = Isa::kAvx512Vnni,
+    .gemm_q8_0 = &qvnni::Gemm<qvnni::Q8_0V, qavx2::Q8_0Pack, 1>,
+    .gemm_q4_0 = &qvnni::Gemm<qvnni::Q4K32V<false>, qavx2::Q4Pack<false>, 0>,
+    .gemm_q4_1 = &qvnni::Gemm<qvnni::Q4K32V<true>, qavx2::Q4Pack<true>, 0>,
+    .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
+    .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
+};
+}  // namespace internal
+
+}  // namespace modserve::backend::cpu
