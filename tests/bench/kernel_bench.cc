@@ -407,12 +407,11 @@ int Main(int argc, char** argv) {
   CpuBackendOptions options;
   if (argc > 1) options.num_threads = std::atoi(argv[1]);
   if (argc > 2 && std::string(argv[2]) != "" && std::string(argv[2]) != "best") {
-    const std::string isa = argv[2];
-    options.isa = isa == "scalar"       ? Isa::kScalar
-                  : isa == "avx2"       ? Isa::kAvx2
-                  : isa == "avx512vnni" ? Isa::kAvx512Vnni
-                  : isa == "amx"        ? Isa::kAmx
-                                        : Isa::kAvx512;
+    options.isa = IsaFromName(argv[2]);
+    if (!options.isa.has_value()) {
+      std::fprintf(stderr, "kernel_bench: no kernel table named '%s'\n", argv[2]);
+      return 1;
+    }
   }
   auto created = CpuBackend::Create(options);
   if (!created.ok()) {

@@ -42,14 +42,18 @@ constexpr double kRoutingMaxFlipMargin = 0.3;
 constexpr double kRoutingMaxFlipRate = 0.02;
 // Teacher-forced log-probabilities. At the default (shipped) point: the dense golden's bounds
 // (smollm2_golden.h: twice what llama.cpp's own rounding costs). At r = 0.9 the model is far from
-// dense (perplexity 3.4 times) and a token routed differently moves its prediction by nats
-// (measured: max 7.1, mean 0.30, perplexity +3.0%), so only the mean and the perplexity are
-// bounded there, at twice the measured distance.
+// dense (perplexity 3.4 times) and a token routed differently moves its prediction by nats, so
+// only the mean and the perplexity are bounded there. That point is chaotic: the CPU kernel
+// tables, which differ only in the order of their f32 additions, flip 53-55 decisions each and
+// land at max 5.0-7.1, mean 0.27-0.30, perplexity +3.0% (avx2), +6.1% (avx512, avx512vnni) and
+// +9.2% (scalar). The bounds are about twice the largest: a wrong threshold, router or combine
+// skips or keeps whole layers, which moves the perplexity by tens of percent or more
+// (tools/mod_oracle.py: +274% for whole layers at 27% skipped).
 struct LogprobBounds {
   double max_abs, mean_abs, ppl_ratio;
 };
 constexpr LogprobBounds kAtDefault = {1.0, 0.12, 0.01};
-constexpr LogprobBounds kAtCalibrated = {1e9, 0.6, 0.06};
+constexpr LogprobBounds kAtCalibrated = {1e9, 0.6, 0.2};
 
 const std::string kAdapter = std::string(MODSERVE_SOURCE_DIR) + "/models/smollm2-mod";
 const std::string kGolden =

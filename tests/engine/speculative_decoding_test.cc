@@ -262,7 +262,14 @@ TEST(SpeculativeDecodingTest, MixedBatchWithPrefixCachingGivesEachRequestItsOwnO
   // them sharing a cached prompt prefix; each request gets what it gets alone without either.
   auto plain = MakeEngine(kDemo);
   auto engine = MakeEngine(kDemo, 0, 1.0, /*prefix_caching=*/true);
-  const std::vector<TokenId> shared = Prompt(40, 4, 2048);
+  // Bit-identical prompt logprobs need each prompt row computed by the same kernels in the three
+  // runs: alone (L rows), batched (6 L) and batched after the cache (6 x the 16 uncached tokens).
+  // Rows within the row-invariant bound get one-row bits whatever the call; beyond it, the
+  // prefill kernels give a row the same bits in any call beyond it. So every prefill call here
+  // is beyond it: L = 16 * c + 16 > bound, 6 * 16 > bound.
+  const int32_t bound = engine->max_row_invariant_rows();
+  ASSERT_LT(bound, 6 * 16);
+  const std::vector<TokenId> shared = Prompt(16 * ((bound + 16) / 16) + 15, 4, 2048);
   std::vector<Request> requests;
   for (int i = 0; i < 6; ++i) {
     std::vector<TokenId> prompt = shared;

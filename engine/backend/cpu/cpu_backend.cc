@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -70,7 +71,22 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
   if (options.kernels != nullptr) {
     return std::unique_ptr<CpuBackend>(new CpuBackend(*options.kernels, options.num_threads));
   }
-  const Isa isa = options.isa.value_or(BestIsa());
+  Isa isa = options.isa.value_or(BestIsa());
+  if (const char* env = std::getenv("MODSERVE_CPU_ISA");
+      !options.isa.has_value() && env != nullptr && env[0] != '\0') {
+    const std::optional<Isa> named = IsaFromName(env);
+    if (!named.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MODSERVE_CPU_ISA=", env,
+                       " names no kernel table (scalar, avx2, avx512, avx512vnni, amx)"));
+    }
+    if (!CpuHasIsa(*named)) {
+      return absl::UnavailableError(absl::StrCat(
+          "MODSERVE_CPU_ISA=", env, ": this CPU/OS cannot run those kernels",
+          *named == Isa::kAmx ? absl::StrCat(" (", std::string(AmxUnavailableReason()), ")") : ""));
+    }
+    isa = *named;
+  }
   if (!CpuHasIsa(isa)) {
     return absl::UnavailableError(absl::StrCat("cpu backend: kernels for isa '",
                                                std::string(IsaName(isa)),

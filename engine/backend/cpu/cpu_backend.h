@@ -23,7 +23,9 @@ namespace modserve::backend::cpu {
 struct CpuBackendOptions {
   // Threads that run an op, the calling thread included; 0 = std::thread::hardware_concurrency().
   int num_threads = 0;
-  // Forces the kernels of one ISA (dispatch tests, benchmarks); unset = the best this CPU runs.
+  // Forces the kernels of one ISA (dispatch tests, benchmarks); unset = the one named by the
+  // environment variable MODSERVE_CPU_ISA (IsaName: scalar, avx2, avx512, avx512vnni, amx) when
+  // it is set, else the best this CPU runs.
   std::optional<Isa> isa;
   // A kernel table to run instead of KernelsFor(isa), e.g. one with a software model of a unit
   // this CPU lacks (tests). It must outlive the backend; isa is then ignored.
@@ -33,8 +35,9 @@ struct CpuBackendOptions {
 // Threads: engine thread only (see Backend). Owns a ThreadPool whose workers sleep between ops.
 class CpuBackend final : public Backend {
  public:
-  // InvalidArgument when num_threads < 0; Unavailable when `isa` names kernels this CPU (or OS)
-  // cannot run, e.g. AVX-512 on a CPU without avx512f/bw/vl.
+  // InvalidArgument when num_threads < 0 or MODSERVE_CPU_ISA names no ISA; Unavailable when `isa`
+  // (or MODSERVE_CPU_ISA) names kernels this CPU (or OS) cannot run, e.g. AVX-512 on a CPU
+  // without avx512f/bw/vl.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options);
 
   Isa isa() const { return kernels_.isa; }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #if defined(__x86_64__)
@@ -155,6 +156,9 @@ const KernelTable& AmxKernelTable() {
     KernelTable t = CpuHasIsa(Isa::kAvx512Vnni) ? Avx512VnniKernelTable()
                                                 : internal::kAvx512KernelTable;
     t.isa = Isa::kAmx;
+    // The tile Gemm from 17 rows on, as before AVX-512's own crossover moved to 48 (measured on
+    // Zen 4, which has no AMX; the unit has not been timed against GemmSmallN).
+    t.float_small_n_max = kGemmSmallNMax;
     t.pack_x_bf16x3 = &internal::AmxPackX;
     t.gemm_amx_bf16 = &internal::AmxGemmBf16;
     return t;
@@ -207,6 +211,13 @@ std::string_view AmxUnavailableReason() {
 #else
   return "AMX exists only on x86-64";
 #endif
+}
+
+std::optional<Isa> IsaFromName(std::string_view name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAmx}) {
+    if (name == IsaName(isa)) return isa;
+  }
+  return std::nullopt;
 }
 
 bool CpuHasAvx512Bf16() {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "engine/common/dtype.h"
@@ -19,6 +20,8 @@ namespace modserve::backend::cpu {
 enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Vnni, kAmx };
 
 std::string_view IsaName(Isa isa);
+// The ISA whose IsaName() is `name` ("scalar", "avx2", "avx512", "avx512vnni", "amx").
+std::optional<Isa> IsaFromName(std::string_view name);
 
 // Whether this CPU (and OS) can run kernels of `isa`: kAvx2 needs AVX2, FMA and F16C; kAvx512
 // needs AVX-512 F, BW and VL on top; kAvx512Vnni needs AVX512_VNNI on top of that; kAmx needs

@@ -44,7 +44,7 @@ struct Avx2 {
   }
   // r[i][j] <- r[j][i] for an 8 x 8 block (PackPanels transposes 8 weight rows at a time with it
   // instead of 64 scalar stores).
-  static void Transpose8(V* r) {
+  static void Transpose(V* r) {
     const V t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
     const V t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
     const V t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);

@@ -23,6 +23,10 @@ struct Avx512 {
   static constexpr int kMr = 8;
   // 4 x rows x 4 weight rows = 16 accumulators.
   static constexpr int kSmallNx = 4;
+  // GemmSmallN up to 48 x rows: on Zen 4 (one core, BF16 2048 x 2048) GemmLargeN's packing of w
+  // costs ~1.4 ms per call, and the two kernels run at the same speed from n = 48 to 64 (82-91
+  // GFLOP/s); GemmLargeN is ahead from 96 (docs/PERFORMANCE.md, kernel_bench crossover).
+  static constexpr int64_t kFloatSmallNMax = 48;
 
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float v) { return _mm512_set1_ps(v); }
@@ -34,6 +38,36 @@ struct Avx512 {
   }
   static V Load(const f16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // r[i][j] <- r[j][i] for a 16 x 16 block (PackPanels): pairs of rows interleaved by 32 and 64
+  // bits within each 128-bit lane, then the 128-bit lanes exchanged in two steps.
+  static void Transpose(V* r) {
+    V t[16], u[16], v[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+      u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+      u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+      u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 16; h += 8) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        v[h + j] = _mm512_shuffle_f32x4(u[h + j], u[h + 4 + j], 0x88);
+        v[h + 4 + j] = _mm512_shuffle_f32x4(u[h + j], u[h + 4 + j], 0xdd);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      r[j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0x88);
+      r[8 + j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0xdd);
+    }
   }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }

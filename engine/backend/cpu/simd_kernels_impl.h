@@ -9,8 +9,9 @@
 // small-n tile), Zero(), Set1(float), Load(const float*|const f16_t*|const bf16_t*) -> V,
 // Fma(a, b, c) = a * b + c, Add, Sub, Mul, Min, Max, Round (to nearest integer), Ldexp(p, n) =
 // p * 2^n for integral n in [-126, 127], Store(float*, V), ReduceAdd(V), ReduceMax(V),
-// ToF32(float|f16_t|bf16_t). Optional (the AVX2 traits have them): Transpose8(V[8]) for 8-lane
-// vectors (PackPanels), LoadBf16Pairs (the BF16 decode kernel, GemmSmallN).
+// ToF32(float|f16_t|bf16_t). Optional: Transpose(V[kLanes]), a kLanes x kLanes transpose in
+// registers (PackPanels; AVX2 and AVX-512 have it), LoadBf16Pairs (the BF16 decode kernel,
+// GemmSmallN; AVX2 has it).
 
 inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -232,27 +233,27 @@ inline constexpr int64_t kKc = 256;
 inline constexpr int64_t kNcPanels = 4;
 
 // Panel p of `packed` is [kc, NR] f32: packed[p][kk][jj] = w[p * NR + jj, kk], zero past nc.
-// Where S has an 8 x 8 transpose (8 lanes), whole groups of 8 weight rows are converted 8 k at a
-// time and transposed in registers: the packing is a fixed cost of every prefill Gemm call (each
-// task packs its w block for its x rows), and 64 scalar stores per 8 x 8 block made it ~2x
-// slower.
+// Where S has a kLanes x kLanes transpose, whole groups of kLanes weight rows are converted kLanes
+// k at a time and transposed in registers: the packing is a fixed cost of every prefill Gemm call
+// (each task packs its w block for its x rows), and kLanes scalar stores per element row made it
+// 2x (AVX2) to 4x (AVX-512) slower.
 template <class S, class W>
 void PackPanels(const W* w, int64_t ldw, int64_t nc, int64_t kc, float* packed) {
   constexpr int64_t kNr = 2 * S::kLanes;
+  constexpr int kL = S::kLanes;
   const int64_t panels = (nc + kNr - 1) / kNr;
   int64_t j0 = 0;
-  if constexpr (requires(typename S::V* r) { S::Transpose8(r); }) {
-    static_assert(S::kLanes == 8, "8 x 8 blocks: one vector per row of 8");
-    if (kc % 8 == 0) {
-      for (; j0 + 8 <= nc; j0 += 8) {
+  if constexpr (requires(typename S::V* r) { S::Transpose(r); }) {
+    if (kc % kL == 0) {
+      for (; j0 + kL <= nc; j0 += kL) {
         float* dst = packed + (j0 / kNr) * kc * kNr + j0 % kNr;
-        for (int64_t kk = 0; kk < kc; kk += 8) {
-          typename S::V r[8];
-#pragma GCC unroll 8
-          for (int i = 0; i < 8; ++i) r[i] = S::Load(w + (j0 + i) * ldw + kk);
-          S::Transpose8(r);
-#pragma GCC unroll 8
-          for (int i = 0; i < 8; ++i) S::Store(dst + (kk + i) * kNr, r[i]);
+        for (int64_t kk = 0; kk < kc; kk += kL) {
+          typename S::V r[kL];
+#pragma GCC unroll 16
+          for (int i = 0; i < kL; ++i) r[i] = S::Load(w + (j0 + i) * ldw + kk);
+          S::Transpose(r);
+#pragma GCC unroll 16
+          for (int i = 0; i < kL; ++i) S::Store(dst + (kk + i) * kNr, r[i]);
         }
       }
     }

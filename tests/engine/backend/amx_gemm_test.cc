@@ -248,7 +248,7 @@ TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
   KernelTable table = KernelsFor(CpuHasIsa(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar);
   table.pack_x_bf16x3 = &EmulatedPackX;
   table.gemm_amx_bf16 = &EmulatedGemm;
-  table.float_small_n_max = kGemmSmallNMax;  // the AMX table's (AVX-512's) crossover
+  table.float_small_n_max = kGemmSmallNMax;  // the AMX table's crossover
   auto created = CpuBackend::Create({.num_threads = 3, .kernels = &table});
   ASSERT_TRUE(created.ok()) << created.status();
   CpuBackend& backend = **created;
