@@ -376,7 +376,12 @@ class SmolLm2ChatTest(unittest.TestCase):
                 self.fail(msg + " (CI must have it: tools/test.sh fetches it first)")
             self.skipTest(msg)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        with Server(BINARY, path, "--threads", "1", "--http_port", "0") as server, \
+        # Without the prefix cache: a repeated prompt served from the cache computes its last rows
+        # in a smaller step, on the decode kernels rather than the prefill ones, and this model's
+        # int8-rounded activations turn that last-bit difference into another token at a near tie
+        # (docs/DESIGN.md, 4.1, Exactness). Every request here then runs the same steps.
+        with Server(BINARY, path, "--threads", "1", "--http_port", "0",
+                    "--prefix_caching", "false") as server, \
                 Client(server.address, timeout=120) as grpc:
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1",
                                    api_key="x", max_retries=0, timeout=120)
