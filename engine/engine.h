@@ -228,7 +228,7 @@ class Engine {
     return request.speculative_tokens.value_or(options_.speculative_tokens);
   }
   // Most rows of a step in which the backend gives every row the bits of a one-row step, for
-  // this model's weight dtypes (Backend::MaxRowInvariantRows). A step speculates only within it:
+  // this model's weights (Backend::MaxRowInvariantRows). A step speculates only within it:
   // one whose plain rows already exceed it verifies no drafts.
   int32_t max_row_invariant_rows() const { return max_row_invariant_rows_; }
   // One forward pass over the entries, then the next token of every sequence whose input is all

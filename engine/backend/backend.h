@@ -198,13 +198,15 @@ class Backend {
   // (RopeAndAppendKv/Attention). Activation-only ops support F32 only.
   virtual bool Supports(OpKind op, DType dtype) const = 0;
 
-  // Most x rows for which Gemm with weights of `weight_dtype` (and every other op of a step)
-  // gives each row the bits it gets in a one-row call: a row's result then does not depend on
-  // how many rows share the pass. Self-speculative decoding verifies drafts in one multi-row pass
-  // and is exact only within this bound (docs/DESIGN.md, section 4.2). The default, 1, claims
-  // nothing.
-  virtual int64_t MaxRowInvariantRows(DType weight_dtype) const {
+  // Most x rows for which Gemm with a weight of `weight_dtype` and `weight_rows` rows (and every
+  // other op of a step) gives each row the bits it gets in a one-row call: a row's result then
+  // does not depend on how many rows share the pass. Self-speculative decoding verifies drafts
+  // in one multi-row pass and is exact only within this bound, and the prefix cache gives a
+  // request the bits it gets without it only within it (docs/DESIGN.md, 4.1 and 4.2). The
+  // default, 1, claims nothing.
+  virtual int64_t MaxRowInvariantRows(DType weight_dtype, int64_t weight_rows) const {
     (void)weight_dtype;
+    (void)weight_rows;
     return 1;
   }
 

@@ -376,12 +376,10 @@ class SmolLm2ChatTest(unittest.TestCase):
                 self.fail(msg + " (CI must have it: tools/test.sh fetches it first)")
             self.skipTest(msg)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        # Without the prefix cache: a repeated prompt served from the cache computes its last rows
-        # in a smaller step, on the decode kernels rather than the prefill ones, and this model's
-        # int8-rounded activations turn that last-bit difference into another token at a near tie
-        # (docs/DESIGN.md, 4.1, Exactness). Every request here then runs the same steps.
-        with Server(BINARY, path, "--threads", "1", "--http_port", "0",
-                    "--prefix_caching", "false") as server, \
+        # The chat requests find the gRPC request's prompt in the prefix cache and compute only
+        # its last rows, in a smaller step: with quantized weights that gives the same bits
+        # (docs/DESIGN.md, 4.1, Exactness), so the texts must be equal, not merely close.
+        with Server(BINARY, path, "--threads", "1", "--http_port", "0") as server, \
                 Client(server.address, timeout=120) as grpc:
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1",
                                    api_key="x", max_retries=0, timeout=120)
@@ -400,6 +398,7 @@ class SmolLm2ChatTest(unittest.TestCase):
                                                               max_tokens=12, temperature=0,
                                                               stream=True) if c.choices)
             self.assertEqual(streamed, want.text)
+            self.assertGreater(metric_sum(server.metrics(), "modserve_prefix_cache_hits_total"), 0)
 
 
 if __name__ == "__main__":

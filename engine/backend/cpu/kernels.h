@@ -186,6 +186,11 @@ inline constexpr int64_t kAmxScratchFloats = 256 * 128 + 8 * 8 * 256;
 // kernels above.
 inline constexpr int64_t kGemmSmallNMax = 16;
 
+// Float weights of at most this many rows (MoD routers and predictors) take the decode kernels
+// whatever the row count: they are too thin for the prefill kernels' packing to pay, and a row's
+// bits then never depend on the rows beside it.
+inline constexpr int64_t kGemmSkinnyRows = 64;
+
 constexpr ActLayout ActLayoutFor(DType w, int64_t n) {
   return (w == DType::kQ4_0 || w == DType::kQ4_1) && n <= kGemmSmallNMax
              ? ActLayout::kPairInterleaved

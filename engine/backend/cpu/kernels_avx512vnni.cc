@@ -22,12 +22,12 @@ namespace {
 
 namespace qvnni {
 
-using qavx2::kPanelBlocks;
-using qavx2::kPanelRows;
 using qavx2::Panel;
 using qavx2::QMin;
 
-inline __m256i LoadI(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i LoadI(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
 
 // 4 activation bytes at p in every 32-bit lane (an embedded-broadcast operand of vpdpbusd).
 inline __m256i Broadcast4(const int8_t* p) {
@@ -36,169 +36,103 @@ inline __m256i Broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// acc[x] lane r += dot of panel row r with activation row x0 + x over the panel's `count` blocks
-// (blocks b0 .. b0 + count - 1 of the full rows); the panel is qavx2's (PackPanel), kKind as in
-// qavx2::PanelDot. Each block's integer sum is the same as there, and so are the f32 operations
-// that scale it, so the result is qavx2::PanelDot's bit for bit.
-// kKind 0: levels 0..15, one scale and offset per block: 8 vpdpbusd per block and x row.
+// acc[x] += blocks b0 .. b0 + count - 1 of panel rows against activation row x0 + x, each into
+// its slot: qavx2::PanelDot with vpdpbusd for the integer sums. Each block's integer sum is the
+// same as there, and its f32 update is qavx2::BlockUpdate, so the bits are qavx2::PanelDot's (and
+// so the decode kernels').
+// kKind 0, 3: levels 0..15: 8 vpdpbusd per block and x row.
 // kKind 1: signed levels (Q8_0). vpdpbusd wants the weight bytes unsigned: w + 128 (w ^ 0x80,
 //   once per panel vector for all x rows), and the 128 * sum(a) that adds is taken back from the
 //   activation block sums in one vpdpwssd: (sum16[2b], sum16[2b + 1]) . (-128, -128).
-// kKind 2: levels 0..63 (Q6_K), a scale and offset per 16-element half: 4 vpdpbusd per half.
+// kKind 2: levels 0..63 (Q6_K): 4 vpdpbusd per 16-element half.
 template <int kKind, int NX>
 void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
-              __m256 acc_io[]) {
+              int64_t nb_main, __m256 (*acc)[qavx2::kAccSlots]) {
   const int64_t k = a.k, nb = k / 32;
   const int8_t* q[NX];
   const float* da[NX];
   const float* ds[NX];
   const int16_t* sum16[NX];
-  __m256 acc[NX];
   for (int x = 0; x < NX; ++x) {
     q[x] = a.q + (x0 + x) * k + 32 * b0;
     da[x] = a.d + (x0 + x) * nb + b0;
     ds[x] = a.ds + (x0 + x) * nb + b0;
     sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
-    acc[x] = acc_io[x];
   }
-  for (int64_t bi = 0; bi < count; ++bi) {
-    if constexpr (kKind == 0 || kKind == 1) {
+  qavx2::PanelSlots<kKind, NX>(p, count, b0, nb_main, da, ds, acc, [&](int64_t bi, __m256i* isum) {
+    if constexpr (kKind != 2) {
       // Two chains per x row (even and odd j): vpdpbusd's latency is 4 cycles on Zen 4.
-      __m256i s32[NX], t32[NX];
-      for (int x = 0; x < NX; ++x) s32[x] = t32[x] = _mm256_setzero_si256();
+      __m256i t32[NX];
+      for (int x = 0; x < NX; ++x) isum[x] = t32[x] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        __m256i w = qavx2::LoadI(p.lv[bi][j]);
-        if constexpr (kKind == 1) w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+        __m256i w = LoadI(p.lv[bi][j]);
+        if constexpr (kKind == 1) {
+          w = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+        }
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
           if (j % 2 == 0) {
-            s32[x] = _mm256_dpbusd_epi32(s32[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
+            isum[x] = _mm256_dpbusd_epi32(isum[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
           } else {
             t32[x] = _mm256_dpbusd_epi32(t32[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
           }
         }
       }
-      for (int x = 0; x < NX; ++x) s32[x] = _mm256_add_epi32(s32[x], t32[x]);
-      const __m256 sc = _mm256_load_ps(p.scale[bi][0]);
-      if constexpr (kKind == 0) {
-        const __m256 off = _mm256_load_ps(p.offset[bi][0]);
-#pragma GCC unroll 8
-        for (int x = 0; x < NX; ++x) {
-          const __m256 isum = _mm256_cvtepi32_ps(s32[x]);
-          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])), isum, acc[x]);
-          acc[x] = _mm256_fmadd_ps(off, _mm256_set1_ps(ds[x][bi]), acc[x]);
-        }
-      } else {
+      for (int x = 0; x < NX; ++x) isum[x] = _mm256_add_epi32(isum[x], t32[x]);
+      if constexpr (kKind == 1) {
         const __m256i minus128 = _mm256_set1_epi16(-128);
-#pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
           int32_t pair;
           __builtin_memcpy(&pair, sum16[x] + 2 * bi, 4);
-          s32[x] = _mm256_dpwssd_epi32(s32[x], _mm256_set1_epi32(pair), minus128);
-          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])),
-                                   _mm256_cvtepi32_ps(s32[x]), acc[x]);
+          isum[x] = _mm256_dpwssd_epi32(isum[x], _mm256_set1_epi32(pair), minus128);
         }
       }
     } else {
+      __m256i dot[2][NX];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        __m256i s32[NX];
-        for (int x = 0; x < NX; ++x) s32[x] = _mm256_setzero_si256();
+        for (int x = 0; x < NX; ++x) dot[h][x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int j = 4 * h; j < 4 * h + 4; ++j) {
-          const __m256i w = qavx2::LoadI(p.lv[bi][j]);
+          const __m256i w = LoadI(p.lv[bi][j]);
 #pragma GCC unroll 8
           for (int x = 0; x < NX; ++x) {
-            s32[x] = _mm256_dpbusd_epi32(s32[x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
+            dot[h][x] = _mm256_dpbusd_epi32(dot[h][x], w, Broadcast4(q[x] + 32 * bi + 4 * j));
           }
         }
-        const __m256 sc = _mm256_load_ps(p.scale[bi][h]), off = _mm256_load_ps(p.offset[bi][h]);
-#pragma GCC unroll 8
-        for (int x = 0; x < NX; ++x) {
-          const float dx = da[x][bi];
-          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(dx)),
-                                   _mm256_cvtepi32_ps(s32[x]), acc[x]);
-          acc[x] = _mm256_fmadd_ps(
-              off, _mm256_set1_ps(dx * static_cast<float>(sum16[x][2 * bi + h])), acc[x]);
-        }
+      }
+      for (int x = 0; x < NX; ++x) {
+        isum[x] = qavx2::Q6KBlockSum(p, bi, dot[0][x], dot[1][x], sum16[x] + 2 * bi);
       }
     }
-  }
-  for (int x = 0; x < NX; ++x) acc_io[x] = acc[x];
+  });
 }
 
-// x rows per PanelDot call: 8 accumulators and 8 integer sums beside the panel vector fit the 32
-// vector registers (the AVX2 kernel has 16 and stops at 4).
-inline constexpr int kRowsPerTile = 8;
+// x rows per PanelDot call: 8 integer sums (and 8 second chains) beside the panel vector fit the
+// 32 vector registers (the AVX2 kernel has 16 and stops at 4).
+inline constexpr int kPanelTile = 8;
 
 template <int kKind>
 void PanelDotRows(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int nx,
-                  int64_t b0, __m256 acc[]) {
+                  int64_t b0, int64_t nb_main, __m256 (*acc)[qavx2::kAccSlots]) {
   switch (nx) {
     case 8:
-      return qvnni::PanelDot<kKind, 8>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 8>(p, count, a, x0, b0, nb_main, acc);
     case 7:
-      return qvnni::PanelDot<kKind, 7>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 7>(p, count, a, x0, b0, nb_main, acc);
     case 6:
-      return qvnni::PanelDot<kKind, 6>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 6>(p, count, a, x0, b0, nb_main, acc);
     case 5:
-      return qvnni::PanelDot<kKind, 5>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 5>(p, count, a, x0, b0, nb_main, acc);
     case 4:
-      return qvnni::PanelDot<kKind, 4>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 4>(p, count, a, x0, b0, nb_main, acc);
     case 3:
-      return qvnni::PanelDot<kKind, 3>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 3>(p, count, a, x0, b0, nb_main, acc);
     case 2:
-      return qvnni::PanelDot<kKind, 2>(p, count, a, x0, b0, acc);
+      return qvnni::PanelDot<kKind, 2>(p, count, a, x0, b0, nb_main, acc);
     default:
-      return qvnni::PanelDot<kKind, 1>(p, count, a, x0, b0, acc);
-  }
-}
-
-inline constexpr int64_t kChunkBlocks = 64;
-static_assert(kChunkBlocks <= kPanelBlocks);
-
-// Prefill: qavx2::GemmPacked's loop (per panel of 8 weight rows and k-chunk, pack once, then every
-// x tile) with the VNNI PanelDot and x tiles of 8 rows.
-template <class P, int kKind>
-void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const uint8_t* w,
-                int64_t row_bytes, const float* bias, float* out, int64_t ldo, int64_t row_begin,
-                int64_t row_end) {
-  const int64_t nb = a.k / 32;
-  Panel panel;
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelRows) {
-    const int num_rows = static_cast<int>(QMin(kPanelRows, row_end - r0));
-    alignas(32) float bias_rows[8] = {};
-    for (int r = 0; r < num_rows; ++r) bias_rows[r] = bias != nullptr ? bias[r0 + r] : 0.0f;
-    for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
-      const int64_t count = QMin(kChunkBlocks, nb - b0);
-      qavx2::PackPanel<P>(w + r0 * row_bytes, row_bytes, num_rows, b0, count, &panel);
-      for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) {
-        const int nx = static_cast<int>(QMin(kRowsPerTile, x_end - i));
-        // The first k-chunk starts from the bias; later ones from what the earlier ones wrote.
-        __m256 acc[kRowsPerTile];
-        alignas(32) float tmp[8];
-        for (int x = 0; x < nx; ++x) {
-          if (b0 == 0) {
-            acc[x] = _mm256_load_ps(bias_rows);
-          } else if (num_rows == 8) {
-            acc[x] = _mm256_loadu_ps(out + (i + x) * ldo + r0);
-          } else {
-            for (int r = 0; r < 8; ++r) tmp[r] = r < num_rows ? out[(i + x) * ldo + r0 + r] : 0.0f;
-            acc[x] = _mm256_load_ps(tmp);
-          }
-        }
-        PanelDotRows<kKind>(panel, count, a, i, nx, b0, acc);
-        for (int x = 0; x < nx; ++x) {
-          if (num_rows == 8) {
-            _mm256_storeu_ps(out + (i + x) * ldo + r0, acc[x]);
-          } else {
-            _mm256_store_ps(tmp, acc[x]);
-            for (int r = 0; r < num_rows; ++r) out[(i + x) * ldo + r0 + r] = tmp[r];
-          }
-        }
-      }
-    }
+      return qvnni::PanelDot<kKind, 1>(p, count, a, x0, b0, nb_main, acc);
   }
 }
 
@@ -280,8 +214,8 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
   const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   if (a.n > kGemmSmallNMax) {
-    return GemmPacked<P, kKind>(a, x_begin, x_end, wp, row_bytes, bias, out, ldo, row_begin,
-                                row_end);
+    return qavx2::GemmPacked<P, kPanelTile, &PanelDotRows<kKind>>(
+        a, x_begin, x_end, wp, row_bytes, bias, out, ldo, row_begin, row_end);
   }
   float res[kDecodeRowsPerTile];
   for (int64_t r = row_begin; r < row_end; ++r) {
@@ -301,7 +235,7 @@ namespace internal {
 constinit const KernelTable kAvx512VnniQuantGemms = {
     .isa = Isa::kAvx512Vnni,
     .gemm_q8_0 = &qvnni::Gemm<qvnni::Q8_0V, qavx2::Q8_0Pack, 1>,
-    .gemm_q4_0 = &qvnni::Gemm<qvnni::Q4K32V<false>, qavx2::Q4Pack<false>, 0>,
+    .gemm_q4_0 = &qvnni::Gemm<qvnni::Q4K32V<false>, qavx2::Q4Pack<false>, 3>,
     .gemm_q4_1 = &qvnni::Gemm<qvnni::Q4K32V<true>, qavx2::Q4Pack<true>, 0>,
     .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,

@@ -141,7 +141,8 @@ void QuantizeActs(const float* x, int64_t row_begin, int64_t row_end, const Quan
 // lanes; Finish, which reduces hadd(P0, P1) and hadd(P2, P3) to one vector whose lane j is
 // 32-element block j of the chunk; Scales, the chunk's f32 scales (shared by the x rows); and
 // Apply, which scales a row's 8 block sums into its f32 accumulator. The 32-element types also
-// have Tail for the at most 7 blocks past the last whole chunk.
+// have Tail for the at most 7 blocks past the last whole chunk, which adds them one after another
+// with Apply's operations (explicit fmaf: the prefill panels repeat them lane by lane).
 
 inline __m256i Ones16() { return _mm256_set1_epi16(1); }
 
@@ -202,7 +203,8 @@ struct Q8_0K {
       const __m256i v = _mm256_madd_epi16(
           _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(LoadI(a + 32 * b), w)),
           Ones16());
-      sum += HalfToFloat(LoadU16(blk)) * da[b] * static_cast<float>(HorizontalSumI32(v));
+      sum = __builtin_fmaf(HalfToFloat(LoadU16(blk)) * da[b],
+                           static_cast<float>(HorizontalSumI32(v)), sum);
     }
     return sum;
   }
@@ -262,12 +264,13 @@ struct Q4K32 {
           acc);
     }
   }
-  static float BlockValue(const uint8_t* blk, int32_t isum, float da, float ds) {
-    const float dw = HalfToFloat(LoadU16(blk));
+  // sum plus one block, in Apply's operations (so a tail block adds as a lane of Apply would).
+  static float Accumulate(float sum, const uint8_t* blk, int32_t isum, float da, float ds) {
+    const float dw = HalfToFloat(LoadU16(blk)), s = static_cast<float>(isum);
     if constexpr (kHasMin) {
-      return dw * da * static_cast<float>(isum) + HalfToFloat(LoadU16(blk + 2)) * ds;
+      return __builtin_fmaf(HalfToFloat(LoadU16(blk + 2)), ds, __builtin_fmaf(dw * da, s, sum));
     } else {
-      return dw * (da * static_cast<float>(isum) - 8.0f * ds);
+      return __builtin_fmaf(dw, __builtin_fmaf(da, s, -(8.0f * ds)), sum);
     }
   }
   // Pairs (interleaved activations), then perhaps a lone block (natural order).
@@ -277,12 +280,12 @@ struct Q4K32 {
     int64_t b = 0;
     for (; b + 2 <= count; b += 2) {
       const __m256i v = PairDot(LoadPair(blocks + b * kBlockBytes, 0), a + 32 * b);
-      sum += BlockValue(blocks + b * kBlockBytes,
-                        HorizontalSumI32(_mm256_blend_epi32(v, _mm256_setzero_si256(), 0xf0)),
-                        da[b], ds[b]);
-      sum += BlockValue(blocks + (b + 1) * kBlockBytes,
-                        HorizontalSumI32(_mm256_blend_epi32(v, _mm256_setzero_si256(), 0x0f)),
-                        da[b + 1], ds[b + 1]);
+      sum = Accumulate(sum, blocks + b * kBlockBytes,
+                       HorizontalSumI32(_mm256_blend_epi32(v, _mm256_setzero_si256(), 0xf0)), da[b],
+                       ds[b]);
+      sum = Accumulate(sum, blocks + (b + 1) * kBlockBytes,
+                       HorizontalSumI32(_mm256_blend_epi32(v, _mm256_setzero_si256(), 0x0f)),
+                       da[b + 1], ds[b + 1]);
     }
     if (b < count) {
       const uint8_t* blk = blocks + b * kBlockBytes;
@@ -291,7 +294,7 @@ struct Q4K32 {
           _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
           _mm256_set1_epi8(15));
       const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(w, LoadI(a + 32 * b)), Ones16());
-      sum += BlockValue(blk, HorizontalSumI32(v), da[b], ds[b]);
+      sum = Accumulate(sum, blk, HorizontalSumI32(v), da[b], ds[b]);
     }
     return sum;
   }
@@ -429,6 +432,13 @@ inline constexpr int kRowsPerTile = 4;
 // with no horizontal reduction; scales and offsets are stored as 8-row vectors. The panel covers
 // kPanelBlocks blocks of k at a time (k-chunks), so it stays in L1 while every x tile of the call
 // streams past it; that reuse pays for the packing (a transpose per block of 8 rows).
+//
+// Same bits as the decode kernels, for every row: a block's integer sum is exact either way, and
+// its f32 update is the one Apply makes in decode lane j = block % 8, made here in accumulator
+// j of the row (lane r = weight row r); blocks past the last whole 256-element chunk go to a
+// ninth accumulator as Tail adds them. At the end the eight are summed in HorizontalSum's tree,
+// then the tail, then the bias, as decode does. So a row's output does not depend on how many
+// rows share the call (CpuBackend::MaxRowInvariantRows).
 inline constexpr int64_t kPanelRows = 8;
 // 64 blocks = 2048 elements: 16 KiB of levels plus 8 KiB of scales, on the stack and in L1.
 inline constexpr int64_t kPanelBlocks = 64;
@@ -436,10 +446,11 @@ inline constexpr int64_t kPanelBlocks = 64;
 struct Panel {
   // lv[b][j]: levels of elements 4j .. 4j + 3 of block b for the 8 rows, 4 bytes per row.
   alignas(32) uint8_t lv[kPanelBlocks][8][32];
-  // Per block and 16-element half: w = scale * level + offset for each row (both halves alike
-  // except for Q6_K, whose sub-blocks are 16 elements).
-  alignas(32) float scale[kPanelBlocks][2][8];
-  alignas(32) float offset[kPanelBlocks][2][8];
+  // Per block (and 16-element half, for Q6_K's integer sub-block scales), per row, as the
+  // type's kKind uses them (BlockUpdate, Q6KBlockSum).
+  alignas(32) float scale[kPanelBlocks][8];
+  alignas(32) float offset[kPanelBlocks][8];
+  alignas(32) int32_t iscale[kPanelBlocks][2][8];
 };
 
 // rows[r] (r < 8): 32 levels of row r; transposed in place so that rows[j] lane r = the old
@@ -464,14 +475,16 @@ inline void Transpose8x8(__m256i rows[8]) {
   }
 }
 
-// Levels, scales and offsets of one 32-element block of one weight row, per type. `unit` points
-// at the row's data for the block: the block itself for the 32-element types, the super-block
-// for the K-quants (`sub` is then the block's index within it).
+// Levels and the scale, offset and integer half scales of one 32-element block of one weight
+// row, per type, as that type's Apply uses them. `unit` points at the row's data for the block:
+// the block itself for the 32-element types, the super-block for the K-quants (`sub` is then the
+// block's index within it).
 struct Q8_0Pack {
   static constexpr int64_t kBlocksPerUnit = 1, kUnitBytes = sizeof(BlockQ8_0);
-  static __m256i Levels(const uint8_t* unit, int /*sub*/, float sc[2], float off[2]) {
-    sc[0] = sc[1] = HalfToFloat(LoadU16(unit));
-    off[0] = off[1] = 0.0f;
+  static __m256i Levels(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
+    *sc = HalfToFloat(LoadU16(unit));
+    *off = 0.0f;
+    isc[0] = isc[1] = 0;
     return LoadI(unit + 2);
   }
 };
@@ -479,10 +492,10 @@ template <bool kHasMin>
 struct Q4Pack {
   static constexpr int64_t kBlocksPerUnit = 1;
   static constexpr int64_t kUnitBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  static __m256i Levels(const uint8_t* unit, int /*sub*/, float sc[2], float off[2]) {
-    const float d = HalfToFloat(LoadU16(unit));
-    sc[0] = sc[1] = d;
-    off[0] = off[1] = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : -8.0f * d;
+  static __m256i Levels(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
+    *sc = HalfToFloat(LoadU16(unit));
+    *off = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : 0.0f;  // Q4_0's -8 comes in PanelDot
+    isc[0] = isc[1] = 0;
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + (kHasMin ? 4 : 2)));
     return _mm256_and_si256(
         _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
@@ -491,25 +504,26 @@ struct Q4Pack {
 };
 struct Q4_KPack {
   static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ4_K);
-  static __m256i Levels(const uint8_t* unit, int sub, float sc[2], float off[2]) {
+  static __m256i Levels(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
     const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(unit);
     uint64_t scs, mns;
     UnpackQ4KScales(blk->scales, &scs, &mns);
-    sc[0] = sc[1] = HalfToFloat(blk->d.bits) * static_cast<float>((scs >> (8 * sub)) & 0xff);
-    off[0] = off[1] = -HalfToFloat(blk->dmin.bits) * static_cast<float>((mns >> (8 * sub)) & 0xff);
+    // Q4_KK::LoadScales' d * sc and dmin * mn; fma(-(dmin * mn), ds, acc) is Apply's fnmadd.
+    *sc = HalfToFloat(blk->d.bits) * static_cast<float>((scs >> (8 * sub)) & 0xff);
+    *off = -(HalfToFloat(blk->dmin.bits) * static_cast<float>((mns >> (8 * sub)) & 0xff));
+    isc[0] = isc[1] = 0;
     const __m256i raw = LoadI(blk->qs + 32 * (sub / 2));
     return _mm256_and_si256(sub % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
   }
 };
 struct Q6_KPack {
   static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ6_K);
-  static __m256i Levels(const uint8_t* unit, int sub, float sc[2], float off[2]) {
+  static __m256i Levels(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
     const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
-    const float d = HalfToFloat(blk->d.bits);
-    sc[0] = d * static_cast<float>(blk->scales[2 * sub]);
-    sc[1] = d * static_cast<float>(blk->scales[2 * sub + 1]);
-    off[0] = -32.0f * sc[0];
-    off[1] = -32.0f * sc[1];
+    *sc = HalfToFloat(blk->d.bits);
+    *off = 0.0f;
+    isc[0] = blk->scales[2 * sub];
+    isc[1] = blk->scales[2 * sub + 1];
     // quant.h's numbering: 32-element chunk `sub` is r = sub % 4 of half h = sub / 4.
     const int h = sub / 4, r = sub % 4;
     const __m256i ql = LoadI(blk->ql + 64 * h + 32 * (r & 1));
@@ -538,15 +552,15 @@ void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, in
     for (int r = 0; r < 8; ++r) {
       if (r >= num_rows) {
         rows[r] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) panel->scale[bi][h][r] = panel->offset[bi][h][r] = 0.0f;
+        panel->scale[bi][r] = panel->offset[bi][r] = 0.0f;
+        panel->iscale[bi][0][r] = panel->iscale[bi][1][r] = 0;
         continue;
       }
-      float sc[2], off[2];
-      rows[r] = P::Levels(w + r * row_bytes + unit * P::kUnitBytes, sub, sc, off);
-      for (int h = 0; h < 2; ++h) {
-        panel->scale[bi][h][r] = sc[h];
-        panel->offset[bi][h][r] = off[h];
-      }
+      int32_t isc[2];
+      rows[r] = P::Levels(w + r * row_bytes + unit * P::kUnitBytes, sub, &panel->scale[bi][r],
+                          &panel->offset[bi][r], isc);
+      panel->iscale[bi][0][r] = isc[0];
+      panel->iscale[bi][1][r] = isc[1];
     }
     Transpose8x8(rows);
     for (int j = 0; j < 8; ++j) {
@@ -559,38 +573,102 @@ inline __m256i Broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(p))));
 }
 
-// acc[x] lane r += dot of panel row r with activation row x0 + x over the panel's `count` blocks,
-// which are blocks b0 .. b0 + count - 1 of the full rows.
-// kKind 0: levels 0..15, one scale per block (Q4_0, Q4_1, Q4_K): a lane's 16 products summed in
-//   i16 stay below 8 * 2 * 15 * 127 < 2^15.
-// kKind 1: signed levels (Q8_0): |w| times the activation with w's sign; each vpmaddubsw goes to
-//   i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second).
-// kKind 2: levels 0..63 (Q6_K), a scale per 16-element half: two vpmaddubsw per i16 sum
-//   (4 * 63 * 127 < 2^15).
+// The panel kinds: how a block's integer sums are formed, and its f32 update, per type, in the
+// operations and order of that type's Apply (lane r = weight row r; scale, offset as PackPanel
+// stores them; da, ds the activation block's scale and scaled sum).
+// kKind 0 (Q4_1, Q4_K): levels 0..15; acc = fma(scale * da, isum, acc); acc = fma(offset, ds, acc).
+// kKind 1 (Q8_0): signed levels; acc = fma(scale * da, isum, acc).
+// kKind 2 (Q6_K): levels 0..63, integer scales per 16-element half: isum = sum over halves h of
+//   iscale[h] * (dot_h - 32 * asum16_h) (exact, as Q6_KK's madd and correction); acc =
+//   fma(scale * da, isum, acc) with scale = d.
+// kKind 3 (Q4_0): levels 0..15; acc = fma(scale, da * isum - 8 * ds, acc).
+template <int kKind>
+inline __m256 BlockUpdate(const Panel& p, int64_t bi, __m256i isum, float da, float ds,
+                          __m256 acc) {
+  const __m256 s = _mm256_cvtepi32_ps(isum), sc = _mm256_load_ps(p.scale[bi]);
+  if constexpr (kKind == 3) {
+    return _mm256_fmadd_ps(sc,
+                           _mm256_fmsub_ps(_mm256_set1_ps(da), s,
+                                           _mm256_mul_ps(_mm256_set1_ps(8.0f), _mm256_set1_ps(ds))),
+                           acc);
+  } else {
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da)), s, acc);
+    if constexpr (kKind == 0) {
+      acc = _mm256_fmadd_ps(_mm256_load_ps(p.offset[bi]), _mm256_set1_ps(ds), acc);
+    }
+    return acc;
+  }
+}
+
+// Q6_K's isum of one block from the two halves' level-times-activation sums.
+inline __m256i Q6KBlockSum(const Panel& p, int64_t bi, __m256i dot0, __m256i dot1,
+                           const int16_t* asum16) {
+  const __m256i c0 = _mm256_slli_epi32(_mm256_set1_epi32(asum16[0]), 5);
+  const __m256i c1 = _mm256_slli_epi32(_mm256_set1_epi32(asum16[1]), 5);
+  return _mm256_add_epi32(
+      _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(p.iscale[bi][0])),
+                         _mm256_sub_epi32(dot0, c0)),
+      _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(p.iscale[bi][1])),
+                         _mm256_sub_epi32(dot1, c1)));
+}
+
+// Accumulators of one x row against one panel: [0, 8) block % 8 of the whole 256-element chunks,
+// [8] the blocks past them.
+inline constexpr int kAccSlots = 9;
+
+// Runs blocks b0 .. b0 + count - 1 (b0 a multiple of 8) of a panel for NX x rows, slot by slot so
+// that each slot's accumulators stay in registers: slot j < 8 takes blocks j, j + 8, ... of the
+// whole chunks in order (a decode lane's order), slot 8 the blocks past them.
+// sums(bi, isum) leaves block bi's integer sums of the NX rows in isum.
+template <int kKind, int NX, class Sums>
+inline void PanelSlots(const Panel& p, int64_t count, int64_t b0, int64_t nb_main,
+                       const float* const* da, const float* const* ds, __m256 (*acc)[kAccSlots],
+                       Sums sums) {
+  const int64_t main_count = QMin(count, nb_main > b0 ? nb_main - b0 : 0);
+  for (int slot = 0; slot < kAccSlots; ++slot) {
+    const int64_t first = slot < 8 ? slot : main_count, end = slot < 8 ? main_count : count;
+    const int64_t step = slot < 8 ? 8 : 1;
+    if (first >= end) continue;
+    __m256 r[NX];
+    for (int x = 0; x < NX; ++x) r[x] = acc[x][slot];
+    for (int64_t bi = first; bi < end; bi += step) {
+      __m256i isum[NX];
+      sums(bi, isum);
+#pragma GCC unroll 8
+      for (int x = 0; x < NX; ++x) {
+        r[x] = BlockUpdate<kKind>(p, bi, isum[x], da[x][bi], ds[x][bi], r[x]);
+      }
+    }
+    for (int x = 0; x < NX; ++x) acc[x][slot] = r[x];
+  }
+}
+
 // Keeps v in a register as an opaque value: stops GCC from re-associating a chain of integer adds
 // into a tree, which would hold every product live at once and spill them.
 inline void Opaque(__m256i& v) { __asm__("" : "+x"(v)); }
 
+// acc[x] += the blocks b0 .. b0 + count - 1 of panel rows against activation row x0 + x, each
+// into its slot (PanelSlots). Integer sums: kKind 0 and 3, a lane's 16 products summed in i16 stay
+// below 8 * 2 * 15 * 127 < 2^15; kKind 1, |w| times the activation with w's sign, each
+// vpmaddubsw to i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second); kKind 2, two
+// vpmaddubsw per i16 sum (4 * 63 * 127 < 2^15).
 template <int kKind, int NX>
 void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
-              __m256 acc_io[]) {
+              int64_t nb_main, __m256 (*acc)[kAccSlots]) {
   const int64_t k = a.k, nb = k / 32;
   const __m256i ones = Ones16();
-  // Locals, so that the stores to the accumulators cannot alias the activations.
   const int8_t* q[NX];
   const float* da[NX];
   const float* ds[NX];
   const int16_t* sum16[NX];
-  __m256 acc[NX];
   for (int x = 0; x < NX; ++x) {
     q[x] = a.q + (x0 + x) * k + 32 * b0;
     da[x] = a.d + (x0 + x) * nb + b0;
     ds[x] = a.ds + (x0 + x) * nb + b0;
     sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
-    acc[x] = acc_io[x];
   }
-  for (int64_t bi = 0; bi < count; ++bi) {
-    if constexpr (kKind == 0) {
+  PanelSlots<kKind, NX>(p, count, b0, nb_main, da, ds, acc, [&](int64_t bi, __m256i* isum) {
+    if constexpr (kKind == 0 || kKind == 3) {
       __m256i s16[NX];
       for (int x = 0; x < NX; ++x) s16[x] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -603,16 +681,9 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
           Opaque(s16[x]);
         }
       }
-      const __m256 sc = _mm256_load_ps(p.scale[bi][0]), off = _mm256_load_ps(p.offset[bi][0]);
-#pragma GCC unroll 4
-      for (int x = 0; x < NX; ++x) {
-        const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[x], ones));
-        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])), isum, acc[x]);
-        acc[x] = _mm256_fmadd_ps(off, _mm256_set1_ps(ds[x][bi]), acc[x]);
-      }
+      for (int x = 0; x < NX; ++x) isum[x] = _mm256_madd_epi16(s16[x], ones);
     } else if constexpr (kKind == 1) {
-      __m256i s32[NX];
-      for (int x = 0; x < NX; ++x) s32[x] = _mm256_setzero_si256();
+      for (int x = 0; x < NX; ++x) isum[x] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const __m256i w = LoadI(p.lv[bi][j]);
@@ -621,21 +692,15 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
         for (int x = 0; x < NX; ++x) {
           const __m256i prod =
               _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Broadcast4(q[x] + 32 * bi + 4 * j), w));
-          s32[x] = _mm256_add_epi32(s32[x], _mm256_madd_epi16(prod, ones));
-          Opaque(s32[x]);
+          isum[x] = _mm256_add_epi32(isum[x], _mm256_madd_epi16(prod, ones));
+          Opaque(isum[x]);
         }
       }
-      const __m256 sc = _mm256_load_ps(p.scale[bi][0]);
-#pragma GCC unroll 4
-      for (int x = 0; x < NX; ++x) {
-        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da[x][bi])),
-                                 _mm256_cvtepi32_ps(s32[x]), acc[x]);
-      }
     } else {
+      __m256i dot[2][NX];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        __m256i s32[NX];
-        for (int x = 0; x < NX; ++x) s32[x] = _mm256_setzero_si256();
+        for (int x = 0; x < NX; ++x) dot[h][x] = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (int j = 4 * h; j < 4 * h + 4; j += 2) {
           const __m256i w0 = LoadI(p.lv[bi][j]), w1 = LoadI(p.lv[bi][j + 1]);
@@ -644,77 +709,110 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
             const int8_t* qx = q[x] + 32 * bi + 4 * j;
             const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, Broadcast4(qx)),
                                                _mm256_maddubs_epi16(w1, Broadcast4(qx + 4)));
-            s32[x] = _mm256_add_epi32(s32[x], _mm256_madd_epi16(t, ones));
-            Opaque(s32[x]);
+            dot[h][x] = _mm256_add_epi32(dot[h][x], _mm256_madd_epi16(t, ones));
+            Opaque(dot[h][x]);
           }
         }
-        const __m256 sc = _mm256_load_ps(p.scale[bi][h]), off = _mm256_load_ps(p.offset[bi][h]);
-#pragma GCC unroll 4
-        for (int x = 0; x < NX; ++x) {
-          const float dx = da[x][bi];
-          acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(dx)),
-                                   _mm256_cvtepi32_ps(s32[x]), acc[x]);
-          acc[x] = _mm256_fmadd_ps(
-              off, _mm256_set1_ps(dx * static_cast<float>(sum16[x][2 * bi + h])), acc[x]);
-        }
+      }
+      for (int x = 0; x < NX; ++x) {
+        isum[x] = Q6KBlockSum(p, bi, dot[0][x], dot[1][x], sum16[x] + 2 * bi);
       }
     }
-  }
-  for (int x = 0; x < NX; ++x) acc_io[x] = acc[x];
+  });
 }
 
-// Prefill: per panel of 8 weight rows and k-chunk, pack once, then every x tile of 4 rows.
-template <class P, int kKind>
+// x rows per PanelDot call: four keep the partial sums beside the panel vectors in 16 registers.
+inline constexpr int kPanelTile = 4;
+
+template <int kKind>
+void PanelDotRows(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int nx,
+                  int64_t b0, int64_t nb_main, __m256 (*acc)[kAccSlots]) {
+  switch (nx) {
+    case 4:
+      return PanelDot<kKind, 4>(p, count, a, x0, b0, nb_main, acc);
+    case 3:
+      return PanelDot<kKind, 3>(p, count, a, x0, b0, nb_main, acc);
+    case 2:
+      return PanelDot<kKind, 2>(p, count, a, x0, b0, nb_main, acc);
+    default:
+      return PanelDot<kKind, 1>(p, count, a, x0, b0, nb_main, acc);
+  }
+}
+
+// x rows whose accumulators one pass over the panels keeps when k spans several k-chunks (on the
+// stack: 18 KiB); such a call packs each panel once per block of this many rows.
+inline constexpr int64_t kAccRows = 64;
+
+using PanelDotFn = void (*)(const Panel&, int64_t, const QuantizedActs&, int64_t, int, int64_t,
+                            int64_t, __m256 (*)[kAccSlots]);
+
+// out rows x0 .. x0 + count - 1, weight rows r0 .. r0 + num_rows - 1, from their accumulators:
+// HorizontalSum's tree lane-wise, ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), then the tail
+// slot if there are tail blocks, then the bias, as the decode kernels finish a row.
+inline void FinishRows(const __m256 (*acc)[kAccSlots], int64_t count, bool tail,
+                       const float* bias_rows, float* out, int64_t ldo, int64_t x0, int64_t r0,
+                       int num_rows) {
+  for (int64_t i = 0; i < count; ++i) {
+    const __m256* s = acc[i];
+    __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[0], s[4]), _mm256_add_ps(s[2], s[6])),
+                             _mm256_add_ps(_mm256_add_ps(s[1], s[5]), _mm256_add_ps(s[3], s[7])));
+    if (tail) v = _mm256_add_ps(v, s[8]);
+    v = _mm256_add_ps(v, _mm256_load_ps(bias_rows));
+    float* o = out + (x0 + i) * ldo + r0;
+    if (num_rows == 8) {
+      _mm256_storeu_ps(o, v);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, v);
+      for (int r = 0; r < num_rows; ++r) o[r] = tmp[r];
+    }
+  }
+}
+
+// Prefill: per panel of 8 weight rows, each k-chunk packed once and run through every x tile of
+// kTile rows by kDot; then each row's accumulators are summed as the decode kernels sum theirs.
+// With k in one k-chunk (up to 2048) a tile is finished as soon as it is done; with more, the
+// accumulators of kAccRows x rows wait for the last k-chunk.
+template <class P, int kTile, PanelDotFn kDot>
 void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const uint8_t* w,
                 int64_t row_bytes, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                 int64_t row_end) {
-  const int64_t nb = a.k / 32;
+  const int64_t nb = a.k / 32, nb_main = a.k / 256 * 8;
   Panel panel;
+  alignas(32) __m256 acc[kAccRows][kAccSlots];
+  static_assert(kTile <= kAccRows);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kPanelRows) {
     const int num_rows = static_cast<int>(QMin(kPanelRows, row_end - r0));
+    const uint8_t* wp = w + r0 * row_bytes;
     alignas(32) float bias_rows[8] = {};
     for (int r = 0; r < num_rows; ++r) bias_rows[r] = bias != nullptr ? bias[r0 + r] : 0.0f;
-    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
-      const int64_t count = QMin(kPanelBlocks, nb - b0);
-      PackPanel<P>(w + r0 * row_bytes, row_bytes, num_rows, b0, count, &panel);
-      for (int64_t i = x_begin; i < x_end; i += kRowsPerTile) {
-        const int nx = static_cast<int>(QMin(kRowsPerTile, x_end - i));
-        // The first k-chunk starts from the bias; later ones from what the earlier ones wrote.
-        __m256 acc[kRowsPerTile];
-        alignas(32) float tmp[8];
-        for (int x = 0; x < nx; ++x) {
-          if (b0 == 0) {
-            acc[x] = _mm256_load_ps(bias_rows);
-          } else if (num_rows == 8) {
-            acc[x] = _mm256_loadu_ps(out + (i + x) * ldo + r0);
-          } else {
-            for (int r = 0; r < 8; ++r) tmp[r] = r < num_rows ? out[(i + x) * ldo + r0 + r] : 0.0f;
-            acc[x] = _mm256_load_ps(tmp);
-          }
-        }
-        switch (nx) {
-          case 4:
-            PanelDot<kKind, 4>(panel, count, a, i, b0, acc);
-            break;
-          case 3:
-            PanelDot<kKind, 3>(panel, count, a, i, b0, acc);
-            break;
-          case 2:
-            PanelDot<kKind, 2>(panel, count, a, i, b0, acc);
-            break;
-          default:
-            PanelDot<kKind, 1>(panel, count, a, i, b0, acc);
-            break;
-        }
-        for (int x = 0; x < nx; ++x) {
-          if (num_rows == 8) {
-            _mm256_storeu_ps(out + (i + x) * ldo + r0, acc[x]);
-          } else {
-            _mm256_store_ps(tmp, acc[x]);
-            for (int r = 0; r < num_rows; ++r) out[(i + x) * ldo + r0 + r] = tmp[r];
-          }
+    auto zero = [&](int64_t rows) {
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int s = 0; s < kAccSlots; ++s) acc[i][s] = _mm256_setzero_ps();
+      }
+    };
+    if (nb <= kPanelBlocks) {
+      PackPanel<P>(wp, row_bytes, num_rows, 0, nb, &panel);
+      for (int64_t i = x_begin; i < x_end; i += kTile) {
+        const int nx = static_cast<int>(QMin(kTile, x_end - i));
+        zero(nx);
+        kDot(panel, nb, a, i, nx, 0, nb_main, acc);
+        FinishRows(acc, nx, nb > nb_main, bias_rows, out, ldo, i, r0, num_rows);
+      }
+      continue;
+    }
+    for (int64_t xb = x_begin; xb < x_end; xb += kAccRows) {
+      const int64_t xe = QMin(x_end, xb + kAccRows);
+      zero(xe - xb);
+      for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+        const int64_t count = QMin(kPanelBlocks, nb - b0);
+        PackPanel<P>(wp, row_bytes, num_rows, b0, count, &panel);
+        for (int64_t i = xb; i < xe; i += kTile) {
+          kDot(panel, count, a, i, static_cast<int>(QMin(kTile, xe - i)), b0, nb_main,
+               &acc[i - xb]);
         }
       }
+      FinishRows(acc, xe - xb, nb > nb_main, bias_rows, out, ldo, xb, r0, num_rows);
     }
   }
 }
@@ -796,8 +894,8 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
   const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   if (a.n > kGemmSmallNMax) {
-    return GemmPacked<P, kKind>(a, x_begin, x_end, wp, row_bytes, bias, out, ldo, row_begin,
-                                row_end);
+    return GemmPacked<P, kPanelTile, &PanelDotRows<kKind>>(a, x_begin, x_end, wp, row_bytes, bias,
+                                                           out, ldo, row_begin, row_end);
   }
   float res[kRowsPerTile];
   auto tile = [&](int64_t r, int64_t i) {
@@ -818,7 +916,7 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.quantize_acts = &qavx2::QuantizeActs;
   t.gemm_q8_0 = &qavx2::Gemm<qavx2::Q8_0K, qavx2::Q8_0Pack, 1>;
-  t.gemm_q4_0 = &qavx2::Gemm<qavx2::Q4K32<false>, qavx2::Q4Pack<false>, 0>;
+  t.gemm_q4_0 = &qavx2::Gemm<qavx2::Q4K32<false>, qavx2::Q4Pack<false>, 3>;
   t.gemm_q4_1 = &qavx2::Gemm<qavx2::Q4K32<true>, qavx2::Q4Pack<true>, 0>;
   t.gemm_q4_k = &qavx2::Gemm<qavx2::Q4_KK, qavx2::Q4_KPack, 0>;
   t.gemm_q6_k = &qavx2::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>;

@@ -60,7 +60,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   // Not established for the gemv (n <= kGemvMaxRows), cuBLAS and attention kernels across row
   // counts, so nothing is claimed: a speculative step needs at least 2 rows and never runs here.
-  int64_t MaxRowInvariantRows(DType) const override { return 1; }
+  int64_t MaxRowInvariantRows(DType, int64_t) const override { return 1; }
   Device device() const override { return kDev; }
   bool Supports(OpKind op, DType dtype) const override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;

@@ -330,8 +330,8 @@ TEST_P(BackendConformanceTest, AttentionRowsGetTheBitsOfAOneRowCallWithinTheRowI
   // Backend::MaxRowInvariantRows covers every op of a step, attention included: self-speculative
   // verification relies on it. Each row of a multi-row call must get exactly the bits it gets
   // alone, at contexts long enough to be split, for MQA, odd GQA groups and every storage type.
-  const int64_t bound = std::min(backend_->MaxRowInvariantRows(DType::kBF16),
-                                 backend_->MaxRowInvariantRows(DType::kQ4_1));
+  const int64_t bound = std::min(backend_->MaxRowInvariantRows(DType::kBF16, 4096),
+                                 backend_->MaxRowInvariantRows(DType::kQ4_1, 4096));
   if (bound < 2) GTEST_SKIP() << GetParam() << " claims no row invariance";
   const std::vector<int32_t> lens = {1500, 40, 700, 257, 3001, 256, 1, 1024, 511, 2048};
   const int64_t n = std::min<int64_t>(bound, static_cast<int64_t>(lens.size()));
@@ -768,50 +768,53 @@ TEST_P(BackendConformanceTest, QuantizedGemmMatchesReference) {
 }
 
 TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvariantRange) {
-  // Backend::MaxRowInvariantRows(dtype): up to that many x rows, every row of a Gemm gets
-  // exactly the bits of a one-row call. Every row count in the range, float and quantized
-  // weights, k with and without a vector tail, m with a partial weight-row group.
+  // Backend::MaxRowInvariantRows(dtype, m): up to that many x rows, every row of a Gemm gets
+  // exactly the bits of a one-row call. Every row count in the range (up to 70: past the CPU's
+  // decode/prefill switches at 16-48 rows and its quantized prefill kernels' 64-row blocks),
+  // float and quantized weights, k with and without a vector tail, m with a partial weight-row
+  // group, and for float weights m on both sides of the CPU's skinny-weight bound (64 rows).
   std::vector<DType> dtypes(std::begin(kStorageDTypes), std::end(kStorageDTypes));
   dtypes.insert(dtypes.end(), std::begin(kQuantDTypes), std::end(kQuantDTypes));
   int ran = 0;
   for (DType dt : dtypes) {
     if (!backend_->Supports(OpKind::kGemm, dt)) continue;
-    const int64_t bound = backend_->MaxRowInvariantRows(dt);
-    if (bound < 2) continue;
-    ++ran;
     const bool quantized = DTypeIsQuantized(dt);
-    for (int64_t k : quantized ? std::vector<int64_t>{DTypeBlockElems(dt) * 9}
-                               : std::vector<int64_t>{1100, 1030}) {
-      const int64_t m = 23;
-      std::mt19937 rng(static_cast<uint32_t>(k * 13 + static_cast<int>(dt)));
-      HostTensor x =
-          quantized ? QuantGemmInput(rng, bound, k) : Random(rng, DType::kF32, {bound, k});
-      HostTensor w = quantized ? RandomQuantized(rng, dt, m, k) : Random(rng, dt, {m, k});
-      HostTensor bias = Random(rng, DType::kF32, {m});
-      const TensorView w_d = Upload(w), bias_d = Upload(bias);
-      const size_t x_row = static_cast<size_t>(k) * sizeof(float);
-      const size_t out_row = static_cast<size_t>(m) * sizeof(float);
-      std::vector<HostTensor> one_row;
-      for (int64_t i = 0; i < bound; ++i) {
-        HostTensor xi(DType::kF32, {1, k});
-        std::memcpy(xi.storage.data(), x.storage.data() + i * x_row, x_row);
-        HostTensor oi(DType::kF32, {1, m});
-        const TensorView oi_d = Upload(oi);
-        backend_->Gemm(Upload(xi), w_d, bias_d, oi_d);
-        one_row.push_back(Download(oi_d, oi));
-      }
-      for (int64_t n = 2; n <= bound; ++n) {
-        HostTensor xn(DType::kF32, {n, k});
-        std::memcpy(xn.storage.data(), x.storage.data(), n * x_row);
-        HostTensor on(DType::kF32, {n, m});
-        const TensorView on_d = Upload(on);
-        backend_->Gemm(Upload(xn), w_d, bias_d, on_d);
-        const HostTensor got = Download(on_d, on);
-        for (int64_t i = 0; i < n; ++i) {
-          EXPECT_EQ(std::memcmp(got.storage.data() + i * out_row, one_row[i].storage.data(),
-                                out_row),
-                    0)
-              << DTypeName(dt) << " k=" << k << " row " << i << " of " << n;
+    for (int64_t m : quantized ? std::vector<int64_t>{23} : std::vector<int64_t>{23, 71}) {
+      const int64_t bound = std::min<int64_t>(backend_->MaxRowInvariantRows(dt, m), 70);
+      if (bound < 2) continue;
+      ++ran;
+      for (int64_t k : quantized ? std::vector<int64_t>{DTypeBlockElems(dt) * 9}
+                                 : std::vector<int64_t>{1100, 1030}) {
+        std::mt19937 rng(static_cast<uint32_t>(k * 13 + m + static_cast<int>(dt)));
+        HostTensor x =
+            quantized ? QuantGemmInput(rng, bound, k) : Random(rng, DType::kF32, {bound, k});
+        HostTensor w = quantized ? RandomQuantized(rng, dt, m, k) : Random(rng, dt, {m, k});
+        HostTensor bias = Random(rng, DType::kF32, {m});
+        const TensorView w_d = Upload(w), bias_d = Upload(bias);
+        const size_t x_row = static_cast<size_t>(k) * sizeof(float);
+        const size_t out_row = static_cast<size_t>(m) * sizeof(float);
+        std::vector<HostTensor> one_row;
+        for (int64_t i = 0; i < bound; ++i) {
+          HostTensor xi(DType::kF32, {1, k});
+          std::memcpy(xi.storage.data(), x.storage.data() + i * x_row, x_row);
+          HostTensor oi(DType::kF32, {1, m});
+          const TensorView oi_d = Upload(oi);
+          backend_->Gemm(Upload(xi), w_d, bias_d, oi_d);
+          one_row.push_back(Download(oi_d, oi));
+        }
+        for (int64_t n = 2; n <= bound; ++n) {
+          HostTensor xn(DType::kF32, {n, k});
+          std::memcpy(xn.storage.data(), x.storage.data(), n * x_row);
+          HostTensor on(DType::kF32, {n, m});
+          const TensorView on_d = Upload(on);
+          backend_->Gemm(Upload(xn), w_d, bias_d, on_d);
+          const HostTensor got = Download(on_d, on);
+          for (int64_t i = 0; i < n; ++i) {
+            EXPECT_EQ(std::memcmp(got.storage.data() + i * out_row, one_row[i].storage.data(),
+                                  out_row),
+                      0)
+                << DTypeName(dt) << " m=" << m << " k=" << k << " row " << i << " of " << n;
+          }
         }
       }
     }
