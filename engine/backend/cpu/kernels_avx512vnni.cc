@@ -22,12 +22,9 @@ namespace {
 
 namespace qvnni {
 
+using qavx2::LoadI;
 using qavx2::Panel;
 using qavx2::QMin;
-
-inline __m256i LoadI(const void* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
 
 // 4 activation bytes at p in every 32-bit lane (an embedded-broadcast operand of vpdpbusd).
 inline __m256i Broadcast4(const int8_t* p) {
@@ -48,18 +45,10 @@ inline __m256i Broadcast4(const int8_t* p) {
 template <int kKind, int NX>
 void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
               int64_t nb_main, __m256 (*acc)[qavx2::kAccSlots]) {
-  const int64_t k = a.k, nb = k / 32;
-  const int8_t* q[NX];
-  const float* da[NX];
-  const float* ds[NX];
-  const int16_t* sum16[NX];
-  for (int x = 0; x < NX; ++x) {
-    q[x] = a.q + (x0 + x) * k + 32 * b0;
-    da[x] = a.d + (x0 + x) * nb + b0;
-    ds[x] = a.ds + (x0 + x) * nb + b0;
-    sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
-  }
-  qavx2::PanelSlots<kKind, NX>(p, count, b0, nb_main, da, ds, acc, [&](int64_t bi, __m256i* isum) {
+  const qavx2::TileActs<NX> t(a, x0, b0);
+  const auto& q = t.q;
+  const auto& sum16 = t.sum16;
+  qavx2::PanelSlots<kKind, NX>(p, count, b0, nb_main, t, acc, [&](int64_t bi, __m256i* isum) {
     if constexpr (kKind != 2) {
       // Two chains per x row (even and odd j): vpdpbusd's latency is 4 cycles on Zen 4.
       __m256i t32[NX];

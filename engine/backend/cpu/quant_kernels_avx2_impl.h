@@ -616,14 +616,32 @@ inline __m256i Q6KBlockSum(const Panel& p, int64_t bi, __m256i dot0, __m256i dot
 // [8] the blocks past them.
 inline constexpr int kAccSlots = 9;
 
+// Activation rows x0 .. x0 + NX - 1 from block b0 on: their levels, scales, scaled sums and
+// 16-element sums, as the panel kernels read them.
+template <int NX>
+struct TileActs {
+  const int8_t* q[NX];
+  const float* da[NX];
+  const float* ds[NX];
+  const int16_t* sum16[NX];
+  TileActs(const QuantizedActs& a, int64_t x0, int64_t b0) {
+    const int64_t k = a.k, nb = k / 32;
+    for (int x = 0; x < NX; ++x) {
+      q[x] = a.q + (x0 + x) * k + 32 * b0;
+      da[x] = a.d + (x0 + x) * nb + b0;
+      ds[x] = a.ds + (x0 + x) * nb + b0;
+      sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
+    }
+  }
+};
+
 // Runs blocks b0 .. b0 + count - 1 (b0 a multiple of 8) of a panel for NX x rows, slot by slot so
 // that each slot's accumulators stay in registers: slot j < 8 takes blocks j, j + 8, ... of the
 // whole chunks in order (a decode lane's order), slot 8 the blocks past them.
 // sums(bi, isum) leaves block bi's integer sums of the NX rows in isum.
 template <int kKind, int NX, class Sums>
 inline void PanelSlots(const Panel& p, int64_t count, int64_t b0, int64_t nb_main,
-                       const float* const* da, const float* const* ds, __m256 (*acc)[kAccSlots],
-                       Sums sums) {
+                       const TileActs<NX>& t, __m256 (*acc)[kAccSlots], Sums sums) {
   const int64_t main_count = QMin(count, nb_main > b0 ? nb_main - b0 : 0);
   for (int slot = 0; slot < kAccSlots; ++slot) {
     const int64_t first = slot < 8 ? slot : main_count, end = slot < 8 ? main_count : count;
@@ -636,7 +654,7 @@ inline void PanelSlots(const Panel& p, int64_t count, int64_t b0, int64_t nb_mai
       sums(bi, isum);
 #pragma GCC unroll 8
       for (int x = 0; x < NX; ++x) {
-        r[x] = BlockUpdate<kKind>(p, bi, isum[x], da[x][bi], ds[x][bi], r[x]);
+        r[x] = BlockUpdate<kKind>(p, bi, isum[x], t.da[x][bi], t.ds[x][bi], r[x]);
       }
     }
     for (int x = 0; x < NX; ++x) acc[x][slot] = r[x];
@@ -655,19 +673,11 @@ inline void Opaque(__m256i& v) { __asm__("" : "+x"(v)); }
 template <int kKind, int NX>
 void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
               int64_t nb_main, __m256 (*acc)[kAccSlots]) {
-  const int64_t k = a.k, nb = k / 32;
   const __m256i ones = Ones16();
-  const int8_t* q[NX];
-  const float* da[NX];
-  const float* ds[NX];
-  const int16_t* sum16[NX];
-  for (int x = 0; x < NX; ++x) {
-    q[x] = a.q + (x0 + x) * k + 32 * b0;
-    da[x] = a.d + (x0 + x) * nb + b0;
-    ds[x] = a.ds + (x0 + x) * nb + b0;
-    sum16[x] = a.sum16 + (x0 + x) * 2 * nb + 2 * b0;
-  }
-  PanelSlots<kKind, NX>(p, count, b0, nb_main, da, ds, acc, [&](int64_t bi, __m256i* isum) {
+  const TileActs<NX> t(a, x0, b0);
+  const auto& q = t.q;
+  const auto& sum16 = t.sum16;
+  PanelSlots<kKind, NX>(p, count, b0, nb_main, t, acc, [&](int64_t bi, __m256i* isum) {
     if constexpr (kKind == 0 || kKind == 3) {
       __m256i s16[NX];
       for (int x = 0; x < NX; ++x) s16[x] = _mm256_setzero_si256();
