@@ -446,7 +446,7 @@ int Main(int argc, char** argv) {
   }
   if (only == "quant-compute") {
     for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
-      for (int64_t n : {1, 4, 16, 64}) BenchQuantCompute(backend, t, 2048, n);
+      for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n);
     }
     return 0;
   }

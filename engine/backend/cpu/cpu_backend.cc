@@ -517,7 +517,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     if (DTypeIsQuantized(mem.dtype)) {
       mem.quant = QuantKernel(mem.dtype);
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
-      mem.large = n > kGemmSmallNMax;
+      mem.large = n > kQuantSmallNMax;
     } else {
       mem.large = n > kernels_.float_small_n_max && mem.m > kGemmSkinnyRows;
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;

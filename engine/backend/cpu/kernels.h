@@ -83,7 +83,7 @@ using QuantGemmFn = void (*)(const QuantizedActs& acts, int64_t x_begin, int64_t
                              int64_t row_begin, int64_t row_end);
 
 // The layout the kernels want for a Gemm of n rows: the Q4_0/Q4_1 decode kernels read two blocks
-// side by side; every prefill kernel (n > kGemmSmallNMax, below) reads natural order.
+// side by side; every prefill kernel (n > kQuantSmallNMax, below) reads natural order.
 constexpr ActLayout ActLayoutFor(DType w, int64_t n);
 
 struct KernelTable {
@@ -181,10 +181,17 @@ constexpr size_t AmxPackedXBytes(int64_t n, int64_t k) {
 }
 inline constexpr int64_t kAmxScratchFloats = 256 * 128 + 8 * 8 * 256;
 
-// Decode/prefill threshold of the quantized-weight kernels (and the default of
-// KernelTable::float_small_n_max): the decode kernels up to this many x rows, the packed prefill
-// kernels above.
+// The default of KernelTable::float_small_n_max: the float decode kernels up to this many x rows,
+// the packed prefill kernels above, where a table has measured nothing better.
 inline constexpr int64_t kGemmSmallNMax = 16;
+
+// Decode/prefill threshold of the quantized-weight kernels: the row kernels up to this many x
+// rows, the packed 8-row panels above. Measured (kernel_bench quant-compute, AVX2 and
+// AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
+// on every type (up to 1.8x at 16 rows), at 4 rows they are even; at 2 the per-call packing still
+// costs more than it saves. The bits are the same either way (quant_kernels_avx2_impl.h), so this
+// moves only speed.
+inline constexpr int64_t kQuantSmallNMax = 4;
 
 // Float weights of at most this many rows (MoD routers and predictors) take the decode kernels
 // whatever the row count: they are too thin for the prefill kernels' packing to pay, and a row's
@@ -192,7 +199,7 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 inline constexpr int64_t kGemmSkinnyRows = 64;
 
 constexpr ActLayout ActLayoutFor(DType w, int64_t n) {
-  return (w == DType::kQ4_0 || w == DType::kQ4_1) && n <= kGemmSmallNMax
+  return (w == DType::kQ4_0 || w == DType::kQ4_1) && n <= kQuantSmallNMax
              ? ActLayout::kPairInterleaved
              : ActLayout::kNatural;
 }

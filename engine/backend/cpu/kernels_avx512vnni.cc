@@ -195,14 +195,14 @@ void RowTile(const QuantizedActs& a, int64_t x0, int nx, const uint8_t* wrow, fl
   }
 }
 
-// Decode (n <= kGemmSmallNMax): weight rows outer, each read once for all x rows, as in qavx2;
+// Decode (n <= kQuantSmallNMax): weight rows outer, each read once for all x rows, as in qavx2;
 // prefill: the VNNI panels.
 template <class T, class P, int kKind>
 void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
           float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
   const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
-  if (a.n > kGemmSmallNMax) {
+  if (a.n > kQuantSmallNMax) {
     return qavx2::GemmPacked<P, kPanelTile, &PanelDotRows<kKind>>(
         a, x_begin, x_end, wp, row_bytes, bias, out, ldo, row_begin, row_end);
   }

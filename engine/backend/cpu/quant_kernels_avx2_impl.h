@@ -478,33 +478,55 @@ inline void Transpose8x8(__m256i rows[8]) {
 // Levels and the scale, offset and integer half scales of one 32-element block of one weight
 // row, per type, as that type's Apply uses them. `unit` points at the row's data for the block:
 // the block itself for the 32-element types, the super-block for the K-quants (`sub` is then the
-// block's index within it).
+// block's index within it). Scales8 gives the same numbers for the 8 blocks of a group (8
+// consecutive blocks from a multiple of 8: one K-quant super-block, or 8 units side by side) as
+// vectors whose lane j is block j, computed with the same single roundings as Levels'. kOffset
+// and kIntScales say which of them the type's BlockUpdate reads (PackPanel stores only those).
 struct Q8_0Pack {
   static constexpr int64_t kBlocksPerUnit = 1, kUnitBytes = sizeof(BlockQ8_0);
-  static __m256i Levels(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
+  static constexpr bool kOffset = false, kIntScales = false;
+  static __m256i Levels(const uint8_t* unit, int /*sub*/) { return LoadI(unit + 2); }
+  static void Scales(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
     *sc = HalfToFloat(LoadU16(unit));
     *off = 0.0f;
     isc[0] = isc[1] = 0;
-    return LoadI(unit + 2);
+  }
+  static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
+    *sc = GatherHalves8<kUnitBytes>(unit);
+    *off = _mm256_setzero_ps();
+    isc[0] = isc[1] = _mm256_setzero_si256();
   }
 };
 template <bool kHasMin>
 struct Q4Pack {
   static constexpr int64_t kBlocksPerUnit = 1;
   static constexpr int64_t kUnitBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  static __m256i Levels(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
-    *sc = HalfToFloat(LoadU16(unit));
-    *off = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : 0.0f;  // Q4_0's -8 comes in PanelDot
-    isc[0] = isc[1] = 0;
+  static constexpr bool kOffset = kHasMin, kIntScales = false;
+  static __m256i Levels(const uint8_t* unit, int /*sub*/) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + (kHasMin ? 4 : 2)));
     return _mm256_and_si256(
         _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
         _mm256_set1_epi8(15));
   }
+  static void Scales(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
+    *sc = HalfToFloat(LoadU16(unit));
+    *off = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : 0.0f;  // Q4_0's -8 comes in PanelDot
+    isc[0] = isc[1] = 0;
+  }
+  static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
+    *sc = GatherHalves8<kUnitBytes>(unit);
+    *off = kHasMin ? GatherHalves8<kUnitBytes>(unit + 2) : _mm256_setzero_ps();
+    isc[0] = isc[1] = _mm256_setzero_si256();
+  }
 };
 struct Q4_KPack {
   static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ4_K);
-  static __m256i Levels(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
+  static constexpr bool kOffset = true, kIntScales = false;
+  static __m256i Levels(const uint8_t* unit, int sub) {
+    const __m256i raw = LoadI(reinterpret_cast<const BlockQ4_K*>(unit)->qs + 32 * (sub / 2));
+    return _mm256_and_si256(sub % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+  }
+  static void Scales(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
     const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(unit);
     uint64_t scs, mns;
     UnpackQ4KScales(blk->scales, &scs, &mns);
@@ -512,18 +534,23 @@ struct Q4_KPack {
     *sc = HalfToFloat(blk->d.bits) * static_cast<float>((scs >> (8 * sub)) & 0xff);
     *off = -(HalfToFloat(blk->dmin.bits) * static_cast<float>((mns >> (8 * sub)) & 0xff));
     isc[0] = isc[1] = 0;
-    const __m256i raw = LoadI(blk->qs + 32 * (sub / 2));
-    return _mm256_and_si256(sub % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+  }
+  static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
+    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(unit);
+    uint64_t scs, mns;
+    UnpackQ4KScales(blk->scales, &scs, &mns);
+    *sc = _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->d.bits)), BytesToFloats(scs));
+    // The sign flipped by xor: exactly Scales' negation, -0 included.
+    *off = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->dmin.bits)), BytesToFloats(mns)),
+                         _mm256_set1_ps(-0.0f));
+    isc[0] = isc[1] = _mm256_setzero_si256();
   }
 };
 struct Q6_KPack {
   static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ6_K);
-  static __m256i Levels(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
+  static constexpr bool kOffset = false, kIntScales = true;
+  static __m256i Levels(const uint8_t* unit, int sub) {
     const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
-    *sc = HalfToFloat(blk->d.bits);
-    *off = 0.0f;
-    isc[0] = blk->scales[2 * sub];
-    isc[1] = blk->scales[2 * sub + 1];
     // quant.h's numbering: 32-element chunk `sub` is r = sub % 4 of half h = sub / 4.
     const int h = sub / 4, r = sub % 4;
     const __m256i ql = LoadI(blk->ql + 64 * h + 32 * (r & 1));
@@ -537,30 +564,89 @@ struct Q6_KPack {
                                  : _mm256_srli_epi16(qh, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
   }
+  static void Scales(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
+    *sc = HalfToFloat(blk->d.bits);
+    *off = 0.0f;
+    isc[0] = blk->scales[2 * sub];
+    isc[1] = blk->scales[2 * sub + 1];
+  }
+  static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
+    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
+    *sc = _mm256_set1_ps(HalfToFloat(blk->d.bits));
+    *off = _mm256_setzero_ps();
+    // Lane j of the 16 i16 scales as 8 i32: scales[2j] in its low half, scales[2j + 1] high.
+    const __m256i s16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales)));
+    isc[0] = _mm256_srai_epi32(_mm256_slli_epi32(s16, 16), 16);
+    isc[1] = _mm256_srai_epi32(s16, 16);
+  }
 };
 
-// Packs blocks [b0, b0 + count) of weight rows 0 .. num_rows - 1 of `w` (num_rows <= 8; missing
-// rows are zero, so they contribute nothing, and their outputs are never stored).
+// Packs blocks [b0, b0 + count) (b0 a multiple of 8) of weight rows 0 .. num_rows - 1 of `w`
+// (num_rows <= 8; missing rows are zero, so they contribute nothing, and their outputs are never
+// stored). Scales 8 blocks by 8 rows at a time through an 8 x 8 transpose (a K-quant
+// super-block's scales are unpacked once, not once per block); a last group of fewer than 8
+// blocks one by one.
 template <class P>
 void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, int64_t count,
                Panel* panel) {
-  for (int64_t bi = 0; bi < count; ++bi) {
+  auto unit_of = [&](int r, int64_t b) {
+    return w + r * row_bytes + b / P::kBlocksPerUnit * P::kUnitBytes;
+  };
+  int64_t bi = 0;
+  for (; bi + 8 <= count; bi += 8) {
+    __m256i sc[8], off[8], isc[2][8];
+    for (int r = 0; r < 8; ++r) {
+      if (r >= num_rows) {
+        sc[r] = off[r] = isc[0][r] = isc[1][r] = _mm256_setzero_si256();
+        continue;
+      }
+      __m256 s, o;
+      __m256i is[2];
+      P::Scales8(unit_of(r, b0 + bi), &s, &o, is);
+      sc[r] = _mm256_castps_si256(s);
+      off[r] = _mm256_castps_si256(o);
+      isc[0][r] = is[0];
+      isc[1][r] = is[1];
+    }
+    Transpose8x8(sc);
+    for (int j = 0; j < 8; ++j) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(panel->scale[bi + j]), sc[j]);
+    }
+    if constexpr (P::kOffset) {
+      Transpose8x8(off);
+      for (int j = 0; j < 8; ++j) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(panel->offset[bi + j]), off[j]);
+      }
+    }
+    if constexpr (P::kIntScales) {
+      for (int h = 0; h < 2; ++h) {
+        Transpose8x8(isc[h]);
+        for (int j = 0; j < 8; ++j) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(panel->iscale[bi + j][h]), isc[h][j]);
+        }
+      }
+    }
+  }
+  for (; bi < count; ++bi) {
     const int64_t b = b0 + bi;
-    const int64_t unit = b / P::kBlocksPerUnit;
+    for (int r = 0; r < 8; ++r) {
+      float sc = 0.0f, off = 0.0f;
+      int32_t isc[2] = {0, 0};
+      if (r < num_rows) P::Scales(unit_of(r, b), static_cast<int>(b % P::kBlocksPerUnit), &sc, &off, isc);
+      panel->scale[bi][r] = sc;
+      panel->offset[bi][r] = off;
+      panel->iscale[bi][0][r] = isc[0];
+      panel->iscale[bi][1][r] = isc[1];
+    }
+  }
+  for (bi = 0; bi < count; ++bi) {
+    const int64_t b = b0 + bi;
     const int sub = static_cast<int>(b % P::kBlocksPerUnit);
     __m256i rows[8];
     for (int r = 0; r < 8; ++r) {
-      if (r >= num_rows) {
-        rows[r] = _mm256_setzero_si256();
-        panel->scale[bi][r] = panel->offset[bi][r] = 0.0f;
-        panel->iscale[bi][0][r] = panel->iscale[bi][1][r] = 0;
-        continue;
-      }
-      int32_t isc[2];
-      rows[r] = P::Levels(w + r * row_bytes + unit * P::kUnitBytes, sub, &panel->scale[bi][r],
-                          &panel->offset[bi][r], isc);
-      panel->iscale[bi][0][r] = isc[0];
-      panel->iscale[bi][1][r] = isc[1];
+      rows[r] = r < num_rows ? P::Levels(unit_of(r, b), sub) : _mm256_setzero_si256();
     }
     Transpose8x8(rows);
     for (int j = 0; j < 8; ++j) {
@@ -903,7 +989,7 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
           float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
   const int64_t row_bytes = a.k / 256 * T::kChunkBytes + (a.k % 256) / 32 * (T::kChunkBytes / 8);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
-  if (a.n > kGemmSmallNMax) {
+  if (a.n > kQuantSmallNMax) {
     return GemmPacked<P, kPanelTile, &PanelDotRows<kKind>>(a, x_begin, x_end, wp, row_bytes, bias,
                                                            out, ldo, row_begin, row_end);
   }
