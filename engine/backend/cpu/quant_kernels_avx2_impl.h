@@ -587,13 +587,17 @@ struct Q6_KPack {
 // (num_rows <= 8; missing rows are zero, so they contribute nothing, and their outputs are never
 // stored). Scales 8 blocks by 8 rows at a time through an 8 x 8 transpose (a K-quant
 // super-block's scales are unpacked once, not once per block); a last group of fewer than 8
-// blocks one by one.
+// blocks one by one. `ahead` (0: none) is how far the next pack's bytes lie from this one's: each
+// group's bytes that far ahead are prefetched into L2, so the next pack finds them there (the
+// hardware prefetcher does not follow 8 rows read a group at a time, and the panel kernels work
+// long enough on a pack to hide the next one's DRAM latency).
 template <class P>
 void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, int64_t count,
-               Panel* panel) {
+               Panel* panel, int64_t ahead = 0) {
   auto unit_of = [&](int r, int64_t b) {
     return w + r * row_bytes + b / P::kBlocksPerUnit * P::kUnitBytes;
   };
+  constexpr int64_t kGroupBytes = 8 / P::kBlocksPerUnit * P::kUnitBytes;
   int64_t bi = 0;
   for (; bi + 8 <= count; bi += 8) {
     __m256i sc[8], off[8], isc[2][8];
@@ -601,6 +605,12 @@ void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, in
       if (r >= num_rows) {
         sc[r] = off[r] = isc[0][r] = isc[1][r] = _mm256_setzero_si256();
         continue;
+      }
+      if (ahead != 0) {
+        const uintptr_t first = reinterpret_cast<uintptr_t>(unit_of(r, b0 + bi)) + ahead;
+        for (uintptr_t line = first & ~uintptr_t{63}; line < first + kGroupBytes; line += 64) {
+          __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+        }
       }
       __m256 s, o;
       __m256i is[2];
@@ -887,8 +897,10 @@ void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const ui
         for (int s = 0; s < kAccSlots; ++s) acc[i][s] = _mm256_setzero_ps();
       }
     };
+    // The next panel's rows start 8 rows on (none after the last).
+    const int64_t next_panel = r0 + kPanelRows < row_end ? kPanelRows * row_bytes : 0;
     if (nb <= kPanelBlocks) {
-      PackPanel<P>(wp, row_bytes, num_rows, 0, nb, &panel);
+      PackPanel<P>(wp, row_bytes, num_rows, 0, nb, &panel, next_panel);
       for (int64_t i = x_begin; i < x_end; i += kTile) {
         const int nx = static_cast<int>(QMin(kTile, x_end - i));
         zero(nx);
@@ -902,7 +914,14 @@ void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const ui
       zero(xe - xb);
       for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
         const int64_t count = QMin(kPanelBlocks, nb - b0);
-        PackPanel<P>(wp, row_bytes, num_rows, b0, count, &panel);
+        // Next: this panel's next k-chunk, else (after the last x rows) the next panel's first.
+        const int64_t chunk_bytes = kPanelBlocks / P::kBlocksPerUnit * P::kUnitBytes;
+        const int64_t ahead =
+            b0 + count < nb ? chunk_bytes
+            : xe == x_end && next_panel != 0
+                ? next_panel - b0 / P::kBlocksPerUnit * P::kUnitBytes
+                : 0;
+        PackPanel<P>(wp, row_bytes, num_rows, b0, count, &panel, ahead);
         for (int64_t i = xb; i < xe; i += kTile) {
           kDot(panel, count, a, i, static_cast<int>(QMin(kTile, xe - i)), b0, nb_main,
                &acc[i - xb]);
