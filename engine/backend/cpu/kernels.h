@@ -188,9 +188,9 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // Decode/prefill threshold of the quantized-weight kernels: the row kernels up to this many x
 // rows, the packed 8-row panels above. Measured (kernel_bench quant-compute, AVX2 and
 // AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
-// on every type (up to 1.8x at 16 rows), at 4 rows they are even; at 2 the per-call packing still
-// costs more than it saves. The bits are the same either way (quant_kernels_avx2_impl.h), so this
-// moves only speed.
+// on every type (up to 1.8x at 16 rows); at 4 rows ahead on some types, behind on others; at 2
+// the per-call packing still costs more than it saves. The bits are the same either way
+// (quant_kernels_avx2_impl.h), so this moves only speed.
 inline constexpr int64_t kQuantSmallNMax = 4;
 
 // Float weights of at most this many rows (MoD routers and predictors) take the decode kernels

@@ -541,8 +541,9 @@ struct Q4_KPack {
     UnpackQ4KScales(blk->scales, &scs, &mns);
     *sc = _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->d.bits)), BytesToFloats(scs));
     // The sign flipped by xor: exactly Scales' negation, -0 included.
-    *off = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->dmin.bits)), BytesToFloats(mns)),
-                         _mm256_set1_ps(-0.0f));
+    const __m256 dmin_mn =
+        _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->dmin.bits)), BytesToFloats(mns));
+    *off = _mm256_xor_ps(dmin_mn, _mm256_set1_ps(-0.0f));
     isc[0] = isc[1] = _mm256_setzero_si256();
   }
 };
@@ -644,7 +645,9 @@ void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, in
     for (int r = 0; r < 8; ++r) {
       float sc = 0.0f, off = 0.0f;
       int32_t isc[2] = {0, 0};
-      if (r < num_rows) P::Scales(unit_of(r, b), static_cast<int>(b % P::kBlocksPerUnit), &sc, &off, isc);
+      if (r < num_rows) {
+        P::Scales(unit_of(r, b), static_cast<int>(b % P::kBlocksPerUnit), &sc, &off, isc);
+      }
       panel->scale[bi][r] = sc;
       panel->offset[bi][r] = off;
       panel->iscale[bi][0][r] = isc[0];
@@ -916,11 +919,10 @@ void GemmPacked(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const ui
         const int64_t count = QMin(kPanelBlocks, nb - b0);
         // Next: this panel's next k-chunk, else (after the last x rows) the next panel's first.
         const int64_t chunk_bytes = kPanelBlocks / P::kBlocksPerUnit * P::kUnitBytes;
-        const int64_t ahead =
-            b0 + count < nb ? chunk_bytes
-            : xe == x_end && next_panel != 0
-                ? next_panel - b0 / P::kBlocksPerUnit * P::kUnitBytes
-                : 0;
+        const int64_t ahead = b0 + count < nb ? chunk_bytes
+                              : xe == x_end && next_panel != 0
+                                  ? next_panel - b0 / P::kBlocksPerUnit * P::kUnitBytes
+                                  : 0;
         PackPanel<P>(wp, row_bytes, num_rows, b0, count, &panel, ahead);
         for (int64_t i = xb; i < xe; i += kTile) {
           kDot(panel, count, a, i, static_cast<int>(QMin(kTile, xe - i)), b0, nb_main,
