@@ -3,8 +3,10 @@
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
 // [best|scalar|avx2|avx512|avx512vnni|amx]
-// [decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute] (the last: only that
-// benchmark; quant-compute is one core's kernel throughput in CPU time). Prefill GFLOP/s are
+// [decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|
+//  quant-prefill|quant-compute|isa-rates] (the last: only that benchmark; quant-compute is one
+// core's kernel throughput in CPU time, isa-rates one core's vector instruction rates,
+// tests/bench/isa_rates.h). Prefill GFLOP/s are
 // printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
@@ -26,6 +28,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "tests/bench/cpu_model.h"
+#include "tests/bench/isa_rates.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
@@ -425,12 +428,51 @@ int Main(int argc, char** argv) {
               bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(),
               backend.num_threads(), CpuHasAvx512Bf16() ? "present (unused)" : "absent",
               amx.c_str());
+  const std::string only = argc > 3 ? argv[3] : "";
+  if (only == "isa-rates") {
+    // One core, register-only chains (isa_rates.h): the instruction rates the kernels are built
+    // around, and each against the ymm FMA's.
+    struct Probe {
+      const char* name;
+      bool usable;
+      void (*probe)(int64_t);
+    };
+    const bool avx512 = CpuHasIsa(Isa::kAvx512), vnni = CpuHasIsa(Isa::kAvx512Vnni);
+    const bool bf16 = avx512 && CpuHasAvx512Bf16();
+    const Probe probes[] = {
+        {"vfmadd231ps ymm", CpuHasIsa(Isa::kAvx2), &bench::RateFmaYmm},
+        {"vfmadd231ps zmm", avx512, &bench::RateFmaZmm},
+        {"vpmaddubsw ymm", CpuHasIsa(Isa::kAvx2), &bench::RateMaddubsYmm},
+        {"vpdpbusd ymm", vnni, &bench::RateDpbusdYmm},
+        {"vpdpbusd zmm", vnni, &bench::RateDpbusdZmm},
+        {"vdpbf16ps ymm", bf16, &bench::RateDpbf16Ymm},
+        {"vdpbf16ps zmm", bf16, &bench::RateDpbf16Zmm},
+    };
+    // Five rounds over all probes, each probe's best round: on a shared host a round can lose
+    // the core for part of its time slice even in CPU time (steal shows up as slow cycles).
+    constexpr int kProbes = sizeof(probes) / sizeof(probes[0]);
+    double rate[kProbes] = {};
+    for (int round = 0; round < 5; ++round) {
+      for (int i = 0; i < kProbes; ++i) {
+        if (!probes[i].usable) continue;
+        rate[i] = std::max(rate[i], bench::InstructionsPerNs(probes[i].probe));
+      }
+    }
+    for (int i = 0; i < kProbes; ++i) {
+      if (!probes[i].usable) {
+        std::printf("  %-16s  not on this CPU\n", probes[i].name);
+        continue;
+      }
+      std::printf("  %-16s %6.2f per ns of one core's CPU time  %5.2fx the ymm FMA's rate\n",
+                  probes[i].name, rate[i], rate[i] / rate[0]);
+    }
+    return 0;
+  }
   const double bw = MeasureReadBandwidth(backend.num_threads());
   std::printf("measured read bandwidth (1 GiB sum, %d threads): %.1f GB/s\n", backend.num_threads(),
               bw);
   // Optional third argument: "decode" runs only the BF16 decode Gemm, "attention" only the
   // paged decode attention, "prefill" only the prefill Gemms (quick kernel iteration).
-  const std::string only = argc > 3 ? argv[3] : "";
   const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
   std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
               backend.num_threads(), peak);
@@ -515,7 +557,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
-        "[decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute]\nCPU kernels in "
+        "[decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|"
+        "quant-prefill|quant-compute|isa-rates]\nCPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
         "quantized-GEMM throughput in CPU time, weights in L2.\n");
