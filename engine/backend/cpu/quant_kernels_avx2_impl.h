@@ -478,10 +478,11 @@ inline void Transpose8x8(__m256i rows[8]) {
 // Levels and the scale, offset and integer half scales of one 32-element block of one weight
 // row, per type, as that type's Apply uses them. `unit` points at the row's data for the block:
 // the block itself for the 32-element types, the super-block for the K-quants (`sub` is then the
-// block's index within it). Scales8 gives the same numbers for the 8 blocks of a group (8
-// consecutive blocks from a multiple of 8: one K-quant super-block, or 8 units side by side) as
-// vectors whose lane j is block j, computed with the same single roundings as Levels'. kOffset
-// and kIntScales say which of them the type's BlockUpdate reads (PackPanel stores only those).
+// block's index within it). Levels gives the block's levels, Scales its scale, offset and
+// integer half scales; Scales8 the same numbers for the 8 blocks of a group (8 consecutive blocks
+// from a multiple of 8: one K-quant super-block, or 8 units side by side) as vectors whose lane j
+// is block j, with the same single roundings as Scales. kOffset and kIntScales say which of them
+// the type's BlockUpdate reads (PackPanel stores only those).
 struct Q8_0Pack {
   static constexpr int64_t kBlocksPerUnit = 1, kUnitBytes = sizeof(BlockQ8_0);
   static constexpr bool kOffset = false, kIntScales = false;
