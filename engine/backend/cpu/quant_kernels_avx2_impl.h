@@ -478,16 +478,18 @@ inline void Transpose8x8(__m256i rows[8]) {
 // Levels and the scale, offset and integer half scales of one 32-element block of one weight
 // row, per type, as that type's Apply uses them. `unit` points at the row's data for the block:
 // the block itself for the 32-element types, the super-block for the K-quants (`sub` is then the
-// block's index within it). Levels gives the block's levels, Scales its scale, offset and
-// integer half scales; Scales8 the same numbers for the 8 blocks of a group (8 consecutive blocks
-// from a multiple of 8: one K-quant super-block, or 8 units side by side) as vectors whose lane j
-// is block j, with the same single roundings as Scales. kOffset and kIntScales say which of them
-// the type's BlockUpdate reads (PackPanel stores only those).
+// block's index within it). Levels gives the block's levels; Scales8 the scale, offset and
+// integer half scales of the 8 blocks of a group (8 consecutive blocks from a multiple of 8: one
+// K-quant super-block, or 8 units side by side) as vectors whose lane j is block j. The
+// 32-element types also have Scales, the same numbers of one block with the same single
+// roundings, for a row's last group of fewer than 8 blocks (a K-quant row is whole super-blocks,
+// so it has none). kOffset and kIntScales say which of them the type's BlockUpdate reads
+// (PackPanel stores only those).
 struct Q8_0Pack {
   static constexpr int64_t kBlocksPerUnit = 1, kUnitBytes = sizeof(BlockQ8_0);
   static constexpr bool kOffset = false, kIntScales = false;
   static __m256i Levels(const uint8_t* unit, int /*sub*/) { return LoadI(unit + 2); }
-  static void Scales(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
+  static void Scales(const uint8_t* unit, float* sc, float* off, int32_t isc[2]) {
     *sc = HalfToFloat(LoadU16(unit));
     *off = 0.0f;
     isc[0] = isc[1] = 0;
@@ -509,7 +511,7 @@ struct Q4Pack {
         _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
         _mm256_set1_epi8(15));
   }
-  static void Scales(const uint8_t* unit, int /*sub*/, float* sc, float* off, int32_t isc[2]) {
+  static void Scales(const uint8_t* unit, float* sc, float* off, int32_t isc[2]) {
     *sc = HalfToFloat(LoadU16(unit));
     *off = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : 0.0f;  // Q4_0's -8 comes in PanelDot
     isc[0] = isc[1] = 0;
@@ -527,21 +529,13 @@ struct Q4_KPack {
     const __m256i raw = LoadI(reinterpret_cast<const BlockQ4_K*>(unit)->qs + 32 * (sub / 2));
     return _mm256_and_si256(sub % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
   }
-  static void Scales(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
-    const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(unit);
-    uint64_t scs, mns;
-    UnpackQ4KScales(blk->scales, &scs, &mns);
-    // Q4_KK::LoadScales' d * sc and dmin * mn; fma(-(dmin * mn), ds, acc) is Apply's fnmadd.
-    *sc = HalfToFloat(blk->d.bits) * static_cast<float>((scs >> (8 * sub)) & 0xff);
-    *off = -(HalfToFloat(blk->dmin.bits) * static_cast<float>((mns >> (8 * sub)) & 0xff));
-    isc[0] = isc[1] = 0;
-  }
   static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
     const BlockQ4_K* blk = reinterpret_cast<const BlockQ4_K*>(unit);
     uint64_t scs, mns;
     UnpackQ4KScales(blk->scales, &scs, &mns);
+    // Q4_KK::LoadScales' d * sc and -(dmin * mn): fma(-(dmin * mn), ds, acc) is Apply's fnmadd.
+    // The sign is flipped by xor, an exact negation (-0 included).
     *sc = _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->d.bits)), BytesToFloats(scs));
-    // The sign flipped by xor: exactly Scales' negation, -0 included.
     const __m256 dmin_mn =
         _mm256_mul_ps(_mm256_set1_ps(HalfToFloat(blk->dmin.bits)), BytesToFloats(mns));
     *off = _mm256_xor_ps(dmin_mn, _mm256_set1_ps(-0.0f));
@@ -565,13 +559,6 @@ struct Q6_KPack {
                         : r == 2 ? qh
                                  : _mm256_srli_epi16(qh, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
-  }
-  static void Scales(const uint8_t* unit, int sub, float* sc, float* off, int32_t isc[2]) {
-    const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
-    *sc = HalfToFloat(blk->d.bits);
-    *off = 0.0f;
-    isc[0] = blk->scales[2 * sub];
-    isc[1] = blk->scales[2 * sub + 1];
   }
   static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
     const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(unit);
@@ -641,18 +628,17 @@ void PackPanel(const uint8_t* w, int64_t row_bytes, int num_rows, int64_t b0, in
       }
     }
   }
-  for (; bi < count; ++bi) {
-    const int64_t b = b0 + bi;
-    for (int r = 0; r < 8; ++r) {
-      float sc = 0.0f, off = 0.0f;
-      int32_t isc[2] = {0, 0};
-      if (r < num_rows) {
-        P::Scales(unit_of(r, b), static_cast<int>(b % P::kBlocksPerUnit), &sc, &off, isc);
+  if constexpr (P::kBlocksPerUnit == 1) {
+    for (; bi < count; ++bi) {
+      for (int r = 0; r < 8; ++r) {
+        float sc = 0.0f, off = 0.0f;
+        int32_t isc[2] = {0, 0};
+        if (r < num_rows) P::Scales(unit_of(r, b0 + bi), &sc, &off, isc);
+        panel->scale[bi][r] = sc;
+        panel->offset[bi][r] = off;
+        panel->iscale[bi][0][r] = isc[0];
+        panel->iscale[bi][1][r] = isc[1];
       }
-      panel->scale[bi][r] = sc;
-      panel->offset[bi][r] = off;
-      panel->iscale[bi][0][r] = isc[0];
-      panel->iscale[bi][1][r] = isc[1];
     }
   }
   for (bi = 0; bi < count; ++bi) {
