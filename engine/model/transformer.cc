@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
     }
   }
   std::unique_ptr<Transformer> t(new Transformer(config, weights, backend, kv, options));
+  MODSERVE_RETURN_IF_ERROR(t->PrepareGemmWeights());
   MODSERVE_RETURN_IF_ERROR(t->AllocateBuffers());
   MODSERVE_RETURN_IF_ERROR(t->PrepareBiases());
   return t;
@@ -141,6 +142,23 @@ absl::StatusOr<TensorView> Transformer::PrepareBias(const TensorView& w, const T
       backend_->CopyToDevice(TensorView(host.data(), DType::kF32, {m}), dst));
   bias_buffers_.push_back(std::move(buf));
   return dst;
+}
+
+absl::Status Transformer::PrepareGemmWeights() {
+  auto prepare = [&](TensorView& w) -> absl::Status {
+    if (w.empty()) return absl::OkStatus();
+    MODSERVE_ASSIGN_OR_RETURN(w, backend_->PrepareGemmWeight(w));
+    return absl::OkStatus();
+  };
+  MODSERVE_RETURN_IF_ERROR(prepare(weights_.lm_head));
+  for (LayerWeights& lw : weights_.layers) {
+    for (TensorView* w : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj,
+                          &lw.up_proj, &lw.down_proj, &lw.router_weight,
+                          &lw.predictor_hidden_weight, &lw.predictor_out_weight}) {
+      MODSERVE_RETURN_IF_ERROR(prepare(*w));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Transformer::PrepareBiases() {

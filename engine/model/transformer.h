@@ -113,6 +113,9 @@ class Transformer {
   // Router and predictor biases as the Gemm op takes them: the file's view when its dtype is
   // the weight's or F32, else an F32 copy owned here.
   absl::Status PrepareBiases();
+  // Every Gemm weight through Backend::PrepareGemmWeight (the backend may keep a copy in its
+  // own layout); the Embed table stays the file's, even when lm_head is tied to it.
+  absl::Status PrepareGemmWeights();
   absl::StatusOr<TensorView> PrepareBias(const TensorView& w, const TensorView& b);
   // Where a block's rows find their positions, KV slots, sequences and visible-key counts ([m]
   // i32 each) and the layer's page table ([num_seqs, stride] i32), filled on the device.
@@ -186,7 +189,8 @@ class Transformer {
   absl::Status EnsureLogitRows(int64_t rows);
 
   const ModelConfig& config_;
-  const ModelWeights& weights_;
+  // The model's views, with each Gemm weight as the backend prepared it (PrepareGemmWeights).
+  ModelWeights weights_;
   backend::Backend* backend_;
   KvCacheManager* kv_;
   TransformerOptions options_;

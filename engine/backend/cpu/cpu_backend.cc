@@ -35,8 +35,9 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 // Below ~16K elements an elementwise op is faster on one thread than waking the pool.
 constexpr int64_t kElementwiseGrain = 1 << 14;
-// Small-n Gemm: 16 weight rows (4 micro-tiles of 4) per chunk at least, so that tiny m (router,
-// k/v projections) does not fan out into chunks cheaper than a wake-up.
+// Small-n Gemm: weight rows split in units of 16 (4 micro-tiles of 4, or one row group of a
+// prepared Q4_K weight), so that tiny m (router, k/v projections) does not fan out into chunks
+// cheaper than a wake-up.
 constexpr int64_t kGemmRowGrain = 16;
 // Large-n Gemm tiles: 128 weight rows (4 AVX-512 panels) by 256 x rows. One tile is ~30 MFLOP at
 // TinyLlama sizes (k = 2048), enough to amortise packing its w block once per x row block.
@@ -146,6 +147,45 @@ absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
   }
   if (align == kHugePage) ::madvise(data, rounded, MADV_HUGEPAGE);
   return DeviceBuffer(data, bytes, Device::kCpu, &FreeAligned, nullptr);
+}
+
+absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
+  MODSERVE_CHECK(!capturing_) << "PrepareGemmWeight during a graph capture";
+  if (w.dtype != DType::kQ4_K || kernels_.gemm_q4_k_x16 == nullptr || w.ndim != 2 ||
+      w.device != Device::kCpu || w.empty() || w.dim(0) == 0 || w.dim(0) % kQ4KX16Rows != 0 ||
+      IsPrepared(w)) {
+    return w;
+  }
+  const int64_t m = w.dim(0), k = w.dim(1);
+  absl::StatusOr<DeviceBuffer> buf = Allocate(w.bytes());
+  if (!buf.ok()) {
+    return absl::Status(buf.status().code(), absl::StrCat("Q4_K weight ", w.ShapeString(),
+                                                          " in the interleaved layout: ",
+                                                          buf.status().message()));
+  }
+  void* dst = buf->data();
+  pool_.ParallelFor(0, m / kQ4KX16Rows, 1, [&](int64_t begin, int64_t end) {
+    RepackQ4_KX16(w.data, k, begin, end, dst);
+  });
+  const TensorView out(dst, w.dtype, {m, k}, Device::kCpu);
+  prepared_.emplace(static_cast<const char*>(dst),
+                    PreparedWeight{*std::move(buf), k / 256 * kQ4KX16UnitBytes});
+  return out;
+}
+
+bool CpuBackend::IsPrepared(const TensorView& w) const {
+  const char* p = static_cast<const char*>(w.data);
+  auto it = prepared_.upper_bound(p);
+  if (it == prepared_.begin()) return false;
+  --it;
+  if (p >= it->first + it->second.buf.bytes()) return false;
+  const int64_t offset = p - it->first;
+  MODSERVE_CHECK(w.dtype == DType::kQ4_K && w.ndim == 2 && offset % it->second.group_bytes == 0 &&
+                 w.dim(0) % kQ4KX16Rows == 0 &&
+                 static_cast<size_t>(offset) + w.bytes() <= it->second.buf.bytes())
+      << "a view " << w.ShapeString() << " " << DTypeName(w.dtype) << " at byte " << offset
+      << " of an interleaved Q4_K weight is not whole row groups of it";
+  return true;
 }
 
 absl::Status CpuBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
@@ -268,6 +308,7 @@ void CpuBackend::EmbedQuantized(const TensorView& ids, const TensorView& table,
 void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
   if (capturing_) return Record([=, this] { Embed(ids, table, out); });
   CheckEmbedArgs(kHost, ids, table, out);
+  MODSERVE_CHECK(!IsPrepared(table)) << "Embed of a PrepareGemmWeight copy";
   if (const int64_t n = CountedRows(ids.dim(0)); n < ids.dim(0)) {
     if (n > 0) Embed(ids.rows(0, n), table, out.rows(0, n));
     return;
@@ -514,8 +555,9 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.bias = dst;
       bias_used += mem.m;
     }
+    const bool prepared = IsPrepared(g.w);
     if (DTypeIsQuantized(mem.dtype)) {
-      mem.quant = QuantKernel(mem.dtype);
+      mem.quant = prepared ? kernels_.gemm_q4_k_x16 : QuantKernel(mem.dtype);
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
       mem.large = n > kQuantSmallNMax;
     } else {
@@ -528,8 +570,11 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.first = large_tiles;
       large_tiles += (mem.m + kGemmColBlock - 1) / kGemmColBlock * row_blocks;
     } else {
-      mem.first = small_rows;
-      small_rows += mem.m;
+      // A prepared weight's rows are split in whole groups: it starts on a group boundary of
+      // the pass, which is split at multiples of kQ4KX16Rows below.
+      mem.first = prepared ? (small_rows + kQ4KX16Rows - 1) / kQ4KX16Rows * kQ4KX16Rows
+                           : small_rows;
+      small_rows = mem.first + mem.m;
     }
     gemm_members_.push_back(mem);
   }
@@ -552,7 +597,10 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
                       });
   }
   if (small_rows > 0) {
-    pool_.ParallelFor(0, small_rows, kGemmRowGrain, [&](int64_t b, int64_t e) {
+    static_assert(kGemmRowGrain % kQ4KX16Rows == 0);
+    constexpr int64_t kUnit = kGemmRowGrain;
+    pool_.ParallelFor(0, (small_rows + kUnit - 1) / kUnit, 1, [&](int64_t ub, int64_t ue) {
+      const int64_t b = ub * kUnit, e = std::min(small_rows, ue * kUnit);
       for (const GemmMember& g : gemm_members_) {
         if (g.large) continue;
         const int64_t lo = std::max(b, g.first), hi = std::min(e, g.first + g.m);

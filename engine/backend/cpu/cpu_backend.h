@@ -76,6 +76,9 @@ class CpuBackend final : public Backend {
   // Ops run when called, so the count is read when the op is called.
   void SetDeviceRowCount(const TensorView& count) override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  // Q4_K weights of a multiple of kQ4KX16Rows rows, when the table has gemm_q4_k_x16: a copy in
+  // the interleaved layout (kernels.h), kept until the backend is destroyed. Anything else: `w`.
+  absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) override;
   absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
   absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
   absl::Status Synchronize() override;
@@ -124,7 +127,8 @@ class CpuBackend final : public Backend {
     const float* bias = nullptr;  // f32 or null
     float* out = nullptr;
     int64_t m = 0;                      // weight rows (out's row stride)
-    QuantGemmFn quant = nullptr;        // quantized w: its kernel,
+    QuantGemmFn quant = nullptr;        // quantized w: its kernel (rows in groups of 16 when
+                                        // w is a PrepareGemmWeight copy),
     const QuantizedActs* acts = nullptr;  // and x as that kernel reads it
     bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
     bool amx = false;                   // large BF16 on the matrix unit (x from amx_x_)
@@ -135,6 +139,9 @@ class CpuBackend final : public Backend {
   void GemmRange(const GemmMember& g, const float* x, int64_t n, int64_t k, int64_t x_begin,
                  int64_t x_end, int64_t row_begin, int64_t row_end) const;
   QuantGemmFn QuantKernel(DType dtype) const;
+  // Whether w lies in a PrepareGemmWeight copy; CHECKs that it is then a whole number of its row
+  // groups from a group boundary.
+  bool IsPrepared(const TensorView& w) const;
   template <typename T>
   void RopeAndAppendKvT(const RopeParams& params, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& positions, const TensorView& slots,
@@ -155,6 +162,12 @@ class CpuBackend final : public Backend {
   void Record(std::function<void()> op);
 
   const KernelTable& kernels_;
+  // PrepareGemmWeight's copies by first byte, with the bytes of one row group.
+  struct PreparedWeight {
+    DeviceBuffer buf;
+    int64_t group_bytes = 0;
+  };
+  std::map<const char*, PreparedWeight> prepared_;
   const int32_t* row_count_ = nullptr;  // SetDeviceRowCount's count, or null
   bool capturing_ = false;
   std::vector<std::function<void()>> recording_;

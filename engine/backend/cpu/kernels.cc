@@ -1,11 +1,14 @@
-// Run-time ISA detection and the choice of kernel table; compiled with baseline flags so that it
-// is safe to run on any x86-64 (or non-x86) CPU.
+// Run-time ISA detection, the choice of kernel table, and the weight repacking some tables read;
+// compiled with baseline flags so that it is safe to run on any x86-64 (or non-x86) CPU.
 #include "engine/backend/cpu/kernels.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string_view>
+
+#include "engine/common/quant.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -144,6 +147,7 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q4_1 = q.gemm_q4_1;
     t.gemm_q4_k = q.gemm_q4_k;
     t.gemm_q6_k = q.gemm_q6_k;
+    t.gemm_q4_k_x16 = q.gemm_q4_k_x16;
     return t;
   }();
   return table;
@@ -261,6 +265,37 @@ QuantizedActs QuantizedActs::In(void* scratch, int64_t n, int64_t k, ActLayout l
   p += AlignUp(rows * blocks * sizeof(float));
   a.sum16 = reinterpret_cast<int16_t*>(p);
   return a;
+}
+
+void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end,
+                   void* dst) {
+  const int64_t nsb = k / 256;
+  const auto* in = static_cast<const quant::BlockQ4_K*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t c = 0; c < nsb; ++c) {
+      uint8_t* unit = out + (g * nsb + c) * kQ4KX16UnitBytes;
+      for (int r = 0; r < kQ4KX16Rows; ++r) {
+        const quant::BlockQ4_K& b = in[(g * kQ4KX16Rows + r) * nsb + c];
+        for (int p = 0; p < 4; ++p) {
+          for (int j = 0; j < 8; ++j) {
+            std::memcpy(unit + (8 * p + j) * 64 + 4 * r, b.qs + 32 * p + 4 * j, 4);
+          }
+        }
+        std::memcpy(unit + 2048 + 2 * r, &b.d.bits, 2);
+        std::memcpy(unit + 2080 + 2 * r, &b.dmin.bits, 2);
+        uint8_t sc[8], mn[8];
+        for (int s = 0; s < 8; ++s) quant::Q4KScaleMin(b.scales, s, &sc[s], &mn[s]);
+        for (int s = 0; s < 8; ++s) {
+          unit[2112 + 16 * s + r] = static_cast<uint8_t>((sc[s] & 15) | (mn[s] & 15) << 4);
+        }
+        for (int q = 0; q < 4; ++q) {
+          unit[2240 + 16 * q + r] = static_cast<uint8_t>((sc[q] >> 4) | (sc[q + 4] >> 4) << 2 |
+                                                         (mn[q] >> 4) << 4 | (mn[q + 4] >> 4) << 6);
+        }
+      }
+    }
+  }
 }
 
 const KernelTable& KernelsFor(Isa isa) {

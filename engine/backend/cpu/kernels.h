@@ -120,6 +120,11 @@ struct KernelTable {
   QuantGemmFn gemm_q4_1;
   QuantGemmFn gemm_q4_k;
   QuantGemmFn gemm_q6_k;
+  // Q4_K weights in the interleaved layout of RepackQ4_KX16 (below), for every row count (one
+  // kernel, so each x row's result is the same whatever rows share the call); row_begin and
+  // row_end multiples of kQ4KX16Rows. Null in tables without one: Q4_K weights then stay as
+  // GGUF stores them (CpuBackend::PrepareGemmWeight).
+  QuantGemmFn gemm_q4_k_x16;
 
   // dst[i] = float(src[i]) for i < count (exact conversions).
   void (*to_f32_f16)(const f16_t* src, int64_t count, float* dst);
@@ -168,8 +173,8 @@ void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end
 extern const KernelTable kScalarKernelTable;
 extern const KernelTable kAvx2KernelTable;
 extern const KernelTable kAvx512KernelTable;
-// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q6_k) are set;
-// kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
+// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q4_k_x16) are
+// set; kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
 extern const KernelTable kAvx512VnniQuantGemms;
 }  // namespace internal
 
@@ -192,6 +197,26 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // the per-call packing still costs more than it saves. The bits are the same either way
 // (quant_kernels_avx2_impl.h), so this moves only speed.
 inline constexpr int64_t kQuantSmallNMax = 4;
+
+// The interleaved Q4_K layout (KernelTable::gemm_q4_k_x16): weight rows in groups of
+// kQ4KX16Rows, and per group and 256-element super-block c one 2304-byte unit (16 blocks' worth,
+// so the copy is exactly as large as the GGUF tensor), at (group * (k / 256) + c) * 2304:
+//   [0, 2048)     levels: 64-byte vector (p, j) (p < 4, j < 8, vector index 8 p + j) holds, for
+//                 row r < 16, bytes 4 r .. 4 r + 3 = qs[32 p + 4 j .. 32 p + 4 j + 3] of row r's
+//                 block: low nibbles elements 4 j .. 4 j + 3 of sub-block 2 p, high nibbles those
+//                 of sub-block 2 p + 1. One vector times 4 activation bytes broadcast to every
+//                 32-bit lane (vpdpbusd) adds 4 products to each of 16 rows at once.
+//   [2048, 2080)  d of rows 0..15 (f16); [2080, 2112) dmin of rows 0..15 (f16).
+//   [2112, 2240)  byte 16 s + r: (sc[s] & 15) | (mn[s] & 15) << 4 of row r, sub-block s < 8.
+//   [2240, 2304)  byte 16 q + r (q < 4): the top 2 bits of row r's sc[q] (bits 0-1), sc[q + 4]
+//                 (2-3), mn[q] (4-5) and mn[q + 4] (6-7).
+// So 16 rows' 6-bit scales and minimums of 4 sub-blocks unpack with a few 64-byte operations.
+inline constexpr int64_t kQ4KX16Rows = 16;
+inline constexpr int64_t kQ4KX16UnitBytes = 2304;
+// Writes row groups [group_begin, group_end) of the [m, k] Q4_K matrix `src` (GGUF layout; m a
+// multiple of kQ4KX16Rows, k of 256) in the interleaved layout into `dst` (the whole tensor's
+// copy, m * k / 256 * 144 bytes). Groups are independent, so callers may split them.
+void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
 
 // Float weights of at most this many rows (MoD routers and predictors) take the decode kernels
 // whatever the row count: they are too thin for the prefill kernels' packing to pay, and a row's

@@ -217,6 +217,157 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
   }
 }
 
+// ---- Q4_K in the interleaved 16-row layout (kernels.h, RepackQ4_KX16) --------------------------
+// A 64-byte level vector holds 4 levels of each of 16 weight rows, one row per 32-bit lane, so one
+// vpdpbusd against 4 activation bytes broadcast to every lane adds 4 products to all 16 rows, and
+// a sub-block's integer sums for the 16 rows end in the 16 lanes of one vector: no per-row
+// reduction, and each f32 update (scale * da, minimum * ds) serves 16 rows. The row kernels above
+// spend about four times the instructions per weight byte on unpacking, reducing and scaling one
+// row at a time, which at one x row is what bounds them, not the memory.
+//
+// The high nibbles go in as they lie (v & 0xf0 = 16 * level; |sum| < 32 * 240 * 128 < 2^20, so its
+// f32 conversion is exact) and their sub-block's scale carries the 1/16: d * 2^-4 * sc * da rounds
+// to the same significand as d * sc * da, so the update is the one the shifted level would give.
+// Per x row and sub-block s, in order: acc += (d * sc[s] * da[s]) * isum[s] (f32 FMA) and
+// acc_min -= (dmin * mn[s]) * ds[s]; the row's output is acc + acc_min + bias. Every x row takes
+// the same operations whatever the tile it shares, so its result does not depend on the rows
+// beside it (CpuBackend::MaxRowInvariantRows).
+namespace x16 {
+
+inline constexpr int64_t kUnit = kQ4KX16UnitBytes;
+// How far ahead of the unit in use a one-tile (decode) pass prefetches: two units.
+inline constexpr int64_t kAhead = 2 * kUnit;
+
+inline __m512i Load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
+
+// The 16 rows' sc (scales[0..128)) and mn (scales[128..256)) of sub-blocks 0..7 as bytes
+// 16 s + r, from the unit's packed low nibbles and top bits (kernels.h).
+inline void UnpackScales(const uint8_t* unit, uint8_t* scales) {
+  const __m512i lo0 = Load512(unit + 2112), lo1 = Load512(unit + 2176), hi = Load512(unit + 2240);
+  const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+  // 16-bit shifts move bits across the bytes of a pair; the masks keep each byte's own.
+  auto pick = [&](__m512i low4, __m512i top2) {
+    return _mm512_or_si512(_mm512_and_si512(low4, m0f), _mm512_and_si512(top2, m30));
+  };
+  _mm512_store_si512(scales, pick(lo0, _mm512_slli_epi16(hi, 4)));
+  _mm512_store_si512(scales + 64, pick(lo1, _mm512_slli_epi16(hi, 2)));
+  _mm512_store_si512(scales + 128, pick(_mm512_srli_epi16(lo0, 4), hi));
+  _mm512_store_si512(scales + 192, pick(_mm512_srli_epi16(lo1, 4), _mm512_srli_epi16(hi, 2)));
+}
+
+// 16 bytes as f32 lanes, times f.
+inline __m512 BytesTimes(const uint8_t* p, __m512 f) {
+  return _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p)))),
+      f);
+}
+
+inline __m512i Broadcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// out[x0 + x, r0 .. r0 + 16) for x < NX, from the group's nsb units at wg.
+template <int NX>
+void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
+          float* out, int64_t ldo, int64_t r0, bool prefetch) {
+  const int64_t k = a.k, nb = k / 32;
+  const int8_t* q[NX];
+  const float* da[NX];
+  const float* ds[NX];
+  __m512 acc[NX], acc_min[NX];
+  for (int x = 0; x < NX; ++x) {
+    q[x] = a.q + (x0 + x) * k;
+    da[x] = a.d + (x0 + x) * nb;
+    ds[x] = a.ds + (x0 + x) * nb;
+    acc[x] = acc_min[x] = _mm512_setzero_ps();
+  }
+  const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
+  alignas(64) uint8_t scales[256];
+  for (int64_t c = 0; c < nsb; ++c) {
+    const uint8_t* unit = wg + c * kUnit;
+    if (prefetch) {
+      for (int64_t off = 0; off < kUnit; off += 64) __builtin_prefetch(unit + kAhead + off, 0, 3);
+    }
+    UnpackScales(unit, scales);
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 2048)));
+    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(0.0625f));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 2080)));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      __m512i lo[NX], hi[NX];
+      for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i v = Load512(unit + (8 * p + j) * 64);
+        const __m512i wl = _mm512_and_si512(v, m0f), wh = _mm512_and_si512(v, mf0);
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          const int8_t* qa = q[x] + 256 * c + 64 * p + 4 * j;
+          lo[x] = _mm512_dpbusd_epi32(lo[x], wl, Broadcast4(qa));
+          hi[x] = _mm512_dpbusd_epi32(hi[x], wh, Broadcast4(qa + 32));
+        }
+      }
+      const int64_t b = 8 * c + 2 * p;
+      const __m512 s0 = BytesTimes(scales + 16 * (2 * p), d);
+      const __m512 s1 = BytesTimes(scales + 16 * (2 * p + 1), d16);
+      const __m512 m0 = BytesTimes(scales + 128 + 16 * (2 * p), dmin);
+      const __m512 m1 = BytesTimes(scales + 128 + 16 * (2 * p + 1), dmin);
+#pragma GCC unroll 8
+      for (int x = 0; x < NX; ++x) {
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(da[x][b])),
+                                 _mm512_cvtepi32_ps(lo[x]), acc[x]);
+        acc_min[x] = _mm512_fnmadd_ps(m0, _mm512_set1_ps(ds[x][b]), acc_min[x]);
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(s1, _mm512_set1_ps(da[x][b + 1])),
+                                 _mm512_cvtepi32_ps(hi[x]), acc[x]);
+        acc_min[x] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(ds[x][b + 1]), acc_min[x]);
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) {
+    _mm512_storeu_ps(out + (x0 + x) * ldo + r0,
+                     _mm512_add_ps(_mm512_add_ps(acc[x], acc_min[x]), bias));
+  }
+}
+
+// x rows per Tile: each holds two sums and two accumulators beside the level vectors.
+inline constexpr int kTileRows = 5;
+
+void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
+          float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  const int64_t nsb = a.k / 256;
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  // One pass over x (decode) streams the weights from memory: prefetch them.
+  const bool prefetch = x_end - x_begin <= kTileRows;
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kQ4KX16Rows) {
+    const uint8_t* wg = wp + r0 / kQ4KX16Rows * nsb * kUnit;
+    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + r0) : _mm512_setzero_ps();
+    for (int64_t i = x_begin; i < x_end; i += kTileRows) {
+      switch (QMin(kTileRows, x_end - i)) {
+        case 5:
+          Tile<5>(a, i, wg, nsb, b, out, ldo, r0, prefetch);
+          break;
+        case 4:
+          Tile<4>(a, i, wg, nsb, b, out, ldo, r0, prefetch);
+          break;
+        case 3:
+          Tile<3>(a, i, wg, nsb, b, out, ldo, r0, prefetch);
+          break;
+        case 2:
+          Tile<2>(a, i, wg, nsb, b, out, ldo, r0, prefetch);
+          break;
+        default:
+          Tile<1>(a, i, wg, nsb, b, out, ldo, r0, prefetch);
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace x16
 }  // namespace qvnni
 }  // namespace
 
@@ -228,6 +379,7 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q4_1 = &qvnni::Gemm<qvnni::Q4K32V<true>, qavx2::Q4Pack<true>, 0>,
     .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
+    .gemm_q4_k_x16 = &qvnni::x16::Gemm,
 };
 }  // namespace internal
 

@@ -822,6 +822,100 @@ TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvari
   if (ran == 0) GTEST_SKIP() << backend_->name() << " claims no row invariance";
 }
 
+TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
+  // Backend::PrepareGemmWeight may return a copy in the backend's own layout (the CPU backend:
+  // Q4_K in groups of 16 rows, where its kernels read that layout). Whatever it returns must be a
+  // Gemm weight within the quantized Gemm's bound of the reference, for every row count (the
+  // decode and prefill row ranges, partial x tiles), with and without bias; a slice of whole row
+  // groups must give those rows; and each row of x must get the bits of a one-row call within
+  // MaxRowInvariantRows. m: one group, several, and a count that is no multiple of 16 (left as
+  // it is); every quantized dtype passes through.
+  std::vector<int64_t> ns;
+  for (int64_t n = 1; n <= 17; ++n) ns.push_back(n);
+  for (int64_t n : {31, 64, 128}) ns.push_back(n);
+  int ran = 0;
+  for (DType dt : kQuantDTypes) {
+    if (!backend_->Supports(OpKind::kGemm, dt)) continue;
+    ++ran;
+    const int64_t blk = DTypeBlockElems(dt);
+    for (int64_t m : {16, 48, 40, 160}) {
+      for (int64_t k : {blk == 32 ? int64_t{96} : int64_t{256}, int64_t{768}, int64_t{2304}}) {
+        std::mt19937 rng(static_cast<uint32_t>(m * 131 + k + 7 * static_cast<int>(dt)));
+        HostTensor w = RandomQuantized(rng, dt, m, k);
+        HostTensor bias = Random(rng, DType::kF32, {m});
+        const TensorView w_d = Upload(w);
+        absl::StatusOr<TensorView> prepared = backend_->PrepareGemmWeight(w_d);
+        ASSERT_TRUE(prepared.ok()) << prepared.status();
+        EXPECT_EQ(prepared->dtype, dt);
+        ASSERT_EQ(prepared->ndim, 2);
+        EXPECT_EQ(prepared->dim(0), m);
+        EXPECT_EQ(prepared->dim(1), k);
+        EXPECT_EQ(prepared->bytes(), w_d.bytes());
+        if (dt != DType::kQ4_K || m % 16 != 0) {
+          EXPECT_EQ(prepared->data, w_d.data) << DTypeName(dt) << " m=" << m << " was copied";
+        }
+        std::vector<float> w_f32(m * k);
+        quant::DequantizeRow(dt, w.storage.data(), m * k, w_f32.data());
+        for (int64_t n : ns) {
+          if (n > 17 && k != 768) continue;
+          const bool with_bias = (n + k / blk) % 2 == 1;
+          HostTensor x = QuantGemmInput(rng, n, k);
+          HostTensor want(DType::kF32, {n, m});
+          TensorView no_bias;
+          cpu::reference::Gemm(x.view(), w.view(), with_bias ? bias.view() : no_bias,
+                               want.view());
+          const TensorView out = Upload(want);
+          backend_->Gemm(Upload(x), *prepared, with_bias ? Upload(bias) : no_bias, out);
+          const std::string what = "prepared Gemm " + std::string(DTypeName(dt)) +
+                                   " n=" + std::to_string(n) + " m=" + std::to_string(m) +
+                                   " k=" + std::to_string(k) + (with_bias ? " +bias" : "");
+          ExpectWithinActivationRounding(Download(out, want), want, x, w_f32, m, what);
+        }
+        // Row groups 1.. of a multi-group weight, alone: the reference's rows 16...
+        if (m >= 48 && m % 16 == 0) {
+          const int64_t n = 3;
+          HostTensor x = QuantGemmInput(rng, n, k);
+          HostTensor want(DType::kF32, {n, m});
+          cpu::reference::Gemm(x.view(), w.view(), TensorView(), want.view());
+          HostTensor got(DType::kF32, {n, m - 16});
+          const TensorView out = Upload(got);
+          backend_->Gemm(Upload(x), prepared->rows(16, m - 16), TensorView(), out);
+          got = Download(out, got);
+          HostTensor want_tail(DType::kF32, {n, m - 16});
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t r = 16; r < m; ++r) {
+              want_tail.f32()[i * (m - 16) + r - 16] = want.f32()[i * m + r];
+            }
+          }
+          std::vector<float> tail_f32(w_f32.begin() + 16 * k, w_f32.end());
+          ExpectWithinActivationRounding(got, want_tail, x, tail_f32, m - 16,
+                                         "rows 16.. of a prepared " + std::string(DTypeName(dt)));
+        }
+        // Row invariance, up to 20 rows.
+        const int64_t bound = std::min<int64_t>(backend_->MaxRowInvariantRows(dt, m), 20);
+        if (bound >= 2 && k == 768) {
+          HostTensor x = QuantGemmInput(rng, bound, k);
+          HostTensor all(DType::kF32, {bound, m});
+          const TensorView all_d = Upload(all);
+          backend_->Gemm(Upload(x), *prepared, TensorView(), all_d);
+          all = Download(all_d, all);
+          for (int64_t i = 0; i < bound; ++i) {
+            HostTensor xi(DType::kF32, {1, k});
+            std::memcpy(xi.f32(), x.f32() + i * k, k * sizeof(float));
+            HostTensor oi(DType::kF32, {1, m});
+            const TensorView oi_d = Upload(oi);
+            backend_->Gemm(Upload(xi), *prepared, TensorView(), oi_d);
+            oi = Download(oi_d, oi);
+            EXPECT_EQ(std::memcmp(oi.f32(), all.f32() + i * m, m * sizeof(float)), 0)
+                << DTypeName(dt) << " prepared m=" << m << " row " << i << " of " << bound;
+          }
+        }
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << backend_->name() << " runs no block-quantized Gemm weight";
+}
+
 TEST_P(BackendConformanceTest, AllocateOfAnImpossibleSizeFailsCleanly) {
   // Sizes whose rounding up to the allocation granule would wrap around must fail, not return a
   // small buffer that claims to be huge. (Sizes that merely exceed memory are left out: under
