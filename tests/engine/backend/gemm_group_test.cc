@@ -61,6 +61,7 @@ struct MemberSpec {
   DType dtype;
   int64_t m;
   DType bias = DType::kI32;  // kI32: no bias
+  bool prepare = false;       // through Backend::PrepareGemmWeight, as the transformer does
 };
 
 // Weight rows as `dtype` from Normal(0, 0.5) values, quantized with the reference quantizers.
@@ -131,6 +132,11 @@ class GemmGroupTest : public ::testing::TestWithParam<Variant> {
     std::vector<TensorView> w, bias;
     for (const MemberSpec& s : specs) {
       w.push_back(Upload(MakeWeight(rng, s.dtype, s.m, k)));
+      if (s.prepare) {
+        absl::StatusOr<TensorView> prepared = backend_->PrepareGemmWeight(w.back());
+        ASSERT_TRUE(prepared.ok()) << prepared.status();
+        w.back() = *prepared;
+      }
       bias.push_back(s.bias == DType::kI32 ? TensorView()
                                            : Upload(test_util::Random(rng, s.bias, {s.m})));
     }
@@ -217,6 +223,19 @@ TEST_P(GemmGroupTest, MixedDtypeGroupsGetTheBitsOfSeparateGemms) {
     if (!Runs(specs)) continue;
     ExpectSameBits(specs, 512, RowCounts(), seed++);
   }
+}
+
+TEST_P(GemmGroupTest, PreparedMembersGetTheBitsOfTheirOwnGemm) {
+  // Prepared Q4_K weights (the CPU's 16-row interleaved copies) are split between threads in
+  // whole row groups: here they follow members whose row counts leave the pass off a multiple
+  // of 16, beside an unprepared Q4_K member, a float one, and a bias.
+  const std::vector<MemberSpec> specs = {{DType::kQ4_K, 37},
+                                         {DType::kQ4_K, 48, DType::kF32, true},
+                                         {DType::kBF16, 23},
+                                         {DType::kQ4_K, 160, DType::kI32, true},
+                                         {DType::kQ8_0, 5}};
+  if (!Runs(specs)) GTEST_SKIP() << "the backend lacks one of the dtypes";
+  ExpectSameBits(specs, 512, RowCounts(), 50);
 }
 
 TEST_P(GemmGroupTest, BiasesAreAddedAsGemmAddsThem) {
