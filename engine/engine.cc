@@ -153,6 +153,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
+  {
+    // Weights the backend copied into its own layout are read from the copy only: their file
+    // pages need not stay resident. A tied lm_head's pages are the Embed table's, which stay.
+    const ModelWeights& file = e->model_.weights();
+    const ModelWeights& run = e->transformer_->weights();
+    auto release = [&](const TensorView& f, const TensorView& r) {
+      if (f.data != r.data && f.data != file.embed_tokens.data) {
+        e->model_.checkpoint().ReleasePages(f.data, f.bytes());
+      }
+    };
+    release(file.lm_head, run.lm_head);
+    for (size_t l = 0; l < file.layers.size(); ++l) {
+      const LayerWeights &a = file.layers[l], &b = run.layers[l];
+      for (auto [f, r] : {std::pair{&a.q_proj, &b.q_proj}, {&a.k_proj, &b.k_proj},
+                          {&a.v_proj, &b.v_proj}, {&a.o_proj, &b.o_proj},
+                          {&a.gate_proj, &b.gate_proj}, {&a.up_proj, &b.up_proj},
+                          {&a.down_proj, &b.down_proj}}) {
+        release(*f, *r);
+      }
+    }
+  }
   if (options.prefix_caching) e->kv_->EnablePrefixCache();
   {
     const ModelWeights& w = e->model_.weights();

@@ -512,4 +512,22 @@ std::vector<std::string> Checkpoint::file_paths() const {
   return paths;
 }
 
+uint64_t Checkpoint::ReleasePages(const void* data, uint64_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const MappedFile& f : files_) {
+    const auto base = reinterpret_cast<uintptr_t>(f.data());
+    if (f.data() == nullptr || begin < base || begin - base > f.size() ||
+        bytes > f.size() - (begin - base)) {
+      continue;
+    }
+    const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+    if (first >= last) return 0;
+    // madvise takes a non-const pointer; the pages are only dropped, never written.
+    if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+    return last - first;
+  }
+  return 0;
+}
+
 }  // namespace modserve::engine

@@ -124,6 +124,13 @@ class Checkpoint {
   // The files backing this checkpoint, in the order they were opened.
   std::vector<std::string> file_paths() const;
 
+  // Drops this process's pages of the whole pages inside [data, data + bytes) when that range
+  // lies in one of the file mappings (anything else: nothing happens). The mappings are private
+  // and read-only, so nothing is lost: a later read maps the file's bytes again. For tensors
+  // the engine no longer reads (a backend holds its own copy), so they stop counting as
+  // resident memory. Returns the bytes released.
+  uint64_t ReleasePages(const void* data, uint64_t bytes) const;
+
  private:
   struct Entry {
     TensorInfo info;

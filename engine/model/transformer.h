@@ -101,6 +101,10 @@ class Transformer {
   // Device steps of a graph shape run eagerly because the shape was new (each shape's first).
   int64_t num_graph_warmups() const { return num_graph_warmups_; }
 
+  // The weights it runs: the model's views, with each Gemm weight as the backend prepared it
+  // (a view into the backend's own copy where it made one).
+  const ModelWeights& weights() const { return weights_; }
+
   // Drops the graphs it captured (they name its buffers).
   ~Transformer();
 

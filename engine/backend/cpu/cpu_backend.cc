@@ -32,6 +32,8 @@ namespace {
 constexpr Device kHost = Device::kCpu;
 constexpr size_t kAlignment = 64;  // a cache line, and one zmm register
 constexpr size_t kHugePage = size_t{2} << 20;
+// PrepareGemmWeight's copies are placed in chunks of at least this (virtual) size.
+constexpr size_t kPreparedChunkBytes = size_t{256} << 20;
 
 // Below ~16K elements an elementwise op is faster on one thread than waking the pool.
 constexpr int64_t kElementwiseGrain = 1 << 14;
@@ -157,20 +159,24 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
     return w;
   }
   const int64_t m = w.dim(0), k = w.dim(1);
-  absl::StatusOr<DeviceBuffer> buf = Allocate(w.bytes());
-  if (!buf.ok()) {
-    return absl::Status(buf.status().code(), absl::StrCat("Q4_K weight ", w.ShapeString(),
-                                                          " in the interleaved layout: ",
-                                                          buf.status().message()));
+  const size_t bytes = (w.bytes() + kAlignment - 1) / kAlignment * kAlignment;
+  if (prepared_chunks_.empty() || prepared_used_ + bytes > prepared_chunks_.back().bytes()) {
+    absl::StatusOr<DeviceBuffer> chunk = Allocate(std::max(kPreparedChunkBytes, bytes));
+    if (!chunk.ok()) {
+      return absl::Status(chunk.status().code(), absl::StrCat("Q4_K weight ", w.ShapeString(),
+                                                              " in the interleaved layout: ",
+                                                              chunk.status().message()));
+    }
+    prepared_chunks_.push_back(*std::move(chunk));
+    prepared_used_ = 0;
   }
-  void* dst = buf->data();
+  char* dst = static_cast<char*>(prepared_chunks_.back().data()) + prepared_used_;
+  prepared_used_ += bytes;
   pool_.ParallelFor(0, m / kQ4KX16Rows, 1, [&](int64_t begin, int64_t end) {
     RepackQ4_KX16(w.data, k, begin, end, dst);
   });
-  const TensorView out(dst, w.dtype, {m, k}, Device::kCpu);
-  prepared_.emplace(static_cast<const char*>(dst),
-                    PreparedWeight{*std::move(buf), k / 256 * kQ4KX16UnitBytes});
-  return out;
+  prepared_.emplace(dst, PreparedWeight{w.bytes(), k / 256 * kQ4KX16UnitBytes});
+  return TensorView(dst, w.dtype, {m, k}, Device::kCpu);
 }
 
 bool CpuBackend::IsPrepared(const TensorView& w) const {
@@ -178,11 +184,11 @@ bool CpuBackend::IsPrepared(const TensorView& w) const {
   auto it = prepared_.upper_bound(p);
   if (it == prepared_.begin()) return false;
   --it;
-  if (p >= it->first + it->second.buf.bytes()) return false;
+  if (p >= it->first + it->second.bytes) return false;
   const int64_t offset = p - it->first;
   MODSERVE_CHECK(w.dtype == DType::kQ4_K && w.ndim == 2 && offset % it->second.group_bytes == 0 &&
                  w.dim(0) % kQ4KX16Rows == 0 &&
-                 static_cast<size_t>(offset) + w.bytes() <= it->second.buf.bytes())
+                 static_cast<size_t>(offset) + w.bytes() <= it->second.bytes)
       << "a view " << w.ShapeString() << " " << DTypeName(w.dtype) << " at byte " << offset
       << " of an interleaved Q4_K weight is not whole row groups of it";
   return true;

@@ -162,12 +162,18 @@ class CpuBackend final : public Backend {
   void Record(std::function<void()> op);
 
   const KernelTable& kernels_;
-  // PrepareGemmWeight's copies by first byte, with the bytes of one row group.
+  // PrepareGemmWeight's copies by first byte: their size and the bytes of one row group.
   struct PreparedWeight {
-    DeviceBuffer buf;
+    size_t bytes = 0;
     int64_t group_bytes = 0;
   };
   std::map<const char*, PreparedWeight> prepared_;
+  // Where the copies live: back to back in chunks of at least kPreparedChunkBytes on 2 MiB
+  // pages (a buffer per weight would round each up to whole 2 MiB pages), the last one filled
+  // up to prepared_used_ bytes. Space a chunk has left when a copy does not fit is never touched,
+  // so it takes no memory.
+  std::vector<DeviceBuffer> prepared_chunks_;
+  size_t prepared_used_ = 0;
   const int32_t* row_count_ = nullptr;  // SetDeviceRowCount's count, or null
   bool capturing_ = false;
   std::vector<std::function<void()>> recording_;

@@ -108,6 +108,26 @@ TEST(CheckpointTest, ViewsSurviveMovingTheCheckpoint) {
   EXPECT_EQ(std::memcmp(before.data, tensors[0].bytes.data(), tensors[0].bytes.size()), 0);
 }
 
+TEST(CheckpointTest, ReleasedPagesReadTheFileAgain) {
+  // 64 KiB of f32: at least 15 whole pages of 4 KiB inside the tensor, whatever its offset.
+  ScratchDir dir;
+  const std::vector<TestTensor> tensors = {F32Tensor("big", {16384}, RandomValues(16384, 9)),
+                                           F32Tensor("small", {3}, RandomValues(3, 10))};
+  WriteSafetensors(dir.File("model.safetensors"), tensors);
+  absl::StatusOr<Checkpoint> ckpt = Checkpoint::Open(dir.path());
+  ASSERT_THAT(ckpt, IsOk());
+  const TensorView big = *ckpt->Get("big");
+  EXPECT_GE(ckpt->ReleasePages(big.data, big.bytes()), 15u * 4096u);
+  EXPECT_EQ(std::memcmp(big.data, tensors[0].bytes.data(), tensors[0].bytes.size()), 0);
+  // No whole page inside a 12-byte tensor; memory outside the mappings is left alone.
+  const TensorView small = *ckpt->Get("small");
+  EXPECT_EQ(ckpt->ReleasePages(small.data, small.bytes()), 0u);
+  std::vector<uint8_t> heap(1 << 16, 7);
+  EXPECT_EQ(ckpt->ReleasePages(heap.data(), heap.size()), 0u);
+  EXPECT_EQ(heap[12345], 7);
+  ExpectHolds(*ckpt, tensors);
+}
+
 TEST(CheckpointTest, MisalignedTensorIsServedFromAnAlignedCopy) {
   ScratchDir dir;
   const std::vector<TestTensor> tensors = {F32Tensor("a", {3}, RandomValues(3, 7)),
