@@ -334,6 +334,10 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
 
 // x rows per Tile: each holds two sums and two accumulators beside the level vectors.
 inline constexpr int kTileRows = 5;
+using TileFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, int64_t, __m512, float*,
+                        int64_t, int64_t);
+inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr, &Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>,
+                                                 &Tile<5>};
 
 void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
           float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
@@ -343,23 +347,7 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
     const uint8_t* wg = wp + r0 / kQ4KX16Rows * nsb * kUnit;
     const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + r0) : _mm512_setzero_ps();
     for (int64_t i = x_begin; i < x_end; i += kTileRows) {
-      switch (QMin(kTileRows, x_end - i)) {
-        case 5:
-          Tile<5>(a, i, wg, nsb, b, out, ldo, r0);
-          break;
-        case 4:
-          Tile<4>(a, i, wg, nsb, b, out, ldo, r0);
-          break;
-        case 3:
-          Tile<3>(a, i, wg, nsb, b, out, ldo, r0);
-          break;
-        case 2:
-          Tile<2>(a, i, wg, nsb, b, out, ldo, r0);
-          break;
-        default:
-          Tile<1>(a, i, wg, nsb, b, out, ldo, r0);
-          break;
-      }
+      kTiles[QMin(kTileRows, x_end - i)](a, i, wg, nsb, b, out, ldo, r0);
     }
   }
 }
