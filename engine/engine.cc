@@ -177,12 +177,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.prefix_caching) e->kv_->EnablePrefixCache();
   {
     const ModelWeights& w = e->model_.weights();
-    int64_t rows = std::min<int64_t>(
-        options.max_batch_tokens,
-        e->backend_->MaxRowInvariantRows(w.lm_head.dtype, w.lm_head.dim(0)));
+    int64_t rows = options.max_batch_tokens;
     auto bound = [&](const TensorView& t) {
       if (!t.empty()) rows = std::min(rows, e->backend_->MaxRowInvariantRows(t.dtype, t.dim(0)));
     };
+    bound(w.lm_head);
     for (const LayerWeights& lw : w.layers) {
       for (const TensorView* t : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj,
                                   &lw.up_proj, &lw.down_proj, &lw.router_weight,

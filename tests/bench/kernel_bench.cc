@@ -425,6 +425,15 @@ void BenchDecodeAttention(CpuBackend& backend, int n_heads, int64_t batch, int32
 }
 
 int Main(int argc, char** argv) {
+  const std::string only = argc > 3 ? argv[3] : "";
+  constexpr std::string_view kModes[] = {"",      "decode",       "attention",    "attention-4k",
+                                         "prefill", "prefill-compute", "crossover", "quant",
+                                         "quant-decode", "quant-prefill", "quant-compute",
+                                         "isa-rates"};
+  if (std::find(std::begin(kModes), std::end(kModes), only) == std::end(kModes)) {
+    std::fprintf(stderr, "kernel_bench: unknown benchmark '%s' (see --help)\n", only.c_str());
+    return 2;
+  }
   CpuBackendOptions options;
   if (argc > 1) options.num_threads = std::atoi(argv[1]);
   if (argc > 2 && std::string(argv[2]) != "" && std::string(argv[2]) != "best") {
@@ -446,7 +455,6 @@ int Main(int argc, char** argv) {
               bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(),
               backend.num_threads(), CpuHasAvx512Bf16() ? "present (unused)" : "absent",
               amx.c_str());
-  const std::string only = argc > 3 ? argv[3] : "";
   if (only == "isa-rates") {
     // One core, register-only chains (isa_rates.h): the instruction rates the kernels are built
     // around, and each against the ymm FMA's.
