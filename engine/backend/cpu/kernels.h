@@ -195,7 +195,9 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
 // on every type (up to 1.8x at 16 rows); at 4 rows ahead on some types, behind on others; at 2
 // the per-call packing still costs more than it saves. The bits are the same either way
-// (quant_kernels_avx2_impl.h), so this moves only speed.
+// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K weights
+// (gemm_q4_k_x16) have one kernel for every row count; for them the threshold only picks how
+// CpuBackend splits the work between threads (weight rows, or 2-D tiles).
 inline constexpr int64_t kQuantSmallNMax = 4;
 
 // The interleaved Q4_K layout (KernelTable::gemm_q4_k_x16): weight rows in groups of
