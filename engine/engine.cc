@@ -165,13 +165,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     };
     release(file.lm_head, run.lm_head);
     for (size_t l = 0; l < file.layers.size(); ++l) {
-      const LayerWeights &a = file.layers[l], &b = run.layers[l];
-      for (auto [f, r] : {std::pair{&a.q_proj, &b.q_proj}, {&a.k_proj, &b.k_proj},
-                          {&a.v_proj, &b.v_proj}, {&a.o_proj, &b.o_proj},
-                          {&a.gate_proj, &b.gate_proj}, {&a.up_proj, &b.up_proj},
-                          {&a.down_proj, &b.down_proj}}) {
-        release(*f, *r);
-      }
+      const auto f = GemmWeights(file.layers[l]), r = GemmWeights(run.layers[l]);
+      for (size_t i = 0; i < f.size(); ++i) release(*f[i], *r[i]);
     }
   }
   if (options.prefix_caching) e->kv_->EnablePrefixCache();
@@ -183,11 +178,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     };
     bound(w.lm_head);
     for (const LayerWeights& lw : w.layers) {
-      for (const TensorView* t : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj,
-                                  &lw.up_proj, &lw.down_proj, &lw.router_weight,
-                                  &lw.predictor_hidden_weight, &lw.predictor_out_weight}) {
-        bound(*t);
-      }
+      for (const TensorView* t : GemmWeights(lw)) bound(*t);
     }
     e->max_row_invariant_rows_ = static_cast<int32_t>(std::max<int64_t>(1, rows));
   }

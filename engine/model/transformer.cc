@@ -152,11 +152,7 @@ absl::Status Transformer::PrepareGemmWeights() {
   };
   MODSERVE_RETURN_IF_ERROR(prepare(weights_.lm_head));
   for (LayerWeights& lw : weights_.layers) {
-    for (TensorView* w : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj,
-                          &lw.up_proj, &lw.down_proj, &lw.router_weight,
-                          &lw.predictor_hidden_weight, &lw.predictor_out_weight}) {
-      MODSERVE_RETURN_IF_ERROR(prepare(*w));
-    }
+    for (TensorView* w : GemmWeights(lw)) MODSERVE_RETURN_IF_ERROR(prepare(*w));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #ifndef MODSERVE_ENGINE_MODEL_WEIGHTS_H_
 #define MODSERVE_ENGINE_MODEL_WEIGHTS_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -49,6 +50,16 @@ struct LayerWeights {
                                        // [1, d_model] aux_router.weight (kLinear)
   TensorView predictor_out_bias;       // [1]  aux_router.2.bias / aux_router.bias; bias only
 };
+
+// A layer's Gemm weights (pointers to its views; const for a const layer), in one order for every
+// caller: the seven matrices, then the router and predictor (empty views where it has none).
+template <class Layer>
+auto GemmWeights(Layer& lw) {
+  return std::array{&lw.q_proj,   &lw.k_proj,        &lw.v_proj,
+                    &lw.o_proj,   &lw.gate_proj,     &lw.up_proj,
+                    &lw.down_proj, &lw.router_weight, &lw.predictor_hidden_weight,
+                    &lw.predictor_out_weight};
+}
 
 struct ModelWeights {
   TensorView embed_tokens;           // [vocab_size, d_model]
