@@ -279,18 +279,18 @@ void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t grou
         const quant::BlockQ4_K& b = in[(g * kQ4KX16Rows + r) * nsb + c];
         for (int p = 0; p < 4; ++p) {
           for (int j = 0; j < 8; ++j) {
-            std::memcpy(unit + (8 * p + j) * 64 + 4 * r, b.qs + 32 * p + 4 * j, 4);
+            std::memcpy(unit + 256 + (8 * p + j) * 64 + 4 * r, b.qs + 32 * p + 4 * j, 4);
           }
         }
-        std::memcpy(unit + 2048 + 2 * r, &b.d.bits, 2);
-        std::memcpy(unit + 2080 + 2 * r, &b.dmin.bits, 2);
+        std::memcpy(unit + 2 * r, &b.d.bits, 2);
+        std::memcpy(unit + 32 + 2 * r, &b.dmin.bits, 2);
         uint8_t sc[8], mn[8];
         for (int s = 0; s < 8; ++s) quant::Q4KScaleMin(b.scales, s, &sc[s], &mn[s]);
         for (int s = 0; s < 8; ++s) {
-          unit[2112 + 16 * s + r] = static_cast<uint8_t>((sc[s] & 15) | (mn[s] & 15) << 4);
+          unit[64 + 16 * s + r] = static_cast<uint8_t>((sc[s] & 15) | (mn[s] & 15) << 4);
         }
         for (int q = 0; q < 4; ++q) {
-          unit[2240 + 16 * q + r] = static_cast<uint8_t>((sc[q] >> 4) | (sc[q + 4] >> 4) << 2 |
+          unit[192 + 16 * q + r] = static_cast<uint8_t>((sc[q] >> 4) | (sc[q + 4] >> 4) << 2 |
                                                          (mn[q] >> 4) << 4 | (mn[q + 4] >> 4) << 6);
         }
       }

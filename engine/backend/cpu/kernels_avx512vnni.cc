@@ -245,7 +245,7 @@ inline __m512i Load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
 // The 16 rows' sc (scales[0..128)) and mn (scales[128..256)) of sub-blocks 0..7 as bytes
 // 16 s + r, from the unit's packed low nibbles and top bits (kernels.h).
 inline void UnpackScales(const uint8_t* unit, uint8_t* scales) {
-  const __m512i lo0 = Load512(unit + 2112), lo1 = Load512(unit + 2176), hi = Load512(unit + 2240);
+  const __m512i lo0 = Load512(unit + 64), lo1 = Load512(unit + 128), hi = Load512(unit + 192);
   const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
   // 16-bit shifts move bits across the bytes of a pair; the masks keep each byte's own.
   auto pick = [&](__m512i low4, __m512i top2) {
@@ -291,17 +291,17 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
     const uint8_t* unit = wg + c * kUnit;
     UnpackScales(unit, scales);
     const __m512 d =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 2048)));
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
     const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(0.0625f));
     const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 2080)));
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       __m512i lo[NX], hi[NX];
       for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const __m512i v = Load512(unit + (8 * p + j) * 64);
+        const __m512i v = Load512(unit + 256 + (8 * p + j) * 64);
         const __m512i wl = _mm512_and_si512(v, m0f), wh = _mm512_and_si512(v, mf0);
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
