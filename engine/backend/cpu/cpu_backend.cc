@@ -153,19 +153,31 @@ absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
 
 absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   MODSERVE_CHECK(!capturing_) << "PrepareGemmWeight during a graph capture";
-  if (w.dtype != DType::kQ4_K || kernels_.gemm_q4_k_x16 == nullptr || w.ndim != 2 ||
-      w.device != Device::kCpu || w.empty() || w.dim(0) == 0 || w.dim(0) % kQ4KX16Rows != 0 ||
-      IsPrepared(w)) {
+  if (w.ndim != 2 || w.device != Device::kCpu || w.empty() || w.dim(0) == 0 ||
+      w.dim(0) % kQ4KX16Rows != 0 || IsPrepared(w)) {
     return w;
   }
   const int64_t m = w.dim(0), k = w.dim(1);
+  // The interleaved copy's repack function and the bytes of one row group, where the table has
+  // a kernel for it and the shape fits.
+  void (*repack)(const void*, int64_t, int64_t, int64_t, void*) = nullptr;
+  int64_t group_bytes = 0;
+  if (w.dtype == DType::kQ4_K && kernels_.gemm_q4_k_x16 != nullptr) {
+    repack = &RepackQ4_KX16;
+    group_bytes = k / 256 * kQ4KX16UnitBytes;
+  } else if (w.dtype == DType::kQ8_0 && kernels_.gemm_q8_0_x16 != nullptr &&
+             k % kQ8_0X16UnitElems == 0) {
+    repack = &RepackQ8_0X16;
+    group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
+  }
+  if (repack == nullptr) return w;
   const size_t bytes = (w.bytes() + kAlignment - 1) / kAlignment * kAlignment;
   if (prepared_chunks_.empty() || prepared_used_ + bytes > prepared_chunks_.back().bytes()) {
     absl::StatusOr<DeviceBuffer> chunk = Allocate(std::max(kPreparedChunkBytes, bytes));
     if (!chunk.ok()) {
-      return absl::Status(chunk.status().code(), absl::StrCat("Q4_K weight ", w.ShapeString(),
-                                                              " in the interleaved layout: ",
-                                                              chunk.status().message()));
+      return absl::Status(chunk.status().code(),
+                          absl::StrCat(std::string(DTypeName(w.dtype)), " weight ", w.ShapeString(),
+                                       " in the interleaved layout: ", chunk.status().message()));
     }
     prepared_chunks_.push_back(*std::move(chunk));
     prepared_used_ = 0;
@@ -173,9 +185,9 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   char* dst = static_cast<char*>(prepared_chunks_.back().data()) + prepared_used_;
   prepared_used_ += bytes;
   pool_.ParallelFor(0, m / kQ4KX16Rows, 1, [&](int64_t begin, int64_t end) {
-    RepackQ4_KX16(w.data, k, begin, end, dst);
+    repack(w.data, k, begin, end, dst);
   });
-  prepared_.emplace(dst, PreparedWeight{w.bytes(), k / 256 * kQ4KX16UnitBytes});
+  prepared_.emplace(dst, PreparedWeight{w.bytes(), group_bytes, w.dtype});
   return TensorView(dst, w.dtype, {m, k}, Device::kCpu);
 }
 
@@ -186,11 +198,12 @@ bool CpuBackend::IsPrepared(const TensorView& w) const {
   --it;
   if (p >= it->first + it->second.bytes) return false;
   const int64_t offset = p - it->first;
-  MODSERVE_CHECK(w.dtype == DType::kQ4_K && w.ndim == 2 && offset % it->second.group_bytes == 0 &&
-                 w.dim(0) % kQ4KX16Rows == 0 &&
+  MODSERVE_CHECK(w.dtype == it->second.dtype && w.ndim == 2 &&
+                 offset % it->second.group_bytes == 0 && w.dim(0) % kQ4KX16Rows == 0 &&
                  static_cast<size_t>(offset) + w.bytes() <= it->second.bytes)
       << "a view " << w.ShapeString() << " " << DTypeName(w.dtype) << " at byte " << offset
-      << " of an interleaved Q4_K weight is not whole row groups of it";
+      << " of an interleaved " << DTypeName(it->second.dtype)
+      << " weight is not whole row groups of it";
   return true;
 }
 
@@ -563,7 +576,9 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     }
     const bool prepared = IsPrepared(g.w);
     if (DTypeIsQuantized(mem.dtype)) {
-      mem.quant = prepared ? kernels_.gemm_q4_k_x16 : QuantKernel(mem.dtype);
+      mem.quant = !prepared                     ? QuantKernel(mem.dtype)
+                  : mem.dtype == DType::kQ4_K ? kernels_.gemm_q4_k_x16
+                                              : kernels_.gemm_q8_0_x16;
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
       mem.large = n > kQuantSmallNMax;
     } else {

@@ -76,8 +76,9 @@ class CpuBackend final : public Backend {
   // Ops run when called, so the count is read when the op is called.
   void SetDeviceRowCount(const TensorView& count) override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
-  // Q4_K weights of a multiple of kQ4KX16Rows rows, when the table has gemm_q4_k_x16: a copy in
-  // the interleaved layout (kernels.h), kept until the backend is destroyed. Anything else: `w`.
+  // Q4_K weights of a multiple of kQ4KX16Rows rows, when the table has gemm_q4_k_x16, and Q8_0
+  // weights of such rows and k a multiple of 64, when it has gemm_q8_0_x16: a copy in the
+  // interleaved layout (kernels.h), kept until the backend is destroyed. Anything else: `w`.
   absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) override;
   absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
   absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
@@ -166,6 +167,7 @@ class CpuBackend final : public Backend {
   struct PreparedWeight {
     size_t bytes = 0;
     int64_t group_bytes = 0;
+    DType dtype = DType::kQ4_K;
   };
   std::map<const char*, PreparedWeight> prepared_;
   // Where the copies live: back to back in chunks of at least kPreparedChunkBytes on 2 MiB

@@ -148,6 +148,7 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q4_k = q.gemm_q4_k;
     t.gemm_q6_k = q.gemm_q6_k;
     t.gemm_q4_k_x16 = q.gemm_q4_k_x16;
+    t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
     return t;
   }();
   return table;
@@ -292,6 +293,30 @@ void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t grou
         for (int q = 0; q < 4; ++q) {
           unit[192 + 16 * q + r] = static_cast<uint8_t>((sc[q] >> 4) | (sc[q + 4] >> 4) << 2 |
                                                          (mn[q] >> 4) << 4 | (mn[q + 4] >> 4) << 6);
+        }
+      }
+    }
+  }
+}
+
+void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t group_end,
+                   void* dst) {
+  const int64_t nu = k / kQ8_0X16UnitElems, nb = k / 32;
+  const auto* in = static_cast<const quant::BlockQ8_0*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t c = 0; c < nu; ++c) {
+      uint8_t* unit = out + (g * nu + c) * kQ8_0X16UnitBytes;
+      for (int r = 0; r < kQ4KX16Rows; ++r) {
+        for (int h = 0; h < 2; ++h) {
+          const quant::BlockQ8_0& b = in[(g * kQ4KX16Rows + r) * nb + 2 * c + h];
+          std::memcpy(unit + 32 * h + 2 * r, &b.d.bits, 2);
+          for (int j = 0; j < 8; ++j) {
+            for (int t = 0; t < 4; ++t) {
+              unit[64 + (8 * h + j) * 64 + 4 * r + t] =
+                  static_cast<uint8_t>(static_cast<uint8_t>(b.qs[4 * j + t]) ^ 0x80);
+            }
+          }
         }
       }
     }

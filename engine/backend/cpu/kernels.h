@@ -125,6 +125,8 @@ struct KernelTable {
   // row_end multiples of kQ4KX16Rows. Null in tables without one: Q4_K weights then stay as
   // GGUF stores them (CpuBackend::PrepareGemmWeight).
   QuantGemmFn gemm_q4_k_x16;
+  // Q8_0 weights in the interleaved layout of RepackQ8_0X16 (below), the same way.
+  QuantGemmFn gemm_q8_0_x16;
 
   // dst[i] = float(src[i]) for i < count (exact conversions).
   void (*to_f32_f16)(const f16_t* src, int64_t count, float* dst);
@@ -173,7 +175,7 @@ void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end
 extern const KernelTable kScalarKernelTable;
 extern const KernelTable kAvx2KernelTable;
 extern const KernelTable kAvx512KernelTable;
-// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q4_k_x16) are
+// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q8_0_x16) are
 // set; kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
 extern const KernelTable kAvx512VnniQuantGemms;
 }  // namespace internal
@@ -195,8 +197,8 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
 // on every type (up to 1.8x at 16 rows); at 4 rows ahead on some types, behind on others; at 2
 // the per-call packing still costs more than it saves. The bits are the same either way
-// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K weights
-// (gemm_q4_k_x16) have one kernel for every row count; for them the threshold only picks how
+// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K and Q8_0
+// weights (gemm_q4_k_x16, gemm_q8_0_x16) have one kernel for every row count; for them the threshold only picks how
 // CpuBackend splits the work between threads (weight rows, or 2-D tiles).
 inline constexpr int64_t kQuantSmallNMax = 4;
 
@@ -222,6 +224,20 @@ inline constexpr int64_t kQ4KX16UnitBytes = 2304;
 // multiple of kQ4KX16Rows, k of 256) in the interleaved layout into `dst` (the whole tensor's
 // copy, m * k / 256 * 144 bytes). Groups are independent, so callers may split them.
 void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
+
+// The interleaved Q8_0 layout (KernelTable::gemm_q8_0_x16), on the same plan: weight rows in
+// groups of kQ4KX16Rows, and per group and 64-element pair of blocks c (so k a multiple of 64)
+// one 1088-byte unit (the 32 GGUF blocks' size) at (group * (k / 64) + c) * 1088:
+//   [0, 32)       d of block 2 c of rows 0..15 (f16); [32, 64) d of block 2 c + 1.
+//   [64, 1088)    levels: 64-byte vector (h, j) (h < 2, j < 8) at 64 + 64 (8 h + j) holds, for
+//                 row r < 16, bytes 4 r .. 4 r + 3 = qs[4 j .. 4 j + 3] of row r's block 2 c + h,
+//                 each as the level plus 128 (0..255, so vpdpbusd takes it as the unsigned
+//                 operand; the kernel takes 128 times the activation block's sum back).
+inline constexpr int64_t kQ8_0X16UnitBytes = 1088;
+inline constexpr int64_t kQ8_0X16UnitElems = 64;
+// Writes row groups [group_begin, group_end) of the [m, k] Q8_0 matrix `src` (m a multiple of
+// kQ4KX16Rows, k of 64) in the interleaved layout into `dst` (m * k / 32 * 34 bytes).
+void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
 
 // Float weights of at most this many rows (MoD routers and predictors) take the decode kernels
 // whatever the row count: they are too thin for the prefill kernels' packing to pay, and a row's

@@ -352,6 +352,84 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
   }
 }
 
+// ---- Q8_0 in the interleaved 16-row layout (kernels.h, RepackQ8_0X16) -------------------------
+// The same plan as Q4_K's: one vpdpbusd of a level vector against 4 broadcast activation bytes
+// adds 4 products to each of the 16 rows. The levels are stored plus 128 (unsigned), and the
+// 128 * sum(q) that adds to a block's sum is taken back in integers (one vpdpwssd of the block's
+// two 16-element activation sums against -128), so each block's integer sum is the exact
+// sum(w * q) that every other kernel computes. Per x row and block b, in order:
+// acc += (d_w * da[b]) * isum (f32 FMA); the row's output is acc + bias. Every x row takes the
+// same operations whatever the tile it shares (row invariance, as above).
+template <int NX>
+void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu, __m512 bias,
+              float* out, int64_t ldo, int64_t r0) {
+  const int64_t k = a.k, nb = k / 32;
+  const int8_t* q[NX];
+  const float* da[NX];
+  const int16_t* sum16[NX];
+  __m512 acc[NX];
+  for (int x = 0; x < NX; ++x) {
+    q[x] = a.q + (x0 + x) * k;
+    da[x] = a.d + (x0 + x) * nb;
+    sum16[x] = a.sum16 + (x0 + x) * 2 * nb;
+    acc[x] = _mm512_setzero_ps();
+  }
+  const __m512i minus128 = _mm512_set1_epi16(-128);
+  for (int64_t c = 0; c < nu; ++c) {
+    const uint8_t* unit = wg + c * kQ8_0X16UnitBytes;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512 d =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32 * h)));
+      // Two chains per x row (even and odd j): vpdpbusd's latency is 4 cycles on Zen 4.
+      __m512i s0[NX], s1[NX];
+      for (int x = 0; x < NX; ++x) s0[x] = s1[x] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i v = Load512(unit + 64 + (8 * h + j) * 64);
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          const int8_t* qa = q[x] + 64 * c + 32 * h + 4 * j;
+          if (j % 2 == 0) {
+            s0[x] = _mm512_dpbusd_epi32(s0[x], v, Broadcast4(qa));
+          } else {
+            s1[x] = _mm512_dpbusd_epi32(s1[x], v, Broadcast4(qa));
+          }
+        }
+      }
+      const int64_t b = 2 * c + h;
+#pragma GCC unroll 8
+      for (int x = 0; x < NX; ++x) {
+        int32_t pair;
+        __builtin_memcpy(&pair, sum16[x] + 2 * b, 4);
+        const __m512i isum = _mm512_dpwssd_epi32(_mm512_add_epi32(s0[x], s1[x]),
+                                                 _mm512_set1_epi32(pair), minus128);
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[x][b])),
+                                 _mm512_cvtepi32_ps(isum), acc[x]);
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) {
+    _mm512_storeu_ps(out + (x0 + x) * ldo + r0, _mm512_add_ps(acc[x], bias));
+  }
+}
+
+inline constexpr TileFn kTilesQ8_0[kTileRows + 1] = {
+    nullptr, &TileQ8_0<1>, &TileQ8_0<2>, &TileQ8_0<3>, &TileQ8_0<4>, &TileQ8_0<5>};
+
+void GemmQ8_0(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+              const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  const int64_t nu = a.k / kQ8_0X16UnitElems;
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kQ4KX16Rows) {
+    const uint8_t* wg = wp + r0 / kQ4KX16Rows * nu * kQ8_0X16UnitBytes;
+    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + r0) : _mm512_setzero_ps();
+    for (int64_t i = x_begin; i < x_end; i += kTileRows) {
+      kTilesQ8_0[QMin(kTileRows, x_end - i)](a, i, wg, nu, b, out, ldo, r0);
+    }
+  }
+}
+
 }  // namespace x16
 }  // namespace qvnni
 }  // namespace
@@ -365,6 +443,7 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
     .gemm_q4_k_x16 = &qvnni::x16::Gemm,
+    .gemm_q8_0_x16 = &qvnni::x16::GemmQ8_0,
 };
 }  // namespace internal
 
