@@ -339,18 +339,6 @@ using TileFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, int64_t, 
 inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr, &Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>,
                                                  &Tile<5>};
 
-void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
-          float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
-  const int64_t nsb = a.k / 256;
-  const uint8_t* wp = static_cast<const uint8_t*>(w);
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kQ4KX16Rows) {
-    const uint8_t* wg = wp + r0 / kQ4KX16Rows * nsb * kUnit;
-    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + r0) : _mm512_setzero_ps();
-    for (int64_t i = x_begin; i < x_end; i += kTileRows) {
-      kTiles[QMin(kTileRows, x_end - i)](a, i, wg, nsb, b, out, ldo, r0);
-    }
-  }
-}
 
 // ---- Q8_0 in the interleaved 16-row layout (kernels.h, RepackQ8_0X16) -------------------------
 // The same plan as Q4_K's: one vpdpbusd of a level vector against 4 broadcast activation bytes
@@ -417,15 +405,18 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
 inline constexpr TileFn kTilesQ8_0[kTileRows + 1] = {
     nullptr, &TileQ8_0<1>, &TileQ8_0<2>, &TileQ8_0<3>, &TileQ8_0<4>, &TileQ8_0<5>};
 
-void GemmQ8_0(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
-              const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
-  const int64_t nu = a.k / kQ8_0X16UnitElems;
+// Rows [row_begin, row_end) (whole groups) for x rows [x_begin, x_end) in tiles of kTable's
+// kernels: groups of 16 weight rows, each k / kUnitElems units of kUnitBytes.
+template <const TileFn* kTable, int64_t kUnitElems, int64_t kUnitBytes>
+void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w, const float* bias,
+          float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  const int64_t nu = a.k / kUnitElems;
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kQ4KX16Rows) {
-    const uint8_t* wg = wp + r0 / kQ4KX16Rows * nu * kQ8_0X16UnitBytes;
+    const uint8_t* wg = wp + r0 / kQ4KX16Rows * nu * kUnitBytes;
     const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + r0) : _mm512_setzero_ps();
     for (int64_t i = x_begin; i < x_end; i += kTileRows) {
-      kTilesQ8_0[QMin(kTileRows, x_end - i)](a, i, wg, nu, b, out, ldo, r0);
+      kTable[QMin(kTileRows, x_end - i)](a, i, wg, nu, b, out, ldo, r0);
     }
   }
 }
@@ -442,8 +433,9 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q4_1 = &qvnni::Gemm<qvnni::Q4K32V<true>, qavx2::Q4Pack<true>, 0>,
     .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
-    .gemm_q4_k_x16 = &qvnni::x16::Gemm,
-    .gemm_q8_0_x16 = &qvnni::x16::GemmQ8_0,
+    .gemm_q4_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTiles, 256, kQ4KX16UnitBytes>,
+    .gemm_q8_0_x16 =
+        &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,
 };
 }  // namespace internal
 
