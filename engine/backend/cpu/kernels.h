@@ -197,9 +197,9 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
 // on every type (up to 1.8x at 16 rows); at 4 rows ahead on some types, behind on others; at 2
 // the per-call packing still costs more than it saves. The bits are the same either way
-// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K and Q8_0
-// weights (gemm_q4_k_x16, gemm_q8_0_x16) have one kernel for every row count; for them the threshold only picks how
-// CpuBackend splits the work between threads (weight rows, or 2-D tiles).
+// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K and Q8_0 weights
+// (gemm_q4_k_x16, gemm_q8_0_x16) have one kernel for every row count; for them the threshold
+// only picks how CpuBackend splits the work between threads (weight rows, or 2-D tiles).
 inline constexpr int64_t kQuantSmallNMax = 4;
 
 // The interleaved Q4_K layout (KernelTable::gemm_q4_k_x16): weight rows in groups of
@@ -214,10 +214,10 @@ inline constexpr int64_t kQuantSmallNMax = 4;
 //                 block: low nibbles elements 4 j .. 4 j + 3 of sub-block 2 p, high nibbles those
 //                 of sub-block 2 p + 1. One vector times 4 activation bytes broadcast to every
 //                 32-bit lane (vpdpbusd) adds 4 products to each of 16 rows at once.
+// So 16 rows' 6-bit scales and minimums of 4 sub-blocks unpack with a few 64-byte operations.
 // The kernel reads the scales before the levels, so scales first keeps a row group's units one
 // strictly ascending stream for the hardware prefetcher (with the scales last, decode from DRAM
-// read about 10% less: docs/PERFORMANCE.md).
-// So 16 rows' 6-bit scales and minimums of 4 sub-blocks unpack with a few 64-byte operations.
+// was slower: docs/PERFORMANCE.md).
 inline constexpr int64_t kQ4KX16Rows = 16;
 inline constexpr int64_t kQ4KX16UnitBytes = 2304;
 // Writes row groups [group_begin, group_end) of the [m, k] Q4_K matrix `src` (GGUF layout; m a

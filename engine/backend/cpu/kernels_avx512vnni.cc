@@ -290,8 +290,7 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
   for (int64_t c = 0; c < nsb; ++c) {
     const uint8_t* unit = wg + c * kUnit;
     UnpackScales(unit, scales);
-    const __m512 d =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
     const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(0.0625f));
     const __m512 dmin =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
@@ -336,9 +335,8 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
 inline constexpr int kTileRows = 5;
 using TileFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, int64_t, __m512, float*,
                         int64_t, int64_t);
-inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr, &Tile<1>, &Tile<2>, &Tile<3>, &Tile<4>,
-                                                 &Tile<5>};
-
+inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr,  &Tile<1>, &Tile<2>,
+                                                 &Tile<3>, &Tile<4>, &Tile<5>};
 
 // ---- Q8_0 in the interleaved 16-row layout (kernels.h, RepackQ8_0X16) -------------------------
 // The same plan as Q4_K's: one vpdpbusd of a level vector against 4 broadcast activation bytes
@@ -390,8 +388,8 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
       for (int x = 0; x < NX; ++x) {
         int32_t pair;
         __builtin_memcpy(&pair, sum16[x] + 2 * b, 4);
-        const __m512i isum = _mm512_dpwssd_epi32(_mm512_add_epi32(s0[x], s1[x]),
-                                                 _mm512_set1_epi32(pair), minus128);
+        const __m512i isum =
+            _mm512_dpwssd_epi32(_mm512_add_epi32(s0[x], s1[x]), _mm512_set1_epi32(pair), minus128);
         acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[x][b])),
                                  _mm512_cvtepi32_ps(isum), acc[x]);
       }
@@ -402,8 +400,8 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
   }
 }
 
-inline constexpr TileFn kTilesQ8_0[kTileRows + 1] = {
-    nullptr, &TileQ8_0<1>, &TileQ8_0<2>, &TileQ8_0<3>, &TileQ8_0<4>, &TileQ8_0<5>};
+inline constexpr TileFn kTilesQ8_0[kTileRows + 1] = {nullptr,      &TileQ8_0<1>, &TileQ8_0<2>,
+                                                     &TileQ8_0<3>, &TileQ8_0<4>, &TileQ8_0<5>};
 
 // Rows [row_begin, row_end) (whole groups) for x rows [x_begin, x_end) in tiles of kTable's
 // kernels: groups of 16 weight rows, each k / kUnitElems units of kUnitBytes.
