@@ -160,17 +160,18 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   const int64_t m = w.dim(0), k = w.dim(1);
   // The interleaved copy's repack function and the bytes of one row group, where the table has
   // a kernel for it and the shape fits.
+  if (InterleavedKernel(w.dtype) == nullptr) return w;
   void (*repack)(const void*, int64_t, int64_t, int64_t, void*) = nullptr;
   int64_t group_bytes = 0;
-  if (w.dtype == DType::kQ4_K && kernels_.gemm_q4_k_x16 != nullptr) {
+  if (w.dtype == DType::kQ4_K) {
     repack = &RepackQ4_KX16;
     group_bytes = k / 256 * kQ4KX16UnitBytes;
-  } else if (w.dtype == DType::kQ8_0 && kernels_.gemm_q8_0_x16 != nullptr &&
-             k % kQ8_0X16UnitElems == 0) {
+  } else if (k % kQ8_0X16UnitElems == 0) {  // Q8_0
     repack = &RepackQ8_0X16;
     group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
+  } else {
+    return w;
   }
-  if (repack == nullptr) return w;
   const size_t bytes = (w.bytes() + kAlignment - 1) / kAlignment * kAlignment;
   if (prepared_chunks_.empty() || prepared_used_ + bytes > prepared_chunks_.back().bytes()) {
     absl::StatusOr<DeviceBuffer> chunk = Allocate(std::max(kPreparedChunkBytes, bytes));
@@ -473,6 +474,18 @@ QuantGemmFn CpuBackend::QuantKernel(DType dtype) const {
   return nullptr;
 }
 
+QuantGemmFn CpuBackend::InterleavedKernel(DType dtype) const {
+  switch (dtype) {
+    case DType::kQ4_K:
+      return kernels_.gemm_q4_k_x16;
+    case DType::kQ8_0:
+      return kernels_.gemm_q8_0_x16;
+    default:
+      break;
+  }
+  return nullptr;
+}
+
 // Decode (n up to the kernels' small-n bound): bound by reading w, so the threads split the union
 // of all members' weight rows and each streams its share. Prefill: 2-D tiles over (weight-row
 // block, x-row block) of every member, each tile packing its w block once. With a quantized w,
@@ -576,9 +589,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     }
     const bool prepared = IsPrepared(g.w);
     if (DTypeIsQuantized(mem.dtype)) {
-      mem.quant = !prepared                     ? QuantKernel(mem.dtype)
-                  : mem.dtype == DType::kQ4_K ? kernels_.gemm_q4_k_x16
-                                              : kernels_.gemm_q8_0_x16;
+      mem.quant = prepared ? InterleavedKernel(mem.dtype) : QuantKernel(mem.dtype);
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
       mem.large = n > kQuantSmallNMax;
     } else {

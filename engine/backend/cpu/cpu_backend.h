@@ -140,6 +140,9 @@ class CpuBackend final : public Backend {
   void GemmRange(const GemmMember& g, const float* x, int64_t n, int64_t k, int64_t x_begin,
                  int64_t x_end, int64_t row_begin, int64_t row_end) const;
   QuantGemmFn QuantKernel(DType dtype) const;
+  // The kernel of dtype's interleaved layout (PrepareGemmWeight's copies); null where the table
+  // has none.
+  QuantGemmFn InterleavedKernel(DType dtype) const;
   // Whether w lies in a PrepareGemmWeight copy; CHECKs that it is then a whole number of its row
   // groups from a group boundary.
   bool IsPrepared(const TensorView& w) const;

@@ -824,10 +824,10 @@ TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvari
 
 TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
   // Backend::PrepareGemmWeight may return a copy in the backend's own layout (the CPU backend:
-  // Q4_K and Q8_0 in groups of 16 rows, where its kernels read that layout). Whatever it returns must be a
-  // Gemm weight within the quantized Gemm's bound of the reference, for every row count (the
-  // decode and prefill row ranges, partial x tiles), with and without bias; a slice of whole row
-  // groups must give those rows; and each row of x must get the bits of a one-row call within
+  // Q4_K and Q8_0 in groups of 16 rows, where its kernels read that layout). Whatever it returns
+  // must be a Gemm weight within the quantized Gemm's bound of the reference, for every row count
+  // (the decode and prefill row ranges, partial x tiles), with and without bias; a slice of whole
+  // row groups must give those rows; and each row of x must get the bits of a one-row call within
   // MaxRowInvariantRows. m: one group, several, and a count that is no multiple of 16 (left as
   // it is); every quantized dtype passes through.
   std::vector<int64_t> ns;
