@@ -71,7 +71,7 @@ void SmallNTile(const float* x, int64_t k, const W* w, const float* bias, float*
     // for the hardware prefetcher to ramp up before the stream ends. Worth ~15-25% of decode
     // bandwidth on the 2-core VM (docs/PERFORMANCE.md). Prefetches never fault, so reaching past
     // the end of the matrix on the last group is harmless. Into L2 (prefetcht1), not L1: the next
-    // group starts NW rows (16-45 KiB) ahead, and lines fetched into L1 that early pushed out the
+    // group starts NW rows (16-90 KiB) ahead, and lines fetched into L1 that early pushed out the
     // x rows and the rows in use; on Zen 4 the L2 target made the BF16 decode Gemm 10-25% faster
     // from 1 to 16 x rows, and batch-4 decode end to end 1.4x.
     if (((kk * static_cast<int64_t>(sizeof(W))) & 63) == 0) {
