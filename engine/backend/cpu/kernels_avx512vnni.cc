@@ -243,6 +243,7 @@ inline constexpr int64_t kUnit = kQ4KX16UnitBytes;
 // row goes without: into L1 (prefetcht0, as the row kernels do) the prefetch cut its decode from
 // DRAM from 26 to 22 GB/s, and into L2 TinyLlama-shape batch-1 decode from 53-56 to 43-44 tok/s.
 // Q8_0 units gained nothing from it at batch 4 (two alternating pairs), so they go without.
+// Prefetches never fault: reaching past the end of the copy from the last units is harmless.
 template <int NX>
 inline void PrefetchAhead(const uint8_t* unit) {
   if constexpr (NX > 1) {
