@@ -3,8 +3,9 @@
 //
 // AVX512_BF16 (vdpbf16ps) is deliberately not used: it needs both operands in bf16, and rounding
 // the f32 activations to bf16 costs ~3 significant digits, well outside the f32-accumulation
-// tolerance the reference allows. Decode is bound by reading w, where the shift conversion is free
-// anyway.
+// tolerance the reference allows. Splitting x into two bf16 terms keeps the accuracy but then each
+// vdpbf16ps does as many useful multiply-adds as one FMA; measured on Zen 4, that decode kernel was
+// no faster than this one (docs/PERFORMANCE.md, "Decode Gemms: software prefetch into L2").
 #include <immintrin.h>
 
 #include <cstdint>
