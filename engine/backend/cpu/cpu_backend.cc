@@ -166,12 +166,11 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   if (w.dtype == DType::kQ4_K) {
     repack = &RepackQ4_KX16;
     group_bytes = k / 256 * kQ4KX16UnitBytes;
-  } else if (k % kQ8_0X16UnitElems == 0) {  // Q8_0
+  } else if (w.dtype == DType::kQ8_0 && k % kQ8_0X16UnitElems == 0) {
     repack = &RepackQ8_0X16;
     group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
-  } else {
-    return w;
   }
+  if (repack == nullptr) return w;
   const size_t bytes = (w.bytes() + kAlignment - 1) / kAlignment * kAlignment;
   if (prepared_chunks_.empty() || prepared_used_ + bytes > prepared_chunks_.back().bytes()) {
     absl::StatusOr<DeviceBuffer> chunk = Allocate(std::max(kPreparedChunkBytes, bytes));
