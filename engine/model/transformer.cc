@@ -125,7 +125,47 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
   MODSERVE_RETURN_IF_ERROR(t->PrepareGemmWeights());
   MODSERVE_RETURN_IF_ERROR(t->AllocateBuffers());
   MODSERVE_RETURN_IF_ERROR(t->PrepareBiases());
+  MODSERVE_RETURN_IF_ERROR(t->UploadWeights());
   return t;
+}
+
+absl::Status Transformer::UploadWeights() {
+  if (backend_->device() == Device::kCpu) return absl::OkStatus();
+  std::map<std::pair<const void*, size_t>, void*> copies;  // (host data, bytes) -> device data
+  auto upload = [&](TensorView& v) -> absl::Status {
+    if (v.empty() || v.device != Device::kCpu) return absl::OkStatus();
+    const size_t bytes = v.bytes();
+    auto it = copies.find({v.data, bytes});
+    if (it == copies.end()) {
+      MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf, backend_->Allocate(bytes));
+      TensorView dst = v;
+      dst.data = buf.data();
+      dst.device = buf.device();
+      MODSERVE_RETURN_IF_ERROR(backend_->CopyToDevice(v, dst));
+      it = copies.emplace(std::pair{v.data, bytes}, buf.data()).first;
+      weight_buffers_.push_back(std::move(buf));
+    }
+    v.data = it->second;
+    v.device = backend_->device();
+    return absl::OkStatus();
+  };
+  MODSERVE_RETURN_IF_ERROR(upload(weights_.embed_tokens));
+  MODSERVE_RETURN_IF_ERROR(upload(weights_.lm_head));
+  MODSERVE_RETURN_IF_ERROR(upload(weights_.norm));
+  for (LayerWeights& lw : weights_.layers) {
+    for (TensorView* v : {&lw.input_layernorm, &lw.post_attention_layernorm, &lw.router_bias,
+                          &lw.predictor_hidden_bias, &lw.predictor_out_bias}) {
+      MODSERVE_RETURN_IF_ERROR(upload(*v));
+    }
+    for (TensorView* v : GemmWeights(lw)) MODSERVE_RETURN_IF_ERROR(upload(*v));
+  }
+  for (Biases& b : biases_) {
+    for (TensorView* v : {&b.router, &b.predictor_hidden, &b.predictor_out}) {
+      MODSERVE_RETURN_IF_ERROR(upload(*v));
+    }
+  }
+  // The copies read the mapped file: finish them before the engine releases its pages.
+  return backend_->Synchronize();
 }
 
 absl::StatusOr<TensorView> Transformer::PrepareBias(const TensorView& w, const TensorView& b) {

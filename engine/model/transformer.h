@@ -121,6 +121,11 @@ class Transformer {
   // own layout); the Embed table stays the file's, even when lm_head is tied to it.
   absl::Status PrepareGemmWeights();
   absl::StatusOr<TensorView> PrepareBias(const TensorView& w, const TensorView& b);
+  // On a backend whose memory is not the host's: every weight and bias still on the host (the
+  // file's mapped views) copied into device memory owned here, each file tensor once (a tied
+  // lm_head shares the Embed table's copy). Runs after PrepareBiases, which reads biases on the
+  // host. A no-op on the CPU backend.
+  absl::Status UploadWeights();
   // Where a block's rows find their positions, KV slots, sequences and visible-key counts ([m]
   // i32 each) and the layer's page table ([num_seqs, stride] i32), filled on the device.
   struct BlockIndex {
@@ -216,6 +221,7 @@ class Transformer {
   };
   std::vector<Biases> biases_;                      // [n_layers]; empty views when absent
   std::vector<backend::DeviceBuffer> bias_buffers_;  // the F32 copies
+  std::vector<backend::DeviceBuffer> weight_buffers_;  // UploadWeights' copies
 
   // Device buffers, allocated once. Shapes are capacities: [max_batch_tokens, ...].
   backend::DeviceBuffer kv_pool_;  // [num_pages, 2 * n_kv_heads, block_size, head_dim] kv_dtype
