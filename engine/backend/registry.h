@@ -14,7 +14,8 @@
 namespace modserve::backend {
 
 struct BackendOptions {
-  // CPU backend: threads per op including the caller; 0 = all hardware threads.
+  // CPU backend: threads per op including the caller; CUDA backend: host threads for host work
+  // between ops (sampling a step's rows). 0 = all hardware threads.
   int num_threads = 0;
   // CUDA backend: which device.
   int device_ordinal = 0;

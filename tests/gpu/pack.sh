@@ -15,10 +15,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${1:-$ROOT/build-gpu}"
 TARBALL="${2:-$BUILD/modserve-gpu-prebuilt.tar.xz}"
 CUDA_ARCH="${CUDA_ARCH:-90}"
-PROGRAMS=(bin/modserve-bench bin/modserve-generate tests/backend_conformance_test
-          tests/backend_cuda_test tests/engine_golden_test lib/libmodserve_backend_cuda_plugin.so)
-TARGETS=(modserve-bench modserve-generate backend_conformance_test backend_cuda_test
-         engine_golden_test modserve_backend_cuda_plugin)
+PROGRAMS=(bin/modserve-bench bin/modserve-generate bin/modserve-cuda-gemv-bench
+          tests/backend_conformance_test tests/backend_cuda_test tests/engine_golden_test
+          lib/libmodserve_backend_cuda_plugin.so)
+TARGETS=(modserve-bench modserve-generate modserve-cuda-gemv-bench backend_conformance_test
+         backend_cuda_test engine_golden_test modserve_backend_cuda_plugin)
 
 export PATH="/usr/local/cuda/bin:$PATH"
 if [[ ! -f "$BUILD/build.ninja" ]]; then

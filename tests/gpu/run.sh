@@ -7,9 +7,12 @@
 #   3. backend conformance suite (RouteSelect included) + CUDA-only tests on the cuda backend
 #   4. engine goldens on the cuda backend (engine_golden_test with MODSERVE_TEST_BACKEND=cuda)
 #   5. batch invariance on cuda (EngineTest.BatchCompositionDoesNotChangeTokens)
-#   6. benchmark: modserve-bench --backend cuda (the engine's one Transformer; device step and
-#      decode graphs, then the same without graphs), table printed last
-#   7. compute-sanitizer memcheck on the conformance suite (cuda only) and on a short decode
+#   6. benchmark: modserve-cuda-gemv-bench (the decode GEMV's launch shapes against the copy
+#      bandwidth), then modserve-bench --backend cuda (the engine's one Transformer; device step
+#      and decode graphs, then the same without graphs), table printed last
+#   7. with OP_TIMES_ARGS set: modserve-bench $OP_TIMES_ARGS with MODSERVE_CUDA_OP_TIMES=1 (GPU
+#      time per op and shape, op_times.md)
+#   8. compute-sanitizer memcheck on the conformance suite (cuda only) and on a short decode
 # Every stage prints PASS / FAIL / SKIP(reason); the script exits non-zero when any stage FAILs.
 # Stages that would not fit in what is left of BUDGET_S (default 470 s) are skipped, so the
 # summary and the table always come back.
@@ -17,7 +20,7 @@
 # logs.tar.gz (every stage's log; rewritten after each stage).
 # Usage: tests/gpu/run.sh [build-dir]
 #   env: JOBS, CUDA_ARCH, SKIP_BENCH=1, BENCH_ARGS (replaces the default benchmark flags below),
-#        MODSERVE_GPU_PREBUILT (tarball from tests/gpu/pack.sh), BUDGET_S
+#        MODSERVE_GPU_PREBUILT (tarball from tests/gpu/pack.sh), BUDGET_S, OP_TIMES_ARGS
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -82,7 +85,7 @@ fi
 export PATH="/usr/local/cuda/bin:$PATH"
 
 TARGETS=(backend_conformance_test backend_cuda_test engine_golden_test modserve-generate
-         modserve-bench modserve_backend_cuda_plugin)
+         modserve-bench modserve-cuda-gemv-bench modserve_backend_cuda_plugin)
 if [[ -n "${MODSERVE_GPU_PREBUILT:-}" ]]; then
   stage "unpack $MODSERVE_GPU_PREBUILT"
   mkdir -p "$BUILD"
@@ -268,6 +271,21 @@ else
   record batch_invariance FAIL "see batch_invariance.log"
 fi
 
+stage "decode GEMV launch shapes"
+if [[ "${SKIP_BENCH:-0}" == 1 ]]; then
+  record gemv_bench SKIP "SKIP_BENCH=1"
+elif [[ "$NO_DEVICE" == 1 ]]; then
+  record gemv_bench SKIP "no GPU visible"
+elif fits gemv_bench 30; then
+  if timeout "$(limit 90)" "$B/modserve-cuda-gemv-bench" >"$LOG/gemv_bench.md" 2>&1; then
+    cp "$LOG/gemv_bench.md" "$RESULTS/gemv_bench.md"
+    record gemv_bench PASS "gemv_bench.md"
+  else
+    tail -5 "$LOG/gemv_bench.md"
+    record gemv_bench FAIL "see gemv_bench.md"
+  fi
+fi
+
 stage "benchmarks (checkpoints in $CKPTS)"
 BENCH_TABLE=""
 if [[ "${SKIP_BENCH:-0}" == 1 ]]; then
@@ -299,6 +317,19 @@ else
     tail -20 "$LOG/bench.err"
     record bench FAIL "see bench.err"
   fi
+fi
+
+if [[ -n "${OP_TIMES_ARGS:-}" ]] && fits op_times 40; then
+  stage "op times: modserve-bench --backend cuda $OP_TIMES_ARGS"
+  # shellcheck disable=SC2086  # the flags are meant to split
+  if MODSERVE_CUDA_OP_TIMES=1 timeout "$(limit 150)" "$B/modserve-bench" --backend cuda \
+       $OP_TIMES_ARGS >"$LOG/op_times.md" 2>&1; then
+    record op_times PASS "op_times.md"
+  else
+    tail -5 "$LOG/op_times.md"
+    record op_times FAIL "see op_times.md"
+  fi
+  cp "$LOG/op_times.md" "$RESULTS/op_times.md"
 fi
 
 stage "compute-sanitizer memcheck on a short decode"

@@ -9,9 +9,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -20,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/backend/cpu/op_checks.h"
+#include "engine/backend/cpu/thread_pool.h"
 #include "engine/backend/cuda/cuda_check.h"
 #include "engine/backend/cuda/kernels/kernels.h"
 #include "engine/common/logging.h"
@@ -51,6 +56,69 @@ int CheckedInt(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// Op timing, on when MODSERVE_CUDA_OP_TIMES=1: a pair of CUDA events around every op and graph
+// replay outside captures, summed per op name and shape at each drain, printed to stderr as one
+// table when the backend is destroyed. For profiling on a machine without Nsight Systems; it adds
+// two event records per op, so time steps without it.
+struct OpTimes {
+  struct Open {
+    std::string key;
+    cudaEvent_t start, end;
+  };
+  std::vector<Open> open;            // recorded, not yet read
+  std::vector<cudaEvent_t> spare;    // read, free for reuse
+  struct Total {
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  std::map<std::string, Total> totals;
+  int depth = 0;  // an op that calls another op (Gemm with an F32 bias) is timed once
+
+  cudaEvent_t Event() {
+    if (!spare.empty()) {
+      cudaEvent_t e = spare.back();
+      spare.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    cudaEventCreate(&e);
+    return e;
+  }
+  // After the stream drained: every open pair is complete.
+  void Collect() {
+    for (Open& o : open) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, o.start, o.end) == cudaSuccess) {
+        Total& t = totals[o.key];
+        ++t.calls;
+        t.ms += ms;
+      }
+      spare.push_back(o.start);
+      spare.push_back(o.end);
+    }
+    open.clear();
+  }
+  void Print() const {
+    std::vector<std::pair<std::string, Total>> rows(totals.begin(), totals.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double sum = 0;
+    for (const auto& r : rows) sum += r.second.ms;
+    std::fprintf(stderr, "cuda op times (MODSERVE_CUDA_OP_TIMES): %.3f ms in %zu kinds\n", sum,
+                 rows.size());
+    std::fprintf(stderr, "| op | calls | total ms | %% | us per call |\n|---|---:|---:|---:|---:|\n");
+    for (const auto& [key, t] : rows) {
+      std::fprintf(stderr, "| %s | %lld | %.3f | %.1f | %.2f |\n", key.c_str(),
+                   static_cast<long long>(t.calls), t.ms, sum > 0 ? 100 * t.ms / sum : 0.0,
+                   1000 * t.ms / static_cast<double>(t.calls));
+    }
+  }
+  ~OpTimes() {
+    for (Open& o : open) spare.insert(spare.end(), {o.start, o.end});
+    for (cudaEvent_t e : spare) cudaEventDestroy(e);
+  }
+};
+
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(const BackendOptions& options,
@@ -63,6 +131,14 @@ class CudaBackend final : public Backend {
   int64_t MaxRowInvariantRows(DType, int64_t) const override { return 1; }
   Device device() const override { return kDev; }
   bool Supports(OpKind op, DType dtype) const override;
+  // Sampling a step's rows: on the host threads the backend keeps (BackendOptions::num_threads),
+  // one row at least per task, as the CPU backend does. At batch 64 with a 128k vocabulary the
+  // rows took ~50 ms one after another.
+  void HostParallelFor(int64_t count, absl::FunctionRef<void(int64_t)> task) override {
+    host_pool_->ParallelFor(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) task(i);
+    });
+  }
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
   absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;
@@ -162,6 +238,42 @@ class CudaBackend final : public Backend {
   // Replay(id) launches graphs_[id]; ReleaseGraphs() destroys them and leaves null entries, so a
   // stale id is refused instead of naming a later graph.
   std::vector<cudaGraphExec_t> graphs_;
+  std::unique_ptr<OpTimes> op_times_;  // MODSERVE_CUDA_OP_TIMES=1 only
+  std::unique_ptr<cpu::ThreadPool> host_pool_;  // HostParallelFor
+
+  // Times the enclosing op under "name d0xd1x.." (see OpTimes); free when timing is off.
+  class OpTimer {
+   public:
+    OpTimer(CudaBackend* b, const char* name, std::initializer_list<int64_t> dims) {
+      OpTimes* t = b->op_times_.get();
+      if (t == nullptr || b->capturing_) return;
+      times_ = t;
+      if (t->depth++ > 0) return;  // inside a timed op
+      key_ = name;
+      const char* sep = " ";
+      for (int64_t d : dims) {
+        absl::StrAppend(&key_, sep, d);
+        sep = "x";
+      }
+      stream_ = b->stream_;
+      start_ = t->Event();
+      cudaEventRecord(start_, stream_);
+    }
+    ~OpTimer() {
+      if (times_ == nullptr || --times_->depth > 0) return;
+      cudaEvent_t end = times_->Event();
+      cudaEventRecord(end, stream_);
+      times_->open.push_back({std::move(key_), start_, end});
+    }
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+
+   private:
+    OpTimes* times_ = nullptr;
+    std::string key_;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t start_ = nullptr;
+  };
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOptions& options,
@@ -191,6 +303,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOption
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(ordinal));
   b->num_sms_ = prop.multiProcessorCount;
+  b->host_pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  if (const char* env = std::getenv("MODSERVE_CUDA_OP_TIMES"); env != nullptr && env[0] == '1') {
+    b->op_times_ = std::make_unique<OpTimes>();
+  }
   MODSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
   MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(b->cublas_, b->stream_));
@@ -212,6 +328,11 @@ CudaBackend::~CudaBackend() {
   MakeCurrent();
   if (capturing_) AbandonCapture();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (op_times_ != nullptr) {
+    op_times_->Collect();
+    op_times_->Print();
+    op_times_.reset();
+  }
   ReleaseGraphs();
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -292,6 +413,7 @@ absl::Status CudaBackend::CopyToDevice(const TensorView& host_src, const TensorV
 absl::Status CudaBackend::Drain(absl::string_view where) {
   const cudaError_t err = cudaStreamSynchronize(stream_);
   pinned_used_ = 0;
+  if (op_times_ != nullptr) op_times_->Collect();
   MODSERVE_RETURN_IF_ERROR(TakePending());
   return CudaStatus(err, absl::StrCat(where, " (a device error in an earlier op)"));
 }
@@ -308,6 +430,7 @@ absl::Status CudaBackend::CopyToHost(const TensorView& src, const TensorView& ho
   }
   MakeCurrent();
   if (src.bytes() > 0) {
+    OpTimer timer(this, "CopyToHost", {static_cast<int64_t>(src.bytes())});
     Record(cudaMemcpyAsync(host_dst.data, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_),
            "CopyToHost");
   }
@@ -391,6 +514,7 @@ absl::Status CudaBackend::Replay(int graph) {
         " captured; ids of released graphs stay invalid)"));
   }
   MakeCurrent();
+  OpTimer timer(this, "Replay (graph)", {graph});
   const cudaError_t err = cudaGraphLaunch(graphs_[graph], stream_);
   Record(err, "Replay (cudaGraphLaunch)");
   return CudaStatus(err, "Replay (cudaGraphLaunch)");
@@ -410,6 +534,7 @@ void CudaBackend::Embed(const TensorView& ids, const TensorView& table, const Te
   MODSERVE_CHECK(!DTypeIsQuantized(table.dtype))
       << "cuda backend: Embed table dtype " << DTypeName(table.dtype) << " (Supports() is false)";
   MakeCurrent();
+  OpTimer timer(this, "Embed", {ids.dim(0), table.dim(1)});
   Record(kernels::Embed(stream_, ids.as<int32_t>(), ids.dim(0), table.data, table.dtype,
                         table.dim(0), table.dim(1), rows_, out.as<float>()),
          "Embed");
@@ -419,6 +544,7 @@ void CudaBackend::RmsNorm(const RmsNormParams& params, const TensorView& x,
                           const TensorView& weight, const TensorView& out) {
   cpu::CheckRmsNormArgs(kDev, x, weight, out);
   MakeCurrent();
+  OpTimer timer(this, "RmsNorm", {x.dim(0), x.dim(1)});
   Record(kernels::RmsNorm(stream_, x.as<float>(), weight.data, weight.dtype, x.dim(0), x.dim(1),
                           params.eps, rows_, out.as<float>()),
          "RmsNorm");
@@ -436,6 +562,7 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
   MODSERVE_CHECK(!DTypeIsQuantized(w.dtype))
       << "cuda backend: Gemm w dtype " << DTypeName(w.dtype) << " (Supports() is false)";
   MakeCurrent();
+  OpTimer timer(this, "Gemm", {x.dim(0), w.dim(0), x.dim(1)});
   const int64_t n = x.dim(0), k = x.dim(1), m = w.dim(0);
   if (n == 0 || m == 0) return;
   if (!bias.empty() && bias.dtype != w.dtype) {
@@ -544,6 +671,7 @@ void CudaBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q,
                                   const TensorView& kv_pool) {
   cpu::CheckRopeAndAppendKvArgs(kDev, params, q, k, v, positions, slots, kv_pool);
   MakeCurrent();
+  OpTimer timer(this, "RopeAndAppendKv", {q.dim(0)});
   kernels::RopeKvArgs a;
   a.q = q.as<float>();
   a.k = k.as<float>();
@@ -570,6 +698,7 @@ void CudaBackend::Attention(const AttentionParams& params, const TensorView& q,
   cpu::CheckAttentionArgs(kDev, params, q, kv_pool, page_table, row_seq, row_kv_len, out);
   MODSERVE_CHECK_LE(params.head_dim, kernels::kAttentionMaxHeadDim);
   MakeCurrent();
+  OpTimer timer(this, "Attention", {q.dim(0), page_table.dim(0), page_table.dim(1)});
   kernels::AttentionArgs a;
   a.q = q.as<float>();
   a.kv_pool = kv_pool.data;
@@ -598,6 +727,7 @@ void CudaBackend::Attention(const AttentionParams& params, const TensorView& q,
 void CudaBackend::SwiGlu(const TensorView& gate, const TensorView& up, const TensorView& out) {
   cpu::CheckSameShapeF32Args(kDev, gate, up, out);
   MakeCurrent();
+  OpTimer timer(this, "SwiGlu", {gate.dim(0), gate.dim(1)});
   Record(kernels::SwiGlu(stream_, gate.as<float>(), up.as<float>(), gate.dim(0), gate.dim(1),
                          rows_, out.as<float>()),
          "SwiGlu");
@@ -606,6 +736,7 @@ void CudaBackend::SwiGlu(const TensorView& gate, const TensorView& up, const Ten
 void CudaBackend::Activation(const ActivationParams& params, const TensorView& x) {
   cpu::CheckActivationArgs(kDev, x);
   MakeCurrent();
+  OpTimer timer(this, "Activation", {x.dim(0), x.dim(1)});
   int kind = 0;
   switch (params.kind) {
     case ActivationKind::kSilu:
@@ -625,6 +756,7 @@ void CudaBackend::Activation(const ActivationParams& params, const TensorView& x
 void CudaBackend::Add(const TensorView& a, const TensorView& b, const TensorView& out) {
   cpu::CheckSameShapeF32Args(kDev, a, b, out);
   MakeCurrent();
+  OpTimer timer(this, "Add", {a.dim(0), a.dim(1)});
   Record(kernels::Add(stream_, a.as<float>(), b.as<float>(), a.dim(0), a.dim(1), rows_,
                       out.as<float>()),
          "Add");
@@ -633,6 +765,7 @@ void CudaBackend::Add(const TensorView& a, const TensorView& b, const TensorView
 void CudaBackend::GatherRows(const TensorView& x, const TensorView& idx, const TensorView& out) {
   cpu::CheckGatherRowsArgs(kDev, x, idx, out);
   MakeCurrent();
+  OpTimer timer(this, "GatherRows", {idx.dim(0), x.dim(1)});
   Record(kernels::GatherRows(stream_, x.as<float>(), x.dim(0), x.dim(1), idx.as<int32_t>(),
                              idx.dim(0), rows_, out.as<float>()),
          "GatherRows");
@@ -642,6 +775,7 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
                                  const TensorView& y, const TensorView& idx, const TensorView& s) {
   cpu::CheckScatterCombineArgs(kDev, x, y, idx, s);
   MakeCurrent();
+  OpTimer timer(this, "ScatterCombine", {idx.dim(0), x.dim(1)});
   int weight_fn = 0;
   switch (params.weight_fn) {
     case WeightFn::kIdentity:
@@ -666,6 +800,7 @@ void CudaBackend::RouteSelect(const TensorView& z, const TensorView& z_cut, cons
                               const TensorView& s_sel, const TensorView& count) {
   cpu::CheckRouteSelectArgs(kDev, z, z_cut, s, probs, idx, s_sel, count);
   MakeCurrent();
+  OpTimer timer(this, "RouteSelect", {z.dim(0)});
   Record(kernels::RouteSelect(stream_, z.as<float>(), z_cut.as<float>(), s.as<float>(), z.dim(0),
                               rows_, probs.as<float>(), idx.as<int32_t>(), s_sel.as<float>(),
                               count.as<int32_t>()),
@@ -680,6 +815,7 @@ void CudaBackend::RouteRows(const TensorView& idx, const TensorView& row_seq,
   cpu::CheckRouteRowsArgs(kDev, idx, row_seq, row_pos, cand_slots, seq_first_row, seq_kv_base,
                           out_pos, out_slots, out_seq, out_kv_len);
   MakeCurrent();
+  OpTimer timer(this, "RouteRows", {idx.dim(0)});
   kernels::RouteRowsArgs a;
   a.idx = idx.as<int32_t>();
   a.row_seq = row_seq.as<int32_t>();
@@ -703,6 +839,7 @@ void CudaBackend::CopyKvPages(const TensorView& kv_pool,
   CheckNotCapturing("CopyKvPages");
   cpu::CheckCopyKvPagesArgs(kDev, kv_pool, copies);
   MakeCurrent();
+  OpTimer timer(this, "CopyKvPages", {static_cast<int64_t>(copies.size())});
   const size_t page_bytes = kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));
   char* base = static_cast<char*>(kv_pool.data);
   // In stream order: each copy lands before any later op of the step writes the page.

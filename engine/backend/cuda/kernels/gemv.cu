@@ -16,21 +16,22 @@
 namespace modserve::backend::cuda::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerCta = 4;
-constexpr int kUnroll = 2;
+// The shape the engine uses (GemvVariant's 0); the others exist for the GPU benchmark's choice.
+struct Shape256x4x2 {
+  static constexpr int kThreads = 256, kRowsPerCta = 4, kUnroll = 2;
+};
 
 // kN: rows of x this instantiation holds accumulators for (1, 2, 4 or 8); n <= kN at run time.
 // Under a device row count the rows are n = min(count, capacity): each row's sums run in the same
 // order whatever kN and n are, so a counted row gets the bits of a call with exactly n rows.
 // vec: w rows and x rows are 16-byte aligned and k is a multiple of the chunk (checked on the host);
 // otherwise every element goes through the scalar loop.
-template <typename W, int kN>
+template <typename W, int kN, int kThreads, int kRowsPerCta, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
     GemvKernel(const float* __restrict__ x, const W* __restrict__ w, const W* __restrict__ bias,
                int capacity, int64_t m, int64_t k, bool vec, const int32_t* __restrict__ rows,
                float* __restrict__ out) {
+  constexpr int kWarps = kThreads / 32;
   constexpr int kVec = 16 / sizeof(W);  // weights per 16-byte chunk
   const int n = static_cast<int>(EffectiveRows(rows, capacity));
   // Nothing to compute (a routed layer that no row entered): leave before reading any weight, so a
@@ -129,43 +130,91 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename W, int kN>
+template <typename W, int kN, typename S>
 cudaError_t LaunchGemvN(cudaStream_t stream, const float* x, const W* w, const W* bias, int64_t n,
                         int64_t m, int64_t k, const int32_t* rows, float* out) {
   constexpr int kVec = 16 / sizeof(W);
   const bool vec = k % kVec == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  const unsigned int grid = static_cast<unsigned int>((m + kRowsPerCta - 1) / kRowsPerCta);
-  GemvKernel<W, kN>
-      <<<grid, kThreads, 0, stream>>>(x, w, bias, static_cast<int>(n), m, k, vec, rows, out);
+  const unsigned int grid = static_cast<unsigned int>((m + S::kRowsPerCta - 1) / S::kRowsPerCta);
+  GemvKernel<W, kN, S::kThreads, S::kRowsPerCta, S::kUnroll><<<grid, S::kThreads, 0, stream>>>(
+      x, w, bias, static_cast<int>(n), m, k, vec, rows, out);
   return cudaGetLastError();
 }
 
-template <typename W>
+template <typename W, typename S>
 cudaError_t LaunchGemv(cudaStream_t stream, const float* x, const void* w, const void* bias,
                        int64_t n, int64_t m, int64_t k, const int32_t* rows, float* out) {
   const W* wt = static_cast<const W*>(w);
   const W* bt = static_cast<const W*>(bias);
-  if (n <= 1) return LaunchGemvN<W, 1>(stream, x, wt, bt, n, m, k, rows, out);
-  if (n <= 2) return LaunchGemvN<W, 2>(stream, x, wt, bt, n, m, k, rows, out);
-  if (n <= 4) return LaunchGemvN<W, 4>(stream, x, wt, bt, n, m, k, rows, out);
-  return LaunchGemvN<W, 8>(stream, x, wt, bt, n, m, k, rows, out);
+  if (n <= 1) return LaunchGemvN<W, 1, S>(stream, x, wt, bt, n, m, k, rows, out);
+  if (n <= 2) return LaunchGemvN<W, 2, S>(stream, x, wt, bt, n, m, k, rows, out);
+  if (n <= 4) return LaunchGemvN<W, 4, S>(stream, x, wt, bt, n, m, k, rows, out);
+  return LaunchGemvN<W, 8, S>(stream, x, wt, bt, n, m, k, rows, out);
 }
 
+// Benchmark variants (bf16 only): threads per CTA, rows of w per CTA, 16-byte chunks per row in
+// flight per thread.
+struct Shape128x8x4 {
+  static constexpr int kThreads = 128, kRowsPerCta = 8, kUnroll = 4;
+};
+struct Shape256x8x2 {
+  static constexpr int kThreads = 256, kRowsPerCta = 8, kUnroll = 2;
+};
+struct Shape128x4x4 {
+  static constexpr int kThreads = 128, kRowsPerCta = 4, kUnroll = 4;
+};
+struct Shape512x4x1 {
+  static constexpr int kThreads = 512, kRowsPerCta = 4, kUnroll = 1;
+};
+struct Shape128x16x2 {
+  static constexpr int kThreads = 128, kRowsPerCta = 16, kUnroll = 2;
+};
+
 }  // namespace
+
+const char* GemvVariantName(int variant) {
+  static const char* const kNames[kGemvVariants] = {
+      "256 thr x 4 rows x 2 in flight (engine)", "128 thr x 8 rows x 4", "256 thr x 8 rows x 2",
+      "128 thr x 4 rows x 4", "512 thr x 4 rows x 1", "128 thr x 16 rows x 2"};
+  return variant >= 0 && variant < kGemvVariants ? kNames[variant] : "?";
+}
+
+cudaError_t GemvVariantBf16(int variant, cudaStream_t stream, const float* x, const void* w,
+                            int64_t n, int64_t m, int64_t k, float* out) {
+  if (n < 1 || n > kGemvMaxRows) return cudaErrorInvalidValue;
+  using B = __nv_bfloat16;
+  switch (variant) {
+    case 0:
+      return LaunchGemv<B, Shape256x4x2>(stream, x, w, nullptr, n, m, k, nullptr, out);
+    case 1:
+      return LaunchGemv<B, Shape128x8x4>(stream, x, w, nullptr, n, m, k, nullptr, out);
+    case 2:
+      return LaunchGemv<B, Shape256x8x2>(stream, x, w, nullptr, n, m, k, nullptr, out);
+    case 3:
+      return LaunchGemv<B, Shape128x4x4>(stream, x, w, nullptr, n, m, k, nullptr, out);
+    case 4:
+      return LaunchGemv<B, Shape512x4x1>(stream, x, w, nullptr, n, m, k, nullptr, out);
+    case 5:
+      return LaunchGemv<B, Shape128x16x2>(stream, x, w, nullptr, n, m, k, nullptr, out);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void* bias, DType dt,
                  int64_t n, int64_t m, int64_t k, const int32_t* rows, float* out) {
   static_assert(kGemvMaxRows == 8, "GemvKernel instantiates kN up to 8");
   if (n == 0 || m == 0) return cudaSuccess;
   if (n > kGemvMaxRows) return cudaErrorInvalidValue;
+  using S = Shape256x4x2;
   switch (dt) {
     case DType::kF32:
-      return LaunchGemv<float>(stream, x, w, bias, n, m, k, rows, out);
+      return LaunchGemv<float, S>(stream, x, w, bias, n, m, k, rows, out);
     case DType::kF16:
-      return LaunchGemv<__half>(stream, x, w, bias, n, m, k, rows, out);
+      return LaunchGemv<__half, S>(stream, x, w, bias, n, m, k, rows, out);
     case DType::kBF16:
-      return LaunchGemv<__nv_bfloat16>(stream, x, w, bias, n, m, k, rows, out);
+      return LaunchGemv<__nv_bfloat16, S>(stream, x, w, bias, n, m, k, rows, out);
     case DType::kI32:
     case DType::kQ8_0:
     case DType::kQ4_0:

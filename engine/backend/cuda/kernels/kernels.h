@@ -41,6 +41,13 @@ inline constexpr int64_t kGemvMaxRows = 8;
 cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void* bias, DType dt,
                  int64_t n, int64_t m, int64_t k, const int32_t* rows, float* out);
 
+// The GEMV's launch shapes for modserve-cuda-gemv-bench (bf16 w, no bias, no row count): variant
+// 0 is the one Gemv uses; the others trade threads, rows per CTA and loads in flight.
+inline constexpr int kGemvVariants = 6;
+const char* GemvVariantName(int variant);
+cudaError_t GemvVariantBf16(int variant, cudaStream_t stream, const float* x, const void* w,
+                            int64_t n, int64_t m, int64_t k, float* out);
+
 // The helpers below serve the cuBLAS path, which takes its row count from the host: they have no
 // `rows` and always run on all n rows.
 
