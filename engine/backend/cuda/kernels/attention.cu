@@ -2,10 +2,11 @@
 //
 // Grid: x = (row, context split) items, y = (kv head, slice of its query-head group). One CTA of
 // kWarps warps handles up to kMaxHeadsPerCta query heads that share one kv head, so each K/V entry
-// is read once per group, not once per head. Its warps take the split's entries round-robin; for
-// each entry a warp reads the K and V vectors coalesced (lane l owns elements l, l + 32, ...),
-// forms the scores of its heads with one shuffle reduction each, and updates an online softmax
-// (running max, running sum, rescaled accumulator) in registers. The warps are merged through
+// is read once per group, not once per head. Its warps take the split's entries in tiles of kTile
+// consecutive entries, round-robin; for a tile a warp reads the K and V vectors (lane l owns
+// elements [l kT, l kT + kT), one vector load each), forms the tile's scores of its heads with
+// one interleaved shuffle reduction, and updates an online softmax (running max, running sum,
+// rescaled accumulator) in registers once per tile. The warps are merged through
 // shared memory. With one split the CTA writes the normalised output; otherwise it writes an
 // unnormalised partial (acc, max, sum) and a combine kernel merges the splits of each (row, head).
 // Without a device row count each CTA owns one (row, split) item. With one, the count c is known
@@ -105,7 +106,64 @@ __device__ __forceinline__ RowPlan ResolvePlan(const KernelArgs& ka) {
   return rp;
 }
 
-// kT = ceil(head_dim / 32): elements of a head vector per lane.
+// A bf16 / f16 element from its 16 bits.
+template <typename T>
+__device__ __forceinline__ float Bits16ToF32(uint32_t b);
+template <>
+__device__ __forceinline__ float Bits16ToF32<__nv_bfloat16>(uint32_t b) {
+  return __uint_as_float(b << 16);
+}
+template <>
+__device__ __forceinline__ float Bits16ToF32<__half>(uint32_t b) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+}
+
+// f[t] = p[d0 + t] for t < kT (0 past hd): one load of kT elements when `vec` (hd % kT == 0, so
+// every lane's elements are aligned to their size), else element by element.
+template <typename T, int kT>
+__device__ __forceinline__ void LoadLane(const T* p, int d0, int hd, bool vec, float (&f)[kT]) {
+  constexpr int kBytes = kT * static_cast<int>(sizeof(T));
+  if constexpr (kBytes < 4) {
+    f[0] = d0 < hd ? ToF32(p[d0]) : 0.0f;  // one 16-bit element: nothing to widen
+  } else if (vec) {
+    if (d0 >= hd) {
+#pragma unroll
+      for (int t = 0; t < kT; ++t) f[t] = 0.0f;
+      return;
+    }
+    uint32_t w[kBytes / 4];
+    const char* src = reinterpret_cast<const char*>(p + d0);
+    if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(src);
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(src);
+      w[0] = v.x;
+      w[1] = v.y;
+    } else {
+#pragma unroll
+      for (int c = 0; c < kBytes / 16; ++c) {
+        const uint4 v = reinterpret_cast<const uint4*>(src)[c];
+        w[4 * c] = v.x;
+        w[4 * c + 1] = v.y;
+        w[4 * c + 2] = v.z;
+        w[4 * c + 3] = v.w;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      if constexpr (sizeof(T) == 4) {
+        f[t] = __uint_as_float(w[t]);
+      } else {
+        f[t] = Bits16ToF32<T>((w[t / 2] >> (16 * (t % 2))) & 0xffffu);  // little-endian
+      }
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kT; ++t) f[t] = d0 + t < hd ? ToF32(p[d0 + t]) : 0.0f;
+  }
+}
+
+// kT = ceil(head_dim / 32): elements of a head vector per lane (lane l owns [l kT, l kT + kT)).
 template <typename T, int kT>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
   const AttentionArgs& a = ka.a;
@@ -114,6 +172,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
   const RowPlan rp = ResolvePlan(ka);
   const AttentionPlan& plan = rp.plan;
   constexpr int kDim = kT * 32;
+  constexpr int kTile = kT <= 4 ? 4 : 2;  // entries per warp per step (registers: kTile x kT x 2)
+  // Whole-lane vector loads of K and V need every lane's kT elements aligned: hd % kT == 0.
+  const bool vec = a.head_dim % kT == 0;
   __shared__ float q_s[kMaxHeadsPerCta][kDim];
   __shared__ float acc_s[kWarps][kMaxHeadsPerCta][kDim];
   __shared__ float ml_s[kWarps][kMaxHeadsPerCta][2];
@@ -159,32 +220,70 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
     const T* pool = static_cast<const T*>(a.kv_pool);
     const int32_t* pages = a.page_table + static_cast<int64_t>(seq) * a.max_pages;
     const int64_t plane = int64_t{a.block_size} * hd;  // elements of one (page, kv plane)
-    for (int64_t j = begin + warp; j < end; j += kWarps) {
-      const int32_t page = pages[j / a.block_size];
-      TrapUnless(page >= 0 && page < a.num_pages);
-      const T* k_ptr = pool + (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane +
-                       (j % a.block_size) * hd;
-      const T* v_ptr = k_ptr + a.n_kv_heads * plane;
-      float kf[kT], vf[kT];
+    const int d0 = lane * kT;                           // this lane's dims: [d0, d0 + kT)
+    // A warp takes kTile consecutive entries at a time: their loads are all in flight together,
+    // and their kTile x heads scores are reduced in one interleaved pass of shuffles, so the
+    // latency of one entry no longer serialises the next (one entry at a time ran at a tenth of
+    // the KV read bandwidth on an H200).
+    for (int64_t j0 = begin + int64_t{warp} * kTile; j0 < end; j0 += int64_t{kWarps} * kTile) {
+      float kf[kTile][kT], vf[kTile][kT];
 #pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        const int d = lane + 32 * t;
-        kf[t] = d < hd ? ToF32(k_ptr[d]) : 0.0f;
-        vf[t] = d < hd ? ToF32(v_ptr[d]) : 0.0f;
+      for (int u = 0; u < kTile; ++u) {
+        const int64_t j = j0 + u;
+        if (j < end) {
+          const int32_t page = pages[j / a.block_size];
+          TrapUnless(page >= 0 && page < a.num_pages);
+          const T* k_ptr = pool + (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane +
+                           (j % a.block_size) * hd;
+          LoadLane<T, kT>(k_ptr, d0, hd, vec, kf[u]);
+          LoadLane<T, kT>(k_ptr + a.n_kv_heads * plane, d0, hd, vec, vf[u]);
+        } else {
+#pragma unroll
+          for (int t = 0; t < kT; ++t) kf[u][t] = vf[u][t] = 0.0f;
+        }
+      }
+      float s[kMaxHeadsPerCta][kTile];
+#pragma unroll
+      for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+        if (h >= hg) break;
+#pragma unroll
+        for (int u = 0; u < kTile; ++u) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][d0 + t], kf[u][t], dot);
+          s[h][u] = dot;
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+          if (h >= hg) break;
+#pragma unroll
+          for (int u = 0; u < kTile; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
+        }
       }
 #pragma unroll
       for (int h = 0; h < kMaxHeadsPerCta; ++h) {
         if (h >= hg) break;  // uniform across the CTA
-        float dot = 0.0f;
+        float m_tile = -INFINITY;
 #pragma unroll
-        for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][lane + 32 * t], kf[t], dot);
-        const float s = WarpSum(dot) * a.scale;
-        const float m_new = fmaxf(m[h], s);
-        const float correction = expf(m[h] - m_new);  // 0 on the first entry (m = -inf)
-        const float p = expf(s - m_new);
-        l[h] = l[h] * correction + p;
+        for (int u = 0; u < kTile; ++u) {
+          s[h][u] = j0 + u < end ? s[h][u] * a.scale : -INFINITY;
+          m_tile = fmaxf(m_tile, s[h][u]);
+        }
+        const float m_new = fmaxf(m[h], m_tile);            // finite: entry j0 is < end
+        const float correction = expf(m[h] - m_new);        // 0 on the first tile (m = -inf)
+        l[h] *= correction;
 #pragma unroll
-        for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[t], acc[h][t] * correction);
+        for (int t = 0; t < kT; ++t) acc[h][t] *= correction;
+#pragma unroll
+        for (int u = 0; u < kTile; ++u) {
+          const float p = expf(s[h][u] - m_new);  // 0 past the end
+          l[h] += p;
+#pragma unroll
+          for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[u][t], acc[h][t]);
+        }
         m[h] = m_new;
       }
     }
@@ -198,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
         ml_s[warp][h][1] = l[h];
       }
 #pragma unroll
-      for (int t = 0; t < kT; ++t) acc_s[warp][h][lane + 32 * t] = acc[h][t];
+      for (int t = 0; t < kT; ++t) acc_s[warp][h][d0 + t] = acc[h][t];
     }
     __syncthreads();
     for (int e = threadIdx.x; e < hg * hd; e += kThreads) {

@@ -10,6 +10,9 @@ namespace modserve::backend::cuda::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+// RMSNorm's CTA covers a 4096-wide row in one load per thread: with 256 threads each thread's 16
+// loads ran one after another and a single row took ~13 us on an H200.
+constexpr int kNormThreads = 1024;
 
 template <typename W>
 __global__ void EmbedKernel(const int32_t* __restrict__ ids, const W* __restrict__ table,
@@ -53,7 +56,7 @@ cudaError_t LaunchEmbed(cudaStream_t stream, const int32_t* ids, int64_t n, cons
 template <typename W>
 cudaError_t LaunchRmsNorm(cudaStream_t stream, const float* x, const void* w, int64_t n, int64_t d,
                           float eps, const int32_t* rows, float* out) {
-  RmsNormKernel<W><<<static_cast<unsigned int>(n), kThreads, 0, stream>>>(
+  RmsNormKernel<W><<<static_cast<unsigned int>(n), kNormThreads, 0, stream>>>(
       x, static_cast<const W*>(w), n, d, eps, rows, out);
   return cudaGetLastError();
 }
