@@ -183,6 +183,15 @@ else
   record conformance FAIL "$(gtest_result "$LOG/conformance.log") (see conformance.log)"
 fi
 
+stage "conformance suite on cuda, the warp-per-entry attention kernel (MODSERVE_CUDA_ATTENTION=warp)"
+if MODSERVE_CUDA_ATTENTION=warp timeout "$(limit 120)" "$T/backend_conformance_test" \
+     --gtest_filter='AllBackends/*/Cuda' >"$LOG/conformance_warp.log" 2>&1; then
+  record conformance_warp PASS "$(gtest_result "$LOG/conformance_warp.log")"
+else
+  grep -E "Failure|FAILED|Expected|Which is|worst|error" "$LOG/conformance_warp.log" | head -20
+  record conformance_warp FAIL "$(gtest_result "$LOG/conformance_warp.log") (see conformance_warp.log)"
+fi
+
 stage "CUDA-only tests"
 if timeout "$(limit 120)" "$T/backend_cuda_test" >"$LOG/cuda_test.log" 2>&1; then
   record cuda_test PASS "$(gtest_result "$LOG/cuda_test.log")"

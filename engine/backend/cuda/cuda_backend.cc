@@ -240,6 +240,8 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   std::unique_ptr<OpTimes> op_times_;  // MODSERVE_CUDA_OP_TIMES=1 only
   std::unique_ptr<cpu::ThreadPool> host_pool_;  // HostParallelFor
+  // kernels::AttentionArgs::scores_per_lane; MODSERVE_CUDA_ATTENTION=warp turns it off.
+  bool attention_scores_per_lane_ = true;
 
   // Times the enclosing op under "name d0xd1x.." (see OpTimes); free when timing is off.
   class OpTimer {
@@ -306,6 +308,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOption
   b->host_pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
   if (const char* env = std::getenv("MODSERVE_CUDA_OP_TIMES"); env != nullptr && env[0] == '1') {
     b->op_times_ = std::make_unique<OpTimes>();
+  }
+  if (const char* env = std::getenv("MODSERVE_CUDA_ATTENTION"); env != nullptr) {
+    b->attention_scores_per_lane_ = std::string_view(env) != "warp";
   }
   MODSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&b->cublas_));
@@ -717,6 +722,7 @@ void CudaBackend::Attention(const AttentionParams& params, const TensorView& q,
   a.head_dim = params.head_dim;
   a.block_size = params.block_size;
   a.scale = params.scale;
+  a.scores_per_lane = attention_scores_per_lane_;
   const kernels::AttentionPlan plan =
       kernels::PlanAttention(a, num_sms_, attention_scratch_.bytes());
   Record(kernels::Attention(stream_, a, plan, num_sms_, attention_scratch_.bytes(),

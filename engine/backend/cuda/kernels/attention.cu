@@ -163,8 +163,38 @@ __device__ __forceinline__ void LoadLane(const T* p, int d0, int hd, bool vec, f
   }
 }
 
+// f[0..8) = p[0..8): one 16-byte load of a 16-bit pool, two of an f32 one (p 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void Load8(const T* p, float (&f)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+    const uint4 r = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = Bits16ToF32<T>(w[i] & 0xffffu);
+      f[2 * i + 1] = Bits16ToF32<T>(w[i] >> 16);
+    }
+  }
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 // kT = ceil(head_dim / 32): elements of a head vector per lane (lane l owns [l kT, l kT + kT)).
-template <typename T, int kT>
+// kLanes: the scores of a tile of 32 entries are formed one entry per lane (full dot products, q
+// broadcast from shared memory), the softmax bookkeeping runs once per (tile, head) and the
+// values are accumulated with the probabilities shuffled from their lanes. Otherwise every lane
+// works on every entry of a kTile-entry tile and each score is a warp-wide shuffle reduction
+// (every lane then repeats each entry's exp).
+template <typename T, int kT, bool kLanes>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
   const AttentionArgs& a = ka.a;
   // Every thread resolves the same plan (one load of the row count), so all loop bounds below are
@@ -175,7 +205,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
   constexpr int kTile = kT <= 4 ? 4 : 2;  // entries per warp per step (registers: kTile x kT x 2)
   // Whole-lane vector loads of K and V need every lane's kT elements aligned: hd % kT == 0.
   const bool vec = a.head_dim % kT == 0;
-  __shared__ float q_s[kMaxHeadsPerCta][kDim];
+  // Row loads of 8 elements (kLanes): every 8-element chunk of a K row aligned, i.e. hd % 8 == 0.
+  const bool vec8 = a.head_dim % 8 == 0;
+  __shared__ __align__(16) float q_s[kMaxHeadsPerCta][kDim];
   __shared__ float acc_s[kWarps][kMaxHeadsPerCta][kDim];
   __shared__ float ml_s[kWarps][kMaxHeadsPerCta][2];
 
@@ -221,70 +253,166 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
     const int32_t* pages = a.page_table + static_cast<int64_t>(seq) * a.max_pages;
     const int64_t plane = int64_t{a.block_size} * hd;  // elements of one (page, kv plane)
     const int d0 = lane * kT;                           // this lane's dims: [d0, d0 + kT)
-    // A warp takes kTile consecutive entries at a time: their loads are all in flight together,
-    // and their kTile x heads scores are reduced in one interleaved pass of shuffles, so the
-    // latency of one entry no longer serialises the next (one entry at a time ran at a tenth of
-    // the KV read bandwidth on an H200).
-    for (int64_t j0 = begin + int64_t{warp} * kTile; j0 < end; j0 += int64_t{kWarps} * kTile) {
-      float kf[kTile][kT], vf[kTile][kT];
-#pragma unroll
-      for (int u = 0; u < kTile; ++u) {
-        const int64_t j = j0 + u;
-        if (j < end) {
-          const int32_t page = pages[j / a.block_size];
+    if constexpr (kLanes) {
+      // Tiles of 32 consecutive entries per warp; lane e scores entry j0 + e.
+      for (int64_t j0 = begin + int64_t{warp} * 32; j0 < end; j0 += int64_t{kWarps} * 32) {
+        const int64_t j = j0 + lane;
+        const bool valid = j < end;
+        int32_t page = 0;
+        if (valid) {
+          page = pages[j / a.block_size];
           TrapUnless(page >= 0 && page < a.num_pages);
-          const T* k_ptr = pool + (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane +
-                           (j % a.block_size) * hd;
-          LoadLane<T, kT>(k_ptr, d0, hd, vec, kf[u]);
-          LoadLane<T, kT>(k_ptr + a.n_kv_heads * plane, d0, hd, vec, vf[u]);
-        } else {
-#pragma unroll
-          for (int t = 0; t < kT; ++t) kf[u][t] = vf[u][t] = 0.0f;
         }
-      }
-      float s[kMaxHeadsPerCta][kTile];
+        const int64_t entry = valid ? (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane +
+                                          (j % a.block_size) * hd
+                                    : 0;
+        float sc[kMaxHeadsPerCta];
 #pragma unroll
-      for (int h = 0; h < kMaxHeadsPerCta; ++h) {
-        if (h >= hg) break;
+        for (int h = 0; h < kMaxHeadsPerCta; ++h) sc[h] = 0.0f;
+        if (valid) {
+          const T* k_ptr = pool + entry;
+          if (vec8) {
+            // 8 elements (16 bytes of a 16-bit pool, 32 of an f32 one) per step, all of a row's
+            // loads unrolled so they are in flight together.
 #pragma unroll
-        for (int u = 0; u < kTile; ++u) {
-          float dot = 0.0f;
+            for (int c = 0; c < kDim / 8; ++c) {
+              if (c * 8 >= hd) break;
+              float kv8[8];
+              Load8(k_ptr + c * 8, kv8);
 #pragma unroll
-          for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][d0 + t], kf[u][t], dot);
-          s[h][u] = dot;
+              for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+                if (h >= hg) break;
+                const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][c * 8]);
+                const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][c * 8 + 4]);
+                float d = sc[h];
+                d = fmaf(qa.x, kv8[0], d);
+                d = fmaf(qa.y, kv8[1], d);
+                d = fmaf(qa.z, kv8[2], d);
+                d = fmaf(qa.w, kv8[3], d);
+                d = fmaf(qb.x, kv8[4], d);
+                d = fmaf(qb.y, kv8[5], d);
+                d = fmaf(qb.z, kv8[6], d);
+                d = fmaf(qb.w, kv8[7], d);
+                sc[h] = d;
+              }
+            }
+          } else {
+            for (int d = 0; d < hd; ++d) {
+              const float kd = ToF32(k_ptr[d]);
+#pragma unroll
+              for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+                if (h >= hg) break;
+                sc[h] = fmaf(q_s[h][d], kd, sc[h]);
+              }
+            }
+          }
         }
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
+        float p[kMaxHeadsPerCta];
 #pragma unroll
         for (int h = 0; h < kMaxHeadsPerCta; ++h) {
           if (h >= hg) break;
+          const float sh = valid ? sc[h] * a.scale : -INFINITY;
+          const float m_new = fmaxf(m[h], WarpMax(sh));  // finite: lane 0's entry is valid
+          const float correction = expf(m[h] - m_new);  // 0 on the first tile (m = -inf)
+          p[h] = expf(sh - m_new);                      // 0 for lanes past the end
+          l[h] = l[h] * correction + WarpSum(p[h]);
 #pragma unroll
-          for (int u = 0; u < kTile; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
+          for (int t = 0; t < kT; ++t) acc[h][t] *= correction;
+          m[h] = m_new;
+        }
+        // Values: lanes own dims again; 8 entries' V loads in flight per step.
+        const int tile = static_cast<int>(min(int64_t{32}, end - j0));
+        const int64_t v_off = int64_t{a.n_kv_heads} * plane;
+        for (int e0 = 0; e0 < tile; e0 += 8) {
+          float vf[8][kT];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int64_t ent = __shfl_sync(0xffffffffu, entry, (e0 + u) & 31);
+            if (e0 + u < tile) {
+              LoadLane<T, kT>(pool + ent + v_off, d0, hd, vec, vf[u]);
+            } else {
+#pragma unroll
+              for (int t = 0; t < kT; ++t) vf[u][t] = 0.0f;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+#pragma unroll
+            for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+              if (h >= hg) break;
+              const float pe = __shfl_sync(0xffffffffu, p[h], (e0 + u) & 31);  // 0 past the end
+#pragma unroll
+              for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(pe, vf[u][t], acc[h][t]);
+            }
+          }
         }
       }
-#pragma unroll
-      for (int h = 0; h < kMaxHeadsPerCta; ++h) {
-        if (h >= hg) break;  // uniform across the CTA
-        float m_tile = -INFINITY;
-#pragma unroll
+    } else {
+      // A warp takes kTile consecutive entries at a time: their loads are all in flight together,
+      // and their kTile x heads scores are reduced in one interleaved pass of shuffles, so the
+      // latency of one entry no longer serialises the next (one entry at a time ran at a tenth of
+      // the KV read bandwidth on an H200).
+      for (int64_t j0 = begin + int64_t{warp} * kTile; j0 < end; j0 += int64_t{kWarps} * kTile) {
+        float kf[kTile][kT], vf[kTile][kT];
+  #pragma unroll
         for (int u = 0; u < kTile; ++u) {
-          s[h][u] = j0 + u < end ? s[h][u] * a.scale : -INFINITY;
-          m_tile = fmaxf(m_tile, s[h][u]);
+          const int64_t j = j0 + u;
+          if (j < end) {
+            const int32_t page = pages[j / a.block_size];
+            TrapUnless(page >= 0 && page < a.num_pages);
+            const T* k_ptr = pool + (static_cast<int64_t>(page) * 2 * a.n_kv_heads + g) * plane +
+                             (j % a.block_size) * hd;
+            LoadLane<T, kT>(k_ptr, d0, hd, vec, kf[u]);
+            LoadLane<T, kT>(k_ptr + a.n_kv_heads * plane, d0, hd, vec, vf[u]);
+          } else {
+  #pragma unroll
+            for (int t = 0; t < kT; ++t) kf[u][t] = vf[u][t] = 0.0f;
+          }
         }
-        const float m_new = fmaxf(m[h], m_tile);            // finite: entry j0 is < end
-        const float correction = expf(m[h] - m_new);        // 0 on the first tile (m = -inf)
-        l[h] *= correction;
-#pragma unroll
-        for (int t = 0; t < kT; ++t) acc[h][t] *= correction;
-#pragma unroll
-        for (int u = 0; u < kTile; ++u) {
-          const float p = expf(s[h][u] - m_new);  // 0 past the end
-          l[h] += p;
-#pragma unroll
-          for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[u][t], acc[h][t]);
+        float s[kMaxHeadsPerCta][kTile];
+  #pragma unroll
+        for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+          if (h >= hg) break;
+  #pragma unroll
+          for (int u = 0; u < kTile; ++u) {
+            float dot = 0.0f;
+  #pragma unroll
+            for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][d0 + t], kf[u][t], dot);
+            s[h][u] = dot;
+          }
         }
-        m[h] = m_new;
+  #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+  #pragma unroll
+          for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+            if (h >= hg) break;
+  #pragma unroll
+            for (int u = 0; u < kTile; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
+          }
+        }
+  #pragma unroll
+        for (int h = 0; h < kMaxHeadsPerCta; ++h) {
+          if (h >= hg) break;  // uniform across the CTA
+          float m_tile = -INFINITY;
+  #pragma unroll
+          for (int u = 0; u < kTile; ++u) {
+            s[h][u] = j0 + u < end ? s[h][u] * a.scale : -INFINITY;
+            m_tile = fmaxf(m_tile, s[h][u]);
+          }
+          const float m_new = fmaxf(m[h], m_tile);            // finite: entry j0 is < end
+          const float correction = expf(m[h] - m_new);        // 0 on the first tile (m = -inf)
+          l[h] *= correction;
+  #pragma unroll
+          for (int t = 0; t < kT; ++t) acc[h][t] *= correction;
+  #pragma unroll
+          for (int u = 0; u < kTile; ++u) {
+            const float p = expf(s[h][u] - m_new);  // 0 past the end
+            l[h] += p;
+  #pragma unroll
+            for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[u][t], acc[h][t]);
+          }
+          m[h] = m_new;
+        }
       }
     }
 
@@ -354,22 +482,29 @@ __global__ void CombineKernel(KernelArgs ka) {
   }
 }
 
-template <typename T>
-cudaError_t LaunchMain(cudaStream_t stream, const KernelArgs& ka, dim3 grid) {
+template <typename T, bool kLanes>
+cudaError_t LaunchMainAs(cudaStream_t stream, const KernelArgs& ka, dim3 grid) {
   const int hd = ka.a.head_dim;
   if (hd <= 32) {
-    AttentionKernel<T, 1><<<grid, kThreads, 0, stream>>>(ka);
+    AttentionKernel<T, 1, kLanes><<<grid, kThreads, 0, stream>>>(ka);
   } else if (hd <= 64) {
-    AttentionKernel<T, 2><<<grid, kThreads, 0, stream>>>(ka);
+    AttentionKernel<T, 2, kLanes><<<grid, kThreads, 0, stream>>>(ka);
   } else if (hd <= 128) {
-    AttentionKernel<T, 4><<<grid, kThreads, 0, stream>>>(ka);
+    AttentionKernel<T, 4, kLanes><<<grid, kThreads, 0, stream>>>(ka);
   } else if (hd <= kAttentionMaxHeadDim) {
-    AttentionKernel<T, 8><<<grid, kThreads, 0, stream>>>(ka);
+    AttentionKernel<T, 8, kLanes><<<grid, kThreads, 0, stream>>>(ka);
   } else {
     return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
+
+template <typename T>
+cudaError_t LaunchMain(cudaStream_t stream, const KernelArgs& ka, dim3 grid) {
+  return ka.a.scores_per_lane ? LaunchMainAs<T, true>(stream, ka, grid)
+                              : LaunchMainAs<T, false>(stream, ka, grid);
+}
+
 
 }  // namespace
 

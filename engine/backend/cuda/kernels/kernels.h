@@ -100,6 +100,9 @@ struct AttentionArgs {
   int64_t n = 0, num_pages = 0, num_seqs = 0, max_pages = 0;
   int n_heads = 0, n_kv_heads = 0, head_dim = 0, block_size = 0;
   float scale = 0.0f;
+  // true: a tile's scores one entry per lane; false: every lane on every entry, one warp-wide
+  // reduction per score (the earlier kernel, kept for comparison: MODSERVE_CUDA_ATTENTION=warp).
+  bool scores_per_lane = true;
 };
 
 // How the context is split across CTAs; a pure function of shapes (never of kv lengths, which live
