@@ -100,13 +100,16 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
     const LayerWeights& lw = weights.layers[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
     for (const auto& [w, name] : {std::pair{lw.q_proj, "self_attn.q_proj"},
-                                  {lw.k_proj, "self_attn.k_proj"}, {lw.v_proj, "self_attn.v_proj"},
-                                  {lw.o_proj, "self_attn.o_proj"}, {lw.gate_proj, "mlp.gate_proj"},
-                                  {lw.up_proj, "mlp.up_proj"}, {lw.down_proj, "mlp.down_proj"}}) {
+                                  {lw.k_proj, "self_attn.k_proj"},
+                                  {lw.v_proj, "self_attn.v_proj"},
+                                  {lw.o_proj, "self_attn.o_proj"},
+                                  {lw.gate_proj, "mlp.gate_proj"},
+                                  {lw.up_proj, "mlp.up_proj"},
+                                  {lw.down_proj, "mlp.down_proj"}}) {
       MODSERVE_RETURN_IF_ERROR(check(w, {}, backend::OpKind::kGemm, p + name + ".weight"));
     }
-    MODSERVE_RETURN_IF_ERROR(check(lw.input_layernorm, {}, backend::OpKind::kRmsNorm,
-                                   p + "input_layernorm.weight"));
+    MODSERVE_RETURN_IF_ERROR(
+        check(lw.input_layernorm, {}, backend::OpKind::kRmsNorm, p + "input_layernorm.weight"));
     MODSERVE_RETURN_IF_ERROR(check(lw.post_attention_layernorm, {}, backend::OpKind::kRmsNorm,
                                    p + "post_attention_layernorm.weight"));
     if (!lw.routed) continue;
@@ -178,8 +181,7 @@ absl::StatusOr<TensorView> Transformer::PrepareBias(const TensorView& w, const T
   }
   MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf, backend_->Allocate(host.size() * 4));
   const TensorView dst = buf.View(DType::kF32, {m});
-  MODSERVE_RETURN_IF_ERROR(
-      backend_->CopyToDevice(TensorView(host.data(), DType::kF32, {m}), dst));
+  MODSERVE_RETURN_IF_ERROR(backend_->CopyToDevice(TensorView(host.data(), DType::kF32, {m}), dst));
   bias_buffers_.push_back(std::move(buf));
   return dst;
 }
@@ -214,12 +216,14 @@ absl::Status Transformer::PrepareBiases() {
 absl::Status Transformer::AllocateBuffers() {
   const int64_t T = options_.max_batch_tokens;
   const int64_t d = config_.d_model, hd = config_.head_dim;
-  const int64_t p =
-      config_.mod && config_.mod->predictor ? std::max<int64_t>(1, config_.mod->predictor->hidden_size) : 1;
+  const int64_t p = config_.mod && config_.mod->predictor
+                        ? std::max<int64_t>(1, config_.mod->predictor->hidden_size)
+                        : 1;
   // A sequence holds at most what fits its positions, and never more pages than the pool has:
   // a huge max_seq_len must not size the page table beyond the cache.
-  max_pages_per_seq_ = std::min<int64_t>(
-      (config_.max_seq_len + options_.block_size - 1) / options_.block_size + 1, options_.num_pages);
+  max_pages_per_seq_ =
+      std::min<int64_t>((config_.max_seq_len + options_.block_size - 1) / options_.block_size + 1,
+                        options_.num_pages);
   auto alloc = [&](backend::DeviceBuffer& buf, int64_t elems, size_t elem_bytes) -> absl::Status {
     MODSERVE_ASSIGN_OR_RETURN(buf, backend_->Allocate(static_cast<size_t>(elems) * elem_bytes));
     return absl::OkStatus();
@@ -241,7 +245,8 @@ absl::Status Transformer::AllocateBuffers() {
   MODSERVE_RETURN_IF_ERROR(alloc(z_, T, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(ph_, T * p, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(s_sel_, T, 4));
-  const int64_t num_routed = config_.mod ? static_cast<int64_t>(config_.mod->routed_layers.size()) : 0;
+  const int64_t num_routed =
+      config_.mod ? static_cast<int64_t>(config_.mod->routed_layers.size()) : 0;
   MODSERVE_RETURN_IF_ERROR(alloc(zcut_, T, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(route_, 1 + T, 4));
   MODSERVE_RETURN_IF_ERROR(alloc(probs_, std::max<int64_t>(1, num_routed) * T, 4));
@@ -334,8 +339,8 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, const B
   const TensorView o = o_.View(DType::kF32, {m, d});
   const TensorView gate = gate_.View(DType::kF32, {m, f});
   const TensorView up = up_.View(DType::kF32, {m, f});
-  const TensorView pool = kv_pool_.View(
-      options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd});
+  const TensorView pool =
+      kv_pool_.View(options_.kv_dtype, {options_.num_pages, 2 * KV, options_.block_size, hd});
   const backend::RopeParams rope{static_cast<int>(H), static_cast<int>(KV), static_cast<int>(hd),
                                  config_.rope_theta, options_.block_size};
   const backend::AttentionParams attn{static_cast<int>(H), static_cast<int>(KV),
@@ -373,11 +378,12 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   out.row_offsets.push_back(0);
   for (const StepSequence& s : seqs) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
-    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", s.seq_id, " has no tokens"));
+    if (n == 0)
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.seq_id, " has no tokens"));
     if (s.start_pos < 0 || s.start_pos + n > config_.max_seq_len) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", s.seq_id, ": positions up to ", s.start_pos + n, " exceed max_seq_len ",
-          config_.max_seq_len));
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.seq_id, ": positions up to ",
+                                                     s.start_pos + n, " exceed max_seq_len ",
+                                                     config_.max_seq_len));
     }
     // 1 is allowed: nothing is selected (a speculative draft that skips every routed layer).
     if (!(s.threshold > 0.0 && s.threshold <= 1.0)) {
@@ -395,8 +401,8 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   }
   const int64_t N = out.row_offsets.back();
   if (N > options_.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("step has ", N, " tokens, more than max_batch_tokens ",
-                                                   options_.max_batch_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step has ", N, " tokens, more than max_batch_tokens ", options_.max_batch_tokens));
   }
   for (int64_t i = 0; i < num_seqs; ++i) {
     for (int64_t j = 0; j < i; ++j) {
@@ -455,10 +461,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
                   cut);
       }
       if (auto st = Upload(backend_, h_zcut_, N, zcut_, DType::kF32); !st.ok()) return fail(st);
-      const bool z_is_s =
-          config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
-      backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
-                            zcut_.View(DType::kF32, {N}), s_.View(DType::kF32, {N}),
+      const bool z_is_s = config_.mod->inference_routing != InferenceRouting::kPredictorThreshold;
+      backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}), zcut_.View(DType::kF32, {N}),
+                            s_.View(DType::kF32, {N}),
                             probs_.View(DType::kF32, {N}, static_cast<size_t>(routed_idx * N) * 4),
                             route_.View(DType::kI32, {N}, 4), s_sel_.View(DType::kF32, {N}),
                             route_.View(DType::kI32, {1}));
@@ -485,9 +490,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       // Room for the routed-in tokens of each sequence at this layer only.
       std::fill(counts.begin(), counts.end(), 0);
       for (int64_t i = 0; i < num_seqs; ++i) {
-        counts[l] = static_cast<int32_t>(std::count(
-            out.selected[routed_idx - 1].begin() + out.row_offsets[i],
-            out.selected[routed_idx - 1].begin() + out.row_offsets[i + 1], uint8_t{1}));
+        counts[l] = static_cast<int32_t>(
+            std::count(out.selected[routed_idx - 1].begin() + out.row_offsets[i],
+                       out.selected[routed_idx - 1].begin() + out.row_offsets[i + 1], uint8_t{1}));
         if (counts[l] == 0) {
           routed_reserved[i] = ReservedSlots{};
           continue;
@@ -507,8 +512,8 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       while (r >= out.row_offsets[i + 1]) ++i;
       const int32_t rank = used[i][l]++;
       h_pos_[j] = seqs[i].start_pos + (r - out.row_offsets[i]);
-      h_slots_[j] = static_cast<int32_t>(
-          (routed ? routed_reserved[i] : reserved[i]).ForLayer(l)[rank]);
+      h_slots_[j] =
+          static_cast<int32_t>((routed ? routed_reserved[i] : reserved[i]).ForLayer(l)[rank]);
       h_row_seq_[j] = static_cast<int32_t>(i);
       h_row_kv_len_[j] = base[i][l] + rank + 1;
     }
@@ -528,12 +533,12 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       std::copy(h_pages_[i].begin(), h_pages_[i].end(), row);
       std::fill(row + h_pages_[i].size(), row + page_stride, 0);
     }
-    for (auto st : {Upload(backend_, h_pos_, m, pos_, DType::kI32),
-                    Upload(backend_, h_slots_, m, slots_, DType::kI32),
-                    Upload(backend_, h_row_seq_, m, row_seq_, DType::kI32),
-                    Upload(backend_, h_row_kv_len_, m, row_kv_len_, DType::kI32),
-                    Upload(backend_, h_page_table_, num_seqs * page_stride, page_table_,
-                           DType::kI32)}) {
+    for (auto st :
+         {Upload(backend_, h_pos_, m, pos_, DType::kI32),
+          Upload(backend_, h_slots_, m, slots_, DType::kI32),
+          Upload(backend_, h_row_seq_, m, row_seq_, DType::kI32),
+          Upload(backend_, h_row_kv_len_, m, row_kv_len_, DType::kI32),
+          Upload(backend_, h_page_table_, num_seqs * page_stride, page_table_, DType::kI32)}) {
       if (!st.ok()) return fail(st);
     }
     const BlockIndex ix{pos_.View(DType::kI32, {m}), slots_.View(DType::kI32, {m}),
@@ -550,8 +555,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
     const TensorView idx = route_.View(DType::kI32, {m}, 4);
     backend_->GatherRows(x, idx, xs);
     RunBlock(l, xs, m, ix);
-    backend_->ScatterCombine({ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)},
-                             x, xs, idx, s_sel_.View(DType::kF32, {m}));
+    backend_->ScatterCombine(
+        {ToBackend(config_.mod->weight_fn), ToBackend(config_.mod->scale_target)}, x, xs, idx,
+        s_sel_.View(DType::kF32, {m}));
   }
 
   // sigmoid(z) of every routed layer: one download for the whole step.
@@ -687,14 +693,14 @@ float Transformer::ZCut(int k, double request_threshold) {
   if (auto it = zcuts_.find(key); it != zcuts_.end()) return it->second;
   // Requests may bring any threshold: keep the table small.
   if (zcuts_.size() >= 4096) zcuts_.clear();
-  const float cut = RouterZCut(LayerThreshold(*config_.mod, static_cast<size_t>(k),
-                                              request_threshold));
+  const float cut =
+      RouterZCut(LayerThreshold(*config_.mod, static_cast<size_t>(k), request_threshold));
   zcuts_.emplace(key, cut);
   return cut;
 }
 
-Transformer::DeviceLayout Transformer::MakeDeviceLayout(int64_t n, int64_t seqs,
-                                                       int64_t stride, int64_t logit_rows) const {
+Transformer::DeviceLayout Transformer::MakeDeviceLayout(int64_t n, int64_t seqs, int64_t stride,
+                                                        int64_t logit_rows) const {
   const int64_t L = config_.n_layers;
   const int64_t K = config_.mod ? static_cast<int64_t>(config_.mod->routed_layers.size()) : 0;
   DeviceLayout lay;
@@ -736,9 +742,9 @@ void Transformer::EnqueueDeviceForward(const DeviceLayout& lay, bool counted) {
     const int64_t layer_off = lay.layers + int64_t{l} * 2 * N;
     const TensorView page_table = in_view(lay.pages + int64_t{l} * S * P, {S, P});
     if (!config_.IsRouted(l)) {
-      RunBlock(l, x, N,
-               {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}),
-                page_table});
+      RunBlock(
+          l, x, N,
+          {row_pos, in_view(layer_off, {N}), row_seq, in_view(layer_off + N, {N}), page_table});
       continue;
     }
     RouteScores(l, N);
@@ -746,20 +752,18 @@ void Transformer::EnqueueDeviceForward(const DeviceLayout& lay, bool counted) {
     const TensorView count = out_view(int64_t{k} * (1 + N), 1);
     const TensorView idx = out_view(int64_t{k} * (1 + N) + 1, N);
     const TensorView s_sel = s_sel_.View(DType::kF32, {N});
-    backend_->RouteSelect((z_is_s ? s_ : z_).View(DType::kF32, {N}),
-                          in_view(lay.zcut + int64_t{k} * N, {N}, DType::kF32),
-                          s_.View(DType::kF32, {N}),
-                          out_view(int64_t{K} * (1 + N) + int64_t{k} * N, N, DType::kF32), idx,
-                          s_sel, count);
+    backend_->RouteSelect(
+        (z_is_s ? s_ : z_).View(DType::kF32, {N}),
+        in_view(lay.zcut + int64_t{k} * N, {N}, DType::kF32), s_.View(DType::kF32, {N}),
+        out_view(int64_t{K} * (1 + N) + int64_t{k} * N, N, DType::kF32), idx, s_sel, count);
     // The routed rows, however many there are: every op below runs on count[0] of its N rows.
     backend_->SetDeviceRowCount(count);
     const TensorView xs = xs_.View(DType::kF32, {N, d});
     const BlockIndex ix{pos_.View(DType::kI32, {N}), slots_.View(DType::kI32, {N}),
                         row_seq_.View(DType::kI32, {N}), row_kv_len_.View(DType::kI32, {N}),
                         page_table};
-    backend_->RouteRows(idx, row_seq, row_pos, in_view(layer_off, {N}),
-                        in_view(lay.first_row, {S}), in_view(layer_off + N, {S}), ix.pos,
-                        ix.slots, ix.row_seq, ix.row_kv_len);
+    backend_->RouteRows(idx, row_seq, row_pos, in_view(layer_off, {N}), in_view(lay.first_row, {S}),
+                        in_view(layer_off + N, {S}), ix.pos, ix.slots, ix.row_seq, ix.row_kv_len);
     backend_->GatherRows(x, idx, xs);
     RunBlock(l, xs, N, ix);
     backend_->ScatterCombine(
@@ -937,9 +941,9 @@ absl::StatusOr<std::optional<StepOutput>> Transformer::DeviceStep(
   if (auto st = DownloadLogits(R, out); !st.ok()) return fail(st);
   h_step_out_.resize(static_cast<size_t>(lay.out_words));
   if (K > 0) {
-    if (auto st = backend_->CopyToHost(
-            step_out_.View(DType::kI32, {lay.out_words}),
-            TensorView(h_step_out_.data(), DType::kI32, {lay.out_words}));
+    if (auto st =
+            backend_->CopyToHost(step_out_.View(DType::kI32, {lay.out_words}),
+                                 TensorView(h_step_out_.data(), DType::kI32, {lay.out_words}));
         !st.ok()) {
       return fail(st);
     }

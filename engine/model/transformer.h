@@ -174,8 +174,7 @@ class Transformer {
     int64_t ids = 0, row_seq = 0, row_pos = 0, first_row = 0, logit_idx = 0, step_rows = 0;
     int64_t layers = 0, zcut = 0, pages = 0, words = 0, out_words = 0;
   };
-  DeviceLayout MakeDeviceLayout(int64_t n, int64_t seqs, int64_t stride,
-                                int64_t logit_rows) const;
+  DeviceLayout MakeDeviceLayout(int64_t n, int64_t seqs, int64_t stride, int64_t logit_rows) const;
   // Every op of DeviceStep's forward pass, logits included, on the uploaded step_in_; with
   // `counted`, under the step's row count from the upload (the ops of a graph bucket).
   void EnqueueDeviceForward(const DeviceLayout& layout, bool counted);
@@ -219,8 +218,8 @@ class Transformer {
     TensorView predictor_hidden;  // [p]
     TensorView predictor_out;     // [1]
   };
-  std::vector<Biases> biases_;                      // [n_layers]; empty views when absent
-  std::vector<backend::DeviceBuffer> bias_buffers_;  // the F32 copies
+  std::vector<Biases> biases_;                         // [n_layers]; empty views when absent
+  std::vector<backend::DeviceBuffer> bias_buffers_;    // the F32 copies
   std::vector<backend::DeviceBuffer> weight_buffers_;  // UploadWeights' copies
 
   // Device buffers, allocated once. Shapes are capacities: [max_batch_tokens, ...].
@@ -251,8 +250,7 @@ class Transformer {
   backend::DeviceBuffer zcut_, route_, probs_;
 
   // Host staging (same shapes), reused every step.
-  std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_,
-      h_page_table_;
+  std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_, h_page_table_;
   std::vector<float> h_zcut_, h_probs_;
   std::vector<absl::Span<const PageId>> h_pages_;  // [max_seqs] one layer's page lists
   std::vector<int32_t> h_route_;

@@ -65,8 +65,8 @@ struct OpTimes {
     std::string key;
     cudaEvent_t start, end;
   };
-  std::vector<Open> open;            // recorded, not yet read
-  std::vector<cudaEvent_t> spare;    // read, free for reuse
+  std::vector<Open> open;          // recorded, not yet read
+  std::vector<cudaEvent_t> spare;  // read, free for reuse
   struct Total {
     int64_t calls = 0;
     double ms = 0;
@@ -106,7 +106,8 @@ struct OpTimes {
     for (const auto& r : rows) sum += r.second.ms;
     std::fprintf(stderr, "cuda op times (MODSERVE_CUDA_OP_TIMES): %.3f ms in %zu kinds\n", sum,
                  rows.size());
-    std::fprintf(stderr, "| op | calls | total ms | %% | us per call |\n|---|---:|---:|---:|---:|\n");
+    std::fprintf(stderr,
+                 "| op | calls | total ms | %% | us per call |\n|---|---:|---:|---:|---:|\n");
     for (const auto& [key, t] : rows) {
       std::fprintf(stderr, "| %s | %lld | %.3f | %.1f | %.2f |\n", key.c_str(),
                    static_cast<long long>(t.calls), t.ms, sum > 0 ? 100 * t.ms / sum : 0.0,
@@ -238,7 +239,7 @@ class CudaBackend final : public Backend {
   // Replay(id) launches graphs_[id]; ReleaseGraphs() destroys them and leaves null entries, so a
   // stale id is refused instead of naming a later graph.
   std::vector<cudaGraphExec_t> graphs_;
-  std::unique_ptr<OpTimes> op_times_;  // MODSERVE_CUDA_OP_TIMES=1 only
+  std::unique_ptr<OpTimes> op_times_;           // MODSERVE_CUDA_OP_TIMES=1 only
   std::unique_ptr<cpu::ThreadPool> host_pool_;  // HostParallelFor
   // kernels::AttentionArgs::scores_per_lane; MODSERVE_CUDA_ATTENTION=warp turns it off.
   bool attention_scores_per_lane_ = true;
@@ -284,10 +285,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOption
   const cudaError_t count_err = cudaGetDeviceCount(&count);
   if (count_err != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the (non-sticky) error for later callers
-    return absl::UnavailableError(absl::StrCat(
-        "backend 'cuda': no CUDA device visible (cudaGetDeviceCount: ",
-        count_err == cudaSuccess ? "0 devices" : cudaGetErrorName(count_err),
-        "); check the driver, the GPU and CUDA_VISIBLE_DEVICES"));
+    return absl::UnavailableError(
+        absl::StrCat("backend 'cuda': no CUDA device visible (cudaGetDeviceCount: ",
+                     count_err == cudaSuccess ? "0 devices" : cudaGetErrorName(count_err),
+                     "); check the driver, the GPU and CUDA_VISIBLE_DEVICES"));
   }
   if (options.device_ordinal < 0 || options.device_ordinal >= count) {
     return absl::UnavailableError(absl::StrCat("backend 'cuda': device ordinal ",
@@ -321,11 +322,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(const BackendOption
   MODSERVE_ASSIGN_OR_RETURN(b->gemm_scratch_, b->Allocate(tuning.gemm_scratch_bytes));
   MODSERVE_ASSIGN_OR_RETURN(b->cublas_workspace_, b->Allocate(tuning.cublas_workspace_bytes));
   MODSERVE_ASSIGN_OR_RETURN(b->attention_scratch_, b->Allocate(tuning.attention_scratch_bytes));
-  MODSERVE_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(
-      b->cublas_, b->cublas_workspace_.data(), b->cublas_workspace_.bytes()));
-  MODSERVE_CUDA_RETURN_IF_ERROR(
-      cudaHostAlloc(reinterpret_cast<void**>(&b->pinned_), kPinnedStagingBytes,
-                    cudaHostAllocDefault));
+  MODSERVE_CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(b->cublas_, b->cublas_workspace_.data(), b->cublas_workspace_.bytes()));
+  MODSERVE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&b->pinned_),
+                                              kPinnedStagingBytes, cudaHostAllocDefault));
   return std::unique_ptr<Backend>(std::move(b));
 }
 
@@ -381,9 +381,9 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cuda: cannot allocate ", bytes, " bytes on device ", ordinal_, " (", free_bytes,
-        " of ", total_bytes, " bytes free)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda: cannot allocate ", bytes, " bytes on device ", ordinal_, " (",
+                     free_bytes, " of ", total_bytes, " bytes free)"));
   }
   MODSERVE_RETURN_IF_ERROR(CudaStatus(err, absl::StrCat("cudaMalloc(", bytes, " bytes)")));
   return Owned(p, bytes);
@@ -392,12 +392,13 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
 absl::Status CudaBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
   CheckNotCapturing("CopyToDevice");
   if (host_src.device != Device::kCpu || dst.device != kDev) {
-    return absl::InvalidArgumentError("CopyToDevice: host_src must be a host tensor and dst a "
-                                      "cuda tensor");
+    return absl::InvalidArgumentError(
+        "CopyToDevice: host_src must be a host tensor and dst a "
+        "cuda tensor");
   }
   if (host_src.bytes() != dst.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("CopyToDevice: host_src has ", host_src.bytes(),
-                                                   " bytes, dst ", dst.bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyToDevice: host_src has ", host_src.bytes(), " bytes, dst ", dst.bytes()));
   }
   const size_t bytes = dst.bytes();
   if (bytes == 0) return absl::OkStatus();
@@ -426,12 +427,13 @@ absl::Status CudaBackend::Drain(absl::string_view where) {
 absl::Status CudaBackend::CopyToHost(const TensorView& src, const TensorView& host_dst) {
   CheckNotCapturing("CopyToHost");
   if (src.device != kDev || host_dst.device != Device::kCpu) {
-    return absl::InvalidArgumentError("CopyToHost: src must be a cuda tensor and host_dst a host "
-                                      "tensor");
+    return absl::InvalidArgumentError(
+        "CopyToHost: src must be a cuda tensor and host_dst a host "
+        "tensor");
   }
   if (src.bytes() != host_dst.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("CopyToHost: src has ", src.bytes(),
-                                                   " bytes, host_dst ", host_dst.bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyToHost: src has ", src.bytes(), " bytes, host_dst ", host_dst.bytes()));
   }
   MakeCurrent();
   if (src.bytes() > 0) {
@@ -463,8 +465,7 @@ absl::Status CudaBackend::BeginCapture() {
     return absl::FailedPreconditionError("cuda backend: BeginCapture while a capture is running");
   }
   MakeCurrent();
-  MODSERVE_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  MODSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
   pending_before_capture_ = TakePending();
   return absl::OkStatus();
@@ -493,8 +494,8 @@ absl::StatusOr<int> CudaBackend::EndCapture() {
     cudaGetLastError();
     // An op's own error says more than the invalidated capture it caused.
     if (!during.ok()) {
-      return absl::InternalError(absl::StrCat("EndCapture: an op failed during the capture: ",
-                                              during.message()));
+      return absl::InternalError(
+          absl::StrCat("EndCapture: an op failed during the capture: ", during.message()));
     }
     return CudaStatus(end_err, "EndCapture (cudaStreamEndCapture)");
   }
@@ -514,9 +515,9 @@ absl::Status CudaBackend::Replay(int graph) {
     return absl::FailedPreconditionError("cuda backend: Replay during a graph capture");
   }
   if (graph < 0 || static_cast<size_t>(graph) >= graphs_.size() || graphs_[graph] == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda backend: no graph ", graph, " (", graphs_.size(),
-        " captured; ids of released graphs stay invalid)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: no graph ", graph, " (", graphs_.size(),
+                     " captured; ids of released graphs stay invalid)"));
   }
   MakeCurrent();
   OpTimer timer(this, "Replay (graph)", {graph});
@@ -579,9 +580,9 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
   }
   const void* b = bias.empty() ? nullptr : bias.data;
   if (n <= kernels::kGemvMaxRows) {
-    Record(kernels::Gemv(stream_, x.as<float>(), w.data, b, w.dtype, n, m, k, rows_,
-                         out.as<float>()),
-           "Gemm (gemv)");
+    Record(
+        kernels::Gemv(stream_, x.as<float>(), w.data, b, w.dtype, n, m, k, rows_, out.as<float>()),
+        "Gemm (gemv)");
     return;
   }
   switch (w.dtype) {
@@ -635,8 +636,8 @@ void CudaBackend::GemmBf16Planes(const float* x, const void* w, const void* bias
 // w's rows are widened to f32 in scratch ([rows, k] f32) and multiplied with plain f32 SGEMM.
 void CudaBackend::GemmWidenedF16(const float* x, const void* w, const void* bias, int64_t n,
                                  int64_t m, int64_t k, float* out) {
-  const int64_t rows =
-      std::min<int64_t>(m, static_cast<int64_t>(gemm_scratch_.bytes() / (4 * std::max<int64_t>(k, 1))));
+  const int64_t rows = std::min<int64_t>(
+      m, static_cast<int64_t>(gemm_scratch_.bytes() / (4 * std::max<int64_t>(k, 1))));
   MODSERVE_CHECK(rows >= 1) << "Gemm k=" << k << " does not fit CudaTuning::gemm_scratch_bytes "
                             << gemm_scratch_.bytes();
   float* wf = static_cast<float*>(gemm_scratch_.data());
@@ -646,10 +647,10 @@ void CudaBackend::GemmWidenedF16(const float* x, const void* w, const void* bias
     const int64_t rc = std::min(rows, m - r0);
     Record(kernels::WidenToF32(stream_, w16 + r0 * k, DType::kF16, rc * k, wf), "Gemm (widen)");
     // out^T rows r0 .. r0 + rc: column-major [rc, n] block at out + r0 with leading dim m.
-    Record(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CheckedInt(rc, "m"),
-                        CheckedInt(n, "n"), CheckedInt(k, "k"), &alpha, wf, CUDA_R_32F,
-                        static_cast<int>(k), x, CUDA_R_32F, static_cast<int>(k), &beta, out + r0,
-                        CUDA_R_32F, CheckedInt(m, "m"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    Record(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CheckedInt(rc, "m"), CheckedInt(n, "n"),
+                        CheckedInt(k, "k"), &alpha, wf, CUDA_R_32F, static_cast<int>(k), x,
+                        CUDA_R_32F, static_cast<int>(k), &beta, out + r0, CUDA_R_32F,
+                        CheckedInt(m, "m"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
            "Gemm (cublasGemmEx f32, widened f16)");
   }
   if (bias != nullptr) {
@@ -661,9 +662,9 @@ void CudaBackend::GemmF32(const float* x, const void* w, const void* bias, int64
                           int64_t k, float* out) {
   const float alpha = 1.0f, beta = 0.0f;
   Record(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CheckedInt(m, "m"), CheckedInt(n, "n"),
-                      CheckedInt(k, "k"), &alpha, w, CUDA_R_32F, static_cast<int>(k), x,
-                      CUDA_R_32F, static_cast<int>(k), &beta, out, CUDA_R_32F,
-                      static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      CheckedInt(k, "k"), &alpha, w, CUDA_R_32F, static_cast<int>(k), x, CUDA_R_32F,
+                      static_cast<int>(k), &beta, out, CUDA_R_32F, static_cast<int>(m),
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
          "Gemm (cublasGemmEx f32)");
   if (bias != nullptr) {
     Record(kernels::AddBias(stream_, bias, DType::kF32, n, m, out), "Gemm (bias)");
@@ -734,8 +735,8 @@ void CudaBackend::SwiGlu(const TensorView& gate, const TensorView& up, const Ten
   cpu::CheckSameShapeF32Args(kDev, gate, up, out);
   MakeCurrent();
   OpTimer timer(this, "SwiGlu", {gate.dim(0), gate.dim(1)});
-  Record(kernels::SwiGlu(stream_, gate.as<float>(), up.as<float>(), gate.dim(0), gate.dim(1),
-                         rows_, out.as<float>()),
+  Record(kernels::SwiGlu(stream_, gate.as<float>(), up.as<float>(), gate.dim(0), gate.dim(1), rows_,
+                         out.as<float>()),
          "SwiGlu");
 }
 
@@ -795,10 +796,10 @@ void CudaBackend::ScatterCombine(const ScatterCombineParams& params, const Tenso
       break;
   }
   const int scale_target = params.scale_target == ScaleTarget::kUpdate ? 0 : 1;
-  Record(kernels::ScatterCombine(stream_, weight_fn, scale_target, x.as<float>(), x.dim(0),
-                                 x.dim(1), y.as<float>(), idx.as<int32_t>(), s.as<float>(),
-                                 idx.dim(0), rows_),
-         "ScatterCombine");
+  Record(
+      kernels::ScatterCombine(stream_, weight_fn, scale_target, x.as<float>(), x.dim(0), x.dim(1),
+                              y.as<float>(), idx.as<int32_t>(), s.as<float>(), idx.dim(0), rows_),
+      "ScatterCombine");
 }
 
 void CudaBackend::RouteSelect(const TensorView& z, const TensorView& z_cut, const TensorView& s,
@@ -846,7 +847,8 @@ void CudaBackend::CopyKvPages(const TensorView& kv_pool,
   cpu::CheckCopyKvPagesArgs(kDev, kv_pool, copies);
   MakeCurrent();
   OpTimer timer(this, "CopyKvPages", {static_cast<int64_t>(copies.size())});
-  const size_t page_bytes = kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));
+  const size_t page_bytes =
+      kv_pool.bytes() / static_cast<size_t>(std::max<int64_t>(1, kv_pool.dim(0)));
   char* base = static_cast<char*>(kv_pool.data);
   // In stream order: each copy lands before any later op of the step writes the page.
   for (const auto& [src, dst] : copies) {

@@ -29,14 +29,14 @@ ABSL_FLAG(int32_t, calls, 40, "timed calls per cell (after 3 warm-up calls)");
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t err_ = (expr);                                                      \
-    if (err_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                  \
-                   cudaGetErrorString(err_));                                             \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_CUDA(expr)                                                 \
+  do {                                                                   \
+    const cudaError_t err_ = (expr);                                     \
+    if (err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                            \
+      std::exit(1);                                                      \
+    }                                                                    \
   } while (0)
 
 struct MatrixShape {
@@ -45,11 +45,16 @@ struct MatrixShape {
 };
 
 constexpr MatrixShape kShapes[] = {
-    {"tinyllama q/o", 2048, 2048},   {"tinyllama k/v", 256, 2048},
-    {"tinyllama gate/up", 5632, 2048}, {"tinyllama down", 2048, 5632},
-    {"tinyllama lm_head", 32000, 2048}, {"8b q/o", 4096, 4096},
-    {"8b k/v", 1024, 4096},           {"8b gate/up", 14336, 4096},
-    {"8b down", 4096, 14336},         {"8b lm_head", 128256, 4096},
+    {"tinyllama q/o", 2048, 2048},
+    {"tinyllama k/v", 256, 2048},
+    {"tinyllama gate/up", 5632, 2048},
+    {"tinyllama down", 2048, 5632},
+    {"tinyllama lm_head", 32000, 2048},
+    {"8b q/o", 4096, 4096},
+    {"8b k/v", 1024, 4096},
+    {"8b gate/up", 14336, 4096},
+    {"8b down", 4096, 14336},
+    {"8b lm_head", 128256, 4096},
 };
 
 // Device-to-device copy of 1 GiB, bytes read plus bytes written, best of 5.
@@ -100,9 +105,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const double copy_gbs = CopyBandwidth();
-  std::printf("modserve-cuda-gemv-bench: %s, %d SMs, L2 %d MiB; copy bandwidth %.1f GB/s "
-              "(read + write, 1 GiB, best of 5)\n\n",
-              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+  std::printf(
+      "modserve-cuda-gemv-bench: %s, %d SMs, L2 %d MiB; copy bandwidth %.1f GB/s "
+      "(read + write, 1 GiB, best of 5)\n\n",
+      prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
 
   // Random bf16 weights ~ N(0, 0.02) (a 64 MiB host pattern, copied over each buffer).
   std::mt19937 rng(7);
@@ -144,8 +150,8 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&p, bytes));
       for (size_t off = 0; off < bytes; off += pattern.size() * 2) {
         const size_t n = std::min(pattern.size() * 2, bytes - off);
-        CHECK_CUDA(cudaMemcpy(static_cast<char*>(p) + off, pattern.data(), n,
-                              cudaMemcpyHostToDevice));
+        CHECK_CUDA(
+            cudaMemcpy(static_cast<char*>(p) + off, pattern.data(), n, cudaMemcpyHostToDevice));
       }
     }
     for (int64_t n : batches) {

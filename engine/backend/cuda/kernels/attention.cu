@@ -55,8 +55,7 @@ __host__ __device__ AttentionPlan PlanFor(int64_t n, const PlanShape& ps) {
   int64_t splits = (target_ctas + base_ctas - 1) / base_ctas;
   splits = MinI64(splits, (ps.ctx_cap + kMinSplitLen - 1) / kMinSplitLen);
   // Partials: head_dim + 2 floats per (row, head, split).
-  const size_t per_split =
-      static_cast<size_t>(n) * ps.n_heads * (ps.head_dim + 2) * sizeof(float);
+  const size_t per_split = static_cast<size_t>(n) * ps.n_heads * (ps.head_dim + 2) * sizeof(float);
   if (per_split > 0) {
     splits = MinI64(splits, static_cast<int64_t>(ps.max_scratch_bytes / per_split));
   }
@@ -252,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
     const T* pool = static_cast<const T*>(a.kv_pool);
     const int32_t* pages = a.page_table + static_cast<int64_t>(seq) * a.max_pages;
     const int64_t plane = int64_t{a.block_size} * hd;  // elements of one (page, kv plane)
-    const int d0 = lane * kT;                           // this lane's dims: [d0, d0 + kT)
+    const int d0 = lane * kT;                          // this lane's dims: [d0, d0 + kT)
     if constexpr (kLanes) {
       // Tiles of 32 consecutive entries per warp; lane e scores entry j0 + e.
       for (int64_t j0 = begin + int64_t{warp} * 32; j0 < end; j0 += int64_t{kWarps} * 32) {
@@ -313,8 +312,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
           if (h >= hg) break;
           const float sh = valid ? sc[h] * a.scale : -INFINITY;
           const float m_new = fmaxf(m[h], WarpMax(sh));  // finite: lane 0's entry is valid
-          const float correction = expf(m[h] - m_new);  // 0 on the first tile (m = -inf)
-          p[h] = expf(sh - m_new);                      // 0 for lanes past the end
+          const float correction = expf(m[h] - m_new);   // 0 on the first tile (m = -inf)
+          p[h] = expf(sh - m_new);                       // 0 for lanes past the end
           l[h] = l[h] * correction + WarpSum(p[h]);
 #pragma unroll
           for (int t = 0; t < kT; ++t) acc[h][t] *= correction;
@@ -354,7 +353,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
       // the KV read bandwidth on an H200).
       for (int64_t j0 = begin + int64_t{warp} * kTile; j0 < end; j0 += int64_t{kWarps} * kTile) {
         float kf[kTile][kT], vf[kTile][kT];
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < kTile; ++u) {
           const int64_t j = j0 + u;
           if (j < end) {
@@ -365,50 +364,50 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(KernelArgs ka) {
             LoadLane<T, kT>(k_ptr, d0, hd, vec, kf[u]);
             LoadLane<T, kT>(k_ptr + a.n_kv_heads * plane, d0, hd, vec, vf[u]);
           } else {
-  #pragma unroll
+#pragma unroll
             for (int t = 0; t < kT; ++t) kf[u][t] = vf[u][t] = 0.0f;
           }
         }
         float s[kMaxHeadsPerCta][kTile];
-  #pragma unroll
+#pragma unroll
         for (int h = 0; h < kMaxHeadsPerCta; ++h) {
           if (h >= hg) break;
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < kTile; ++u) {
             float dot = 0.0f;
-  #pragma unroll
+#pragma unroll
             for (int t = 0; t < kT; ++t) dot = fmaf(q_s[h][d0 + t], kf[u][t], dot);
             s[h][u] = dot;
           }
         }
-  #pragma unroll
+#pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
-  #pragma unroll
+#pragma unroll
           for (int h = 0; h < kMaxHeadsPerCta; ++h) {
             if (h >= hg) break;
-  #pragma unroll
+#pragma unroll
             for (int u = 0; u < kTile; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
           }
         }
-  #pragma unroll
+#pragma unroll
         for (int h = 0; h < kMaxHeadsPerCta; ++h) {
           if (h >= hg) break;  // uniform across the CTA
           float m_tile = -INFINITY;
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < kTile; ++u) {
             s[h][u] = j0 + u < end ? s[h][u] * a.scale : -INFINITY;
             m_tile = fmaxf(m_tile, s[h][u]);
           }
-          const float m_new = fmaxf(m[h], m_tile);            // finite: entry j0 is < end
-          const float correction = expf(m[h] - m_new);        // 0 on the first tile (m = -inf)
+          const float m_new = fmaxf(m[h], m_tile);      // finite: entry j0 is < end
+          const float correction = expf(m[h] - m_new);  // 0 on the first tile (m = -inf)
           l[h] *= correction;
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < kT; ++t) acc[h][t] *= correction;
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < kTile; ++u) {
             const float p = expf(s[h][u] - m_new);  // 0 past the end
             l[h] += p;
-  #pragma unroll
+#pragma unroll
             for (int t = 0; t < kT; ++t) acc[h][t] = fmaf(p, vf[u][t], acc[h][t]);
           }
           m[h] = m_new;
@@ -504,7 +503,6 @@ cudaError_t LaunchMain(cudaStream_t stream, const KernelArgs& ka, dim3 grid) {
   return ka.a.scores_per_lane ? LaunchMainAs<T, true>(stream, ka, grid)
                               : LaunchMainAs<T, false>(stream, ka, grid);
 }
-
 
 }  // namespace
 

@@ -24,8 +24,8 @@ struct Shape256x4x2 {
 // kN: rows of x this instantiation holds accumulators for (1, 2, 4 or 8); n <= kN at run time.
 // Under a device row count the rows are n = min(count, capacity): each row's sums run in the same
 // order whatever kN and n are, so a counted row gets the bits of a call with exactly n rows.
-// vec: w rows and x rows are 16-byte aligned and k is a multiple of the chunk (checked on the host);
-// otherwise every element goes through the scalar loop.
+// vec: w rows and x rows are 16-byte aligned and k is a multiple of the chunk (checked on the
+// host); otherwise every element goes through the scalar loop.
 template <typename W, int kN, int kThreads, int kRowsPerCta, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
     GemvKernel(const float* __restrict__ x, const W* __restrict__ w, const W* __restrict__ bias,
@@ -137,8 +137,8 @@ cudaError_t LaunchGemvN(cudaStream_t stream, const float* x, const W* w, const W
   const bool vec = k % kVec == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const unsigned int grid = static_cast<unsigned int>((m + S::kRowsPerCta - 1) / S::kRowsPerCta);
-  GemvKernel<W, kN, S::kThreads, S::kRowsPerCta, S::kUnroll><<<grid, S::kThreads, 0, stream>>>(
-      x, w, bias, static_cast<int>(n), m, k, vec, rows, out);
+  GemvKernel<W, kN, S::kThreads, S::kRowsPerCta, S::kUnroll>
+      <<<grid, S::kThreads, 0, stream>>>(x, w, bias, static_cast<int>(n), m, k, vec, rows, out);
   return cudaGetLastError();
 }
 
@@ -174,9 +174,12 @@ struct Shape128x16x2 {
 }  // namespace
 
 const char* GemvVariantName(int variant) {
-  static const char* const kNames[kGemvVariants] = {
-      "256 thr x 4 rows x 2 in flight (engine)", "128 thr x 8 rows x 4", "256 thr x 8 rows x 2",
-      "128 thr x 4 rows x 4", "512 thr x 4 rows x 1", "128 thr x 16 rows x 2"};
+  static const char* const kNames[kGemvVariants] = {"256 thr x 4 rows x 2 in flight (engine)",
+                                                    "128 thr x 8 rows x 4",
+                                                    "256 thr x 8 rows x 2",
+                                                    "128 thr x 4 rows x 4",
+                                                    "512 thr x 4 rows x 1",
+                                                    "128 thr x 16 rows x 2"};
   return variant >= 0 && variant < kGemvVariants ? kNames[variant] : "?";
 }
 

@@ -1,6 +1,7 @@
-// Host-side launchers of the CUDA backend's kernels (one .cu per family). Each enqueues on the given
-// stream and returns the launch error (cudaSuccess when enqueued); none synchronises or allocates.
-// They do no shape checks beyond what they need to pick a kernel: CudaBackend checks arguments.
+// Host-side launchers of the CUDA backend's kernels (one .cu per family). Each enqueues on the
+// given stream and returns the launch error (cudaSuccess when enqueued); none synchronises or
+// allocates. They do no shape checks beyond what they need to pick a kernel: CudaBackend checks
+// arguments.
 #ifndef MODSERVE_ENGINE_BACKEND_CUDA_KERNELS_KERNELS_H_
 #define MODSERVE_ENGINE_BACKEND_CUDA_KERNELS_KERNELS_H_
 
@@ -70,9 +71,9 @@ cudaError_t AddBias(cudaStream_t stream, const void* bias, DType dt, int64_t n, 
 
 // ---- RoPE + KV append (rope_kv.cu). ----
 struct RopeKvArgs {
-  float* q = nullptr;  // [n, n_heads, head_dim], rotated in place
-  float* k = nullptr;  // [n, n_kv_heads, head_dim], rotated in place
-  const float* v = nullptr;          // [n, n_kv_heads, head_dim]
+  float* q = nullptr;                  // [n, n_heads, head_dim], rotated in place
+  float* k = nullptr;                  // [n, n_kv_heads, head_dim], rotated in place
+  const float* v = nullptr;            // [n, n_kv_heads, head_dim]
   const int32_t* positions = nullptr;  // [n]
   const int32_t* slots = nullptr;      // [n]
   const int32_t* rows = nullptr;       // device row count over n, or null
@@ -89,7 +90,7 @@ cudaError_t RopeAndAppendKv(cudaStream_t stream, const RopeKvArgs& args);
 inline constexpr int kAttentionMaxHeadDim = 256;
 
 struct AttentionArgs {
-  const float* q = nullptr;  // [n, n_heads, head_dim]
+  const float* q = nullptr;       // [n, n_heads, head_dim]
   const void* kv_pool = nullptr;  // as in RopeKvArgs, of pool_dtype
   DType pool_dtype = DType::kF32;
   const int32_t* page_table = nullptr;  // [num_seqs, max_pages]
@@ -134,8 +135,8 @@ cudaError_t Attention(cudaStream_t stream, const AttentionArgs& args, const Atte
 cudaError_t SwiGlu(cudaStream_t stream, const float* gate, const float* up, int64_t n,
                    int64_t width, const int32_t* rows, float* out);
 // kind: 0 = silu, 1 = gelu (erf), 2 = relu (ActivationKind's values).
-cudaError_t Activation(cudaStream_t stream, int kind, int64_t n, int64_t width,
-                       const int32_t* rows, float* x);
+cudaError_t Activation(cudaStream_t stream, int kind, int64_t n, int64_t width, const int32_t* rows,
+                       float* x);
 cudaError_t Add(cudaStream_t stream, const float* a, const float* b, int64_t n, int64_t width,
                 const int32_t* rows, float* out);
 // out[j, :] = x[idx[j], :]; x [n, d], out [m, d]; `rows` counts over m.
@@ -144,8 +145,8 @@ cudaError_t GatherRows(cudaStream_t stream, const float* x, int64_t n, int64_t d
 // weight_fn: 0 identity, 1 sigmoid; scale_target: 0 update, 1 block output (backend.h enums).
 // `rows` counts over m (idx, y, s).
 cudaError_t ScatterCombine(cudaStream_t stream, int weight_fn, int scale_target, float* x,
-                           int64_t n, int64_t d, const float* y, const int32_t* idx,
-                           const float* s, int64_t m, const int32_t* rows);
+                           int64_t n, int64_t d, const float* y, const int32_t* idx, const float* s,
+                           int64_t m, const int32_t* rows);
 // MoD routing decision (Backend::RouteSelect): probs[i] = f32(p), p = 1 / (1 + exp(-z[i])) in
 // f64; rows with z[i] > z_cut[i] compacted in ascending order into idx / s_sel, their number into
 // *count (always written, 0 under a row count of 0). One block of 1024 threads walks the rows in
