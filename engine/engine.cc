@@ -14,6 +14,7 @@
 #include "engine/common/status_macros.h"
 #include "engine/executor/step_runner.h"
 #include "engine/sampler/speculative_sampling.h"
+#include "engine/sampler/sum_exp.h"
 
 namespace modserve::engine {
 
@@ -310,9 +311,7 @@ absl::StatusOr<PromptLogprob> RowLogprob(absl::Span<const float> row, TokenId id
     max_logit = std::max(max_logit, row[v]);
   }
   if (max_logit == -INFINITY) return absl::InternalError("every logit is -inf");
-  double sum = 0.0;
-  for (float logit : row) sum += std::exp(static_cast<double>(logit) - max_logit);
-  const double lse = max_logit + std::log(sum);
+  const double lse = max_logit + std::log(SumExpShifted(row, max_logit));
   PromptLogprob out{id, static_cast<float>(row[id] - lse), {}};
   if (top_n > 0) {
     std::vector<TokenId> ids(row.size());

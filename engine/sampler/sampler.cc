@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/logging.h"
 #include "engine/common/status_macros.h"
+#include "engine/sampler/sum_exp.h"
 
 namespace modserve::engine {
 namespace {
@@ -300,9 +301,7 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
     if (work[best] == -INFINITY) {
       return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
     }
-    double total = 0.0;
-    for (float logit : work) total += std::exp(static_cast<double>(logit) - work[best]);
-    const double lse = work[best] + std::log(total);
+    const double lse = work[best] + std::log(SumExpShifted(work, work[best]));
     result.token = best;
     result.logprob = static_cast<float>(work[best] - lse);
     if (num_alternatives > 0) {
