@@ -20,7 +20,8 @@
 # logs.tar.gz (every stage's log; rewritten after each stage).
 # Usage: tests/gpu/run.sh [build-dir]
 #   env: JOBS, CUDA_ARCH, SKIP_BENCH=1, BENCH_ARGS (replaces the default benchmark flags below),
-#        MODSERVE_GPU_PREBUILT (tarball from tests/gpu/pack.sh), BUDGET_S, OP_TIMES_ARGS
+#        MODSERVE_GPU_PREBUILT (tarball from tests/gpu/pack.sh), BUDGET_S, OP_TIMES_ARGS,
+#        NCU_KERNELS (+ NCU_SKIP, NCU_COUNT)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -339,6 +340,31 @@ if [[ -n "${OP_TIMES_ARGS:-}" ]] && fits op_times 40; then
     record op_times FAIL "see op_times.md"
   fi
   cp "$LOG/op_times.md" "$RESULTS/op_times.md"
+fi
+
+# NCU_KERNELS=<regex> profiles NCU_COUNT (default 4) launches of the matching kernels with Nsight
+# Compute (counters; it works on Firecracker machines, not gVisor) in an 8b dense batch-64 run at
+# context 1024: speed of light, occupancy, warp stall reasons and memory workload, into ncu.txt.
+# NCU_SKIP (default 4128) skips the prefill's launches of a once-per-layer kernel (128 chunks of
+# 512 rows x 32 layers) and the first decode step's, so the default lands on decode launches.
+if [[ -n "${NCU_KERNELS:-}" ]] && fits ncu 60; then
+  stage "ncu: kernels matching ${NCU_KERNELS}"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
+  if [[ -z "$NCU" ]]; then
+    record ncu SKIP "ncu not found"
+  elif timeout "$(limit 240)" "$NCU" --clock-control none -k "regex:${NCU_KERNELS}" \
+         --launch-skip "${NCU_SKIP:-4128}" --launch-count "${NCU_COUNT:-4}" \
+         --section SpeedOfLight --section Occupancy --section WarpStateStats \
+         --section MemoryWorkloadAnalysis --section LaunchStats \
+         "$B/modserve-bench" --backend cuda --shapes 8b --variants dense --batches 64 \
+         --contexts 1024 --steps 2 --prefill_reps 1 --graphs off --kv_dtype bf16 \
+         --workdir "$CKPTS" >"$LOG/ncu.txt" 2>&1; then
+    record ncu PASS "ncu.txt"
+  else
+    tail -5 "$LOG/ncu.txt"
+    record ncu FAIL "see ncu.txt"
+  fi
+  cp "$LOG/ncu.txt" "$RESULTS/ncu.txt" 2>/dev/null
 fi
 
 stage "compute-sanitizer memcheck on a short decode"
