@@ -4,7 +4,8 @@
 #      (MODSERVE_GPU_PREBUILT, made by tests/gpu/pack.sh) on a machine without the build's
 #      libraries
 #   2. smoke: modserve-generate on models/demo, cuda against cpu
-#   3. backend conformance suite (RouteSelect included) + CUDA-only tests on the cuda backend
+#   3. backend conformance suite (RouteSelect included), again with the older attention kernel
+#      (MODSERVE_CUDA_ATTENTION=warp), + CUDA-only tests on the cuda backend
 #   4. engine goldens on the cuda backend (engine_golden_test with MODSERVE_TEST_BACKEND=cuda)
 #   5. batch invariance on cuda (EngineTest.BatchCompositionDoesNotChangeTokens)
 #   6. benchmark: modserve-cuda-gemv-bench (the decode GEMV's launch shapes against the copy
@@ -12,12 +13,14 @@
 #      and decode graphs, then the same without graphs), table printed last
 #   7. with OP_TIMES_ARGS set: modserve-bench $OP_TIMES_ARGS with MODSERVE_CUDA_OP_TIMES=1 (GPU
 #      time per op and shape, op_times.md)
-#   8. compute-sanitizer memcheck on the conformance suite (cuda only) and on a short decode
+#   8. with NCU_KERNELS set: an Nsight Compute profile of those kernels' decode launches (ncu.txt)
+#   9. compute-sanitizer memcheck on the conformance suite (cuda only) and on a short decode
 # Every stage prints PASS / FAIL / SKIP(reason); the script exits non-zero when any stage FAILs.
 # Stages that would not fit in what is left of BUDGET_S (default 470 s) are skipped, so the
 # summary and the table always come back.
-# Results go to $OUT when it is set, else <build-dir>/gpu-run-out: summary.txt, bench.md and
-# logs.tar.gz (every stage's log; rewritten after each stage).
+# Results go to $OUT when it is set, else <build-dir>/gpu-run-out: summary.txt, bench.md,
+# gemv_bench.md, op_times.md, ncu.txt and logs.tar.gz (every stage's log; rewritten after each
+# stage): at most 8 files, what a lent device machine returns.
 # Usage: tests/gpu/run.sh [build-dir]
 #   env: JOBS, CUDA_ARCH, SKIP_BENCH=1, BENCH_ARGS (replaces the default benchmark flags below),
 #        MODSERVE_GPU_PREBUILT (tarball from tests/gpu/pack.sh), BUDGET_S, OP_TIMES_ARGS,
