@@ -497,6 +497,56 @@ TEST_P(EngineGoldenTest, MixedBatchThroughTheStepLoopMatchesReference) {
   EXPECT_EQ((*engine)->kv_stats().num_used_pages, 0);
 }
 
+// Every weight the Transformer runs on is in the backend's memory: on a device backend the
+// checkpoint's host views are copied there (once per file tensor, so a tied lm_head shares the
+// table's copy); on the CPU nothing is copied beyond what PrepareGemmWeight repacks. On CUDA this
+// failed before Transformer::UploadWeights: the file's host pointers reached the kernels.
+TEST_P(EngineGoldenTest, WeightsLiveOnTheBackendsDevice) {
+  Golden g;
+  for (auto& x : LoadGoldens()) {
+    if (x.file == GetParam()) g = x;
+  }
+  const std::string dir = ModelDir(g);
+  if (!fs::exists(dir)) GTEST_SKIP() << dir << " not present";
+  auto h = Harness::Make(dir);
+  ASSERT_NE(h, nullptr);
+  const Device device = h->backend->device();
+  const ModelWeights& run = h->transformer->weights();
+  const ModelWeights& file = h->model->weights();
+  auto expect_on_device = [&](const TensorView& v, const TensorView& f, const std::string& name,
+                              bool gemm) {
+    if (f.empty()) return;
+    ASSERT_FALSE(v.empty()) << name;
+    EXPECT_EQ(v.device, device) << name;
+    if (device == Device::kCpu && !gemm) {
+      EXPECT_EQ(v.data, f.data) << name << " was copied";
+    }
+    if (device != Device::kCpu) {
+      EXPECT_NE(v.data, f.data) << name << " is the file's host view";
+    }
+  };
+  expect_on_device(run.embed_tokens, file.embed_tokens, "embed_tokens", false);
+  expect_on_device(run.lm_head, file.lm_head, "lm_head", true);
+  expect_on_device(run.norm, file.norm, "norm", false);
+  for (size_t l = 0; l < run.layers.size(); ++l) {
+    const LayerWeights& r = run.layers[l];
+    const LayerWeights& f = file.layers[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    expect_on_device(r.input_layernorm, f.input_layernorm, p + "input_layernorm", false);
+    expect_on_device(r.post_attention_layernorm, f.post_attention_layernorm,
+                     p + "post_attention_layernorm", false);
+    const auto rg = GemmWeights(r);
+    const auto fg = GemmWeights(f);
+    for (size_t i = 0; i < rg.size(); ++i) {
+      expect_on_device(*rg[i], *fg[i], p + "gemm weight " + std::to_string(i), true);
+    }
+  }
+  if (device != Device::kCpu && h->model->config().tie_word_embeddings) {
+    // (On the CPU a block-quantized lm_head may be repacked; the goldens' are float.)
+    EXPECT_EQ(run.lm_head.data, run.embed_tokens.data) << "a tied lm_head is the table, once";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Goldens, EngineGoldenTest, ::testing::ValuesIn([] {
                            std::vector<std::string> names;
                            for (auto& g : LoadGoldens()) names.push_back(g.file);
