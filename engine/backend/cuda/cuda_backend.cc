@@ -393,8 +393,7 @@ absl::Status CudaBackend::CopyToDevice(const TensorView& host_src, const TensorV
   CheckNotCapturing("CopyToDevice");
   if (host_src.device != Device::kCpu || dst.device != kDev) {
     return absl::InvalidArgumentError(
-        "CopyToDevice: host_src must be a host tensor and dst a "
-        "cuda tensor");
+        "CopyToDevice: host_src must be a host tensor and dst a cuda tensor");
   }
   if (host_src.bytes() != dst.bytes()) {
     return absl::InvalidArgumentError(
@@ -428,8 +427,7 @@ absl::Status CudaBackend::CopyToHost(const TensorView& src, const TensorView& ho
   CheckNotCapturing("CopyToHost");
   if (src.device != kDev || host_dst.device != Device::kCpu) {
     return absl::InvalidArgumentError(
-        "CopyToHost: src must be a cuda tensor and host_dst a host "
-        "tensor");
+        "CopyToHost: src must be a cuda tensor and host_dst a host tensor");
   }
   if (src.bytes() != host_dst.bytes()) {
     return absl::InvalidArgumentError(

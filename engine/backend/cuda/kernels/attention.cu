@@ -130,30 +130,28 @@ __device__ __forceinline__ void LoadLane(const T* p, int d0, int hd, bool vec, f
       for (int t = 0; t < kT; ++t) f[t] = 0.0f;
       return;
     }
-    uint32_t w[kBytes / 4];
-    const char* src = reinterpret_cast<const char*>(p + d0);
-    if constexpr (kBytes == 4) {
-      w[0] = *reinterpret_cast<const uint32_t*>(src);
-    } else if constexpr (kBytes == 8) {
-      const uint2 v = *reinterpret_cast<const uint2*>(src);
-      w[0] = v.x;
-      w[1] = v.y;
-    } else {
+    const T* src = p + d0;
+    if constexpr (kBytes % 16 == 0) {
 #pragma unroll
       for (int c = 0; c < kBytes / 16; ++c) {
-        const uint4 v = reinterpret_cast<const uint4*>(src)[c];
-        w[4 * c] = v.x;
-        w[4 * c + 1] = v.y;
-        w[4 * c + 2] = v.z;
-        w[4 * c + 3] = v.w;
+        Unpack16(reinterpret_cast<const uint4*>(src)[c], f + c * (16 / sizeof(T)), src);
       }
-    }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      if constexpr (sizeof(T) == 4) {
-        f[t] = __uint_as_float(w[t]);
+    } else {  // 4 or 8 bytes: one or two words
+      uint32_t w[kBytes / 4];
+      if constexpr (kBytes == 4) {
+        w[0] = *reinterpret_cast<const uint32_t*>(src);
       } else {
-        f[t] = Bits16ToF32<T>((w[t / 2] >> (16 * (t % 2))) & 0xffffu);  // little-endian
+        const uint2 v = *reinterpret_cast<const uint2*>(src);
+        w[0] = v.x;
+        w[1] = v.y;
+      }
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        if constexpr (sizeof(T) == 4) {
+          f[t] = __uint_as_float(w[t]);
+        } else {
+          f[t] = Bits16ToF32<T>((w[t / 2] >> (16 * (t % 2))) & 0xffffu);  // little-endian
+        }
       }
     }
   } else {
@@ -165,20 +163,9 @@ __device__ __forceinline__ void LoadLane(const T* p, int d0, int hd, bool vec, f
 // f[0..8) = p[0..8): one 16-byte load of a 16-bit pool, two of an f32 one (p 16-byte aligned).
 template <typename T>
 __device__ __forceinline__ void Load8(const T* p, float (&f)[8]) {
-  if constexpr (sizeof(T) == 4) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0];
-    const float4 b = reinterpret_cast<const float4*>(p)[1];
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
-    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  } else {
-    const uint4 r = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = Bits16ToF32<T>(w[i] & 0xffffu);
-      f[2 * i + 1] = Bits16ToF32<T>(w[i] >> 16);
-    }
-  }
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+  Unpack16(q[0], f, p);
+  if constexpr (sizeof(T) == 4) Unpack16(q[1], f + 4, p);
 }
 
 __device__ __forceinline__ float WarpMax(float v) {

@@ -173,36 +173,37 @@ struct Shape128x16x2 {
 
 }  // namespace
 
+namespace {
+
+// The variants in one list: a name and a launcher each (bf16 w, no bias, no row count).
+struct GemvVariant {
+  const char* name;
+  cudaError_t (*launch)(cudaStream_t, const float*, const void*, const void*, int64_t, int64_t,
+                        int64_t, const int32_t*, float*);
+};
+using B = __nv_bfloat16;
+constexpr GemvVariant kVariants[] = {
+    {"256 thr x 4 rows x 2 in flight (engine)", &LaunchGemv<B, Shape256x4x2>},
+    {"128 thr x 8 rows x 4", &LaunchGemv<B, Shape128x8x4>},
+    {"256 thr x 8 rows x 2", &LaunchGemv<B, Shape256x8x2>},
+    {"128 thr x 4 rows x 4", &LaunchGemv<B, Shape128x4x4>},
+    {"512 thr x 4 rows x 1", &LaunchGemv<B, Shape512x4x1>},
+    {"128 thr x 16 rows x 2", &LaunchGemv<B, Shape128x16x2>},
+};
+static_assert(sizeof(kVariants) / sizeof(kVariants[0]) == kGemvVariants);
+
+}  // namespace
+
 const char* GemvVariantName(int variant) {
-  static const char* const kNames[kGemvVariants] = {"256 thr x 4 rows x 2 in flight (engine)",
-                                                    "128 thr x 8 rows x 4",
-                                                    "256 thr x 8 rows x 2",
-                                                    "128 thr x 4 rows x 4",
-                                                    "512 thr x 4 rows x 1",
-                                                    "128 thr x 16 rows x 2"};
-  return variant >= 0 && variant < kGemvVariants ? kNames[variant] : "?";
+  return variant >= 0 && variant < kGemvVariants ? kVariants[variant].name : "?";
 }
 
 cudaError_t GemvVariantBf16(int variant, cudaStream_t stream, const float* x, const void* w,
                             int64_t n, int64_t m, int64_t k, float* out) {
-  if (n < 1 || n > kGemvMaxRows) return cudaErrorInvalidValue;
-  using B = __nv_bfloat16;
-  switch (variant) {
-    case 0:
-      return LaunchGemv<B, Shape256x4x2>(stream, x, w, nullptr, n, m, k, nullptr, out);
-    case 1:
-      return LaunchGemv<B, Shape128x8x4>(stream, x, w, nullptr, n, m, k, nullptr, out);
-    case 2:
-      return LaunchGemv<B, Shape256x8x2>(stream, x, w, nullptr, n, m, k, nullptr, out);
-    case 3:
-      return LaunchGemv<B, Shape128x4x4>(stream, x, w, nullptr, n, m, k, nullptr, out);
-    case 4:
-      return LaunchGemv<B, Shape512x4x1>(stream, x, w, nullptr, n, m, k, nullptr, out);
-    case 5:
-      return LaunchGemv<B, Shape128x16x2>(stream, x, w, nullptr, n, m, k, nullptr, out);
-    default:
-      return cudaErrorInvalidValue;
+  if (n < 1 || n > kGemvMaxRows || variant < 0 || variant >= kGemvVariants) {
+    return cudaErrorInvalidValue;
   }
+  return kVariants[variant].launch(stream, x, w, nullptr, n, m, k, nullptr, out);
 }
 
 cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void* bias, DType dt,
