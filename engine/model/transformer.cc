@@ -137,16 +137,10 @@ absl::Status Transformer::UploadWeights() {
   std::map<std::pair<const void*, size_t>, void*> copies;  // (host data, bytes) -> device data
   auto upload = [&](TensorView& v) -> absl::Status {
     if (v.empty() || v.device != Device::kCpu) return absl::OkStatus();
-    const size_t bytes = v.bytes();
-    auto it = copies.find({v.data, bytes});
+    auto it = copies.find({v.data, v.bytes()});
     if (it == copies.end()) {
-      MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf, backend_->Allocate(bytes));
-      TensorView dst = v;
-      dst.data = buf.data();
-      dst.device = buf.device();
-      MODSERVE_RETURN_IF_ERROR(backend_->CopyToDevice(v, dst));
-      it = copies.emplace(std::pair{v.data, bytes}, buf.data()).first;
-      weight_buffers_.push_back(std::move(buf));
+      MODSERVE_ASSIGN_OR_RETURN(const TensorView dst, CopyToOwnedBuffer(v));
+      it = copies.emplace(std::pair{v.data, v.bytes()}, dst.data).first;
     }
     v.data = it->second;
     v.device = backend_->device();
@@ -179,10 +173,16 @@ absl::StatusOr<TensorView> Transformer::PrepareBias(const TensorView& w, const T
     host[i] = b.dtype == DType::kF16 ? F16ToF32(static_cast<const f16_t*>(b.data)[i])
                                      : Bf16ToF32(static_cast<const bf16_t*>(b.data)[i]);
   }
-  MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf, backend_->Allocate(host.size() * 4));
-  const TensorView dst = buf.View(DType::kF32, {m});
-  MODSERVE_RETURN_IF_ERROR(backend_->CopyToDevice(TensorView(host.data(), DType::kF32, {m}), dst));
-  bias_buffers_.push_back(std::move(buf));
+  return CopyToOwnedBuffer(TensorView(host.data(), DType::kF32, {m}));
+}
+
+absl::StatusOr<TensorView> Transformer::CopyToOwnedBuffer(const TensorView& host) {
+  MODSERVE_ASSIGN_OR_RETURN(backend::DeviceBuffer buf, backend_->Allocate(host.bytes()));
+  TensorView dst = host;
+  dst.data = buf.data();
+  dst.device = buf.device();
+  MODSERVE_RETURN_IF_ERROR(backend_->CopyToDevice(host, dst));
+  owned_buffers_.push_back(std::move(buf));
   return dst;
 }
 

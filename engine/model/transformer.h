@@ -121,6 +121,8 @@ class Transformer {
   // own layout); the Embed table stays the file's, even when lm_head is tied to it.
   absl::Status PrepareGemmWeights();
   absl::StatusOr<TensorView> PrepareBias(const TensorView& w, const TensorView& b);
+  // A copy of host view `host` in a backend buffer owned here (owned_buffers_), same shape/dtype.
+  absl::StatusOr<TensorView> CopyToOwnedBuffer(const TensorView& host);
   // On a backend whose memory is not the host's: every weight and bias still on the host (the
   // file's mapped views) copied into device memory owned here, each file tensor once (a tied
   // lm_head shares the Embed table's copy). Runs after PrepareBiases, which reads biases on the
@@ -218,9 +220,9 @@ class Transformer {
     TensorView predictor_hidden;  // [p]
     TensorView predictor_out;     // [1]
   };
-  std::vector<Biases> biases_;                         // [n_layers]; empty views when absent
-  std::vector<backend::DeviceBuffer> bias_buffers_;    // the F32 copies
-  std::vector<backend::DeviceBuffer> weight_buffers_;  // UploadWeights' copies
+  std::vector<Biases> biases_;  // [n_layers]; empty views when absent
+  // CopyToOwnedBuffer's copies: PrepareBias's F32 biases and UploadWeights' weights.
+  std::vector<backend::DeviceBuffer> owned_buffers_;
 
   // Device buffers, allocated once. Shapes are capacities: [max_batch_tokens, ...].
   backend::DeviceBuffer kv_pool_;  // [num_pages, 2 * n_kv_heads, block_size, head_dim] kv_dtype
