@@ -773,10 +773,11 @@ auto AttnAccumulateFor(const KernelTable& k) {
 
 // Flash-style: one task per (row, split) covers every kv head, so it reads whole pages (K of
 // every head, then V of every head: 2 * n_kv_heads * block_size rows in a row) rather than one
-// head's slice of each. Keys are visited in tiles of kKeyTile; for each kv head in turn, a tile's
-// scores update a running max m, denominator l and unnormalised output acc for every q head of
-// its GQA group, so memory is O(tile) whatever the context. K/V are read in place from the pages
-// in their storage type, each key and value vector once for all the group's q heads.
+// head's slice of each. Keys are visited in tiles of kKeyTile; a tile's scores (every kv head's,
+// so each page's K rows are read in one pass), then its softmax, then its values (the V rows in
+// one pass) update a running max m, denominator l and unnormalised output acc for every q head,
+// so memory is O(tile) whatever the context. K/V are read in place from the pages in their
+// storage type, each key and value vector once for all the group's q heads.
 //
 // A row's context is split at fixed multiples of kKeysPerSplit: the splits, and so the bits of
 // the row's output, depend on its kv_len alone, never on how many rows share the call or on the
@@ -871,18 +872,23 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
       prefetch_tile(t0 + kKeyTile);
+      // Scores of every kv head (a page's K rows, every head's, in one pass), the softmax of
+      // every head, then the values of every kv head (the page's V rows in one pass).
       for (int64_t g = 0; g < kv; ++g) {
         float* sg = scores + g * group * kKeyTile;
         for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
           AttnScoresFor<T>(kern)(qi + g * group * hd, group, rows + g * bs * hd, run, hd, scale,
                                  sg + t, kKeyTile);
         });
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
-        }
+      }
+      for (int64_t h = 0; h < nh; ++h) {
+        rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
+      }
+      for (int64_t g = 0; g < kv; ++g) {
         // acc is rescaled once per tile, by the first run's call.
         for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
-          AttnAccumulateFor<T>(kern)(sg + t, kKeyTile, group, rows + (kv + g) * bs * hd, run, hd,
+          AttnAccumulateFor<T>(kern)(scores + g * group * kKeyTile + t, kKeyTile, group,
+                                     rows + (kv + g) * bs * hd, run, hd,
                                      t == 0 ? rescale + g * group : ones, acc + g * group * hd);
         });
       }

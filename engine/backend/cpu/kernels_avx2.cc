@@ -62,6 +62,19 @@ struct Avx2 {
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
   }
+  // One level of AttnScores' fold (see the AVX-512 one): unpack, shuffle, then the two 128-bit
+  // lanes added.
+  template <int N>
+  static V FoldLanes(V a, V b) {
+    if constexpr (N == 2) {
+      return _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    } else if constexpr (N == 4) {
+      return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xee));
+    } else {
+      static_assert(N == 8);
+      return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    }
+  }
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }

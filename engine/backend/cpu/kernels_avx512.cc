@@ -70,6 +70,21 @@ struct Avx512 {
       r[8 + j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0xdd);
     }
   }
+  // One level of AttnScores' fold: a and b hold the lane sums of keys [0, N/2) and [N/2, N) of
+  // a block, folded N/2 to a vector; the result holds keys [0, N). Level 2 leaves, in each 128-bit
+  // lane, one partial sum per key of a pair; 4, one per key of four; 8 and 16 add 128-bit lanes.
+  // Every key's 16 lanes are added in the same order, wherever it sits in the block.
+  template <int N>
+  static V FoldLanes(V a, V b) {
+    if constexpr (N == 2) {
+      return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    } else if constexpr (N == 4) {
+      return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
+    } else {
+      static_assert(N == 8 || N == 16);
+      return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+    }
+  }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }

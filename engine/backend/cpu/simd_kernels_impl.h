@@ -353,78 +353,194 @@ void GemmLargeN(const float* x, int64_t x_begin, int64_t x_end, int64_t k, const
 // Keys and values are read straight from the KV pages in their storage type K (f32, f16 or
 // bf16), converted in registers: no f32 copy of the tile is written and read back.
 
-// HB heads x TB keys of AttnScores: HB * TB independent dot products, each summed along head_dim
-// in its own accumulator (the order of a lone dot), every key vector loaded and converted once
-// for the HB heads.
-template <class S, class K, int HB, int TB>
-void AttnScoresBlock(const float* q, int64_t head_dim, int64_t d_vec, const K* keys, float scale,
-                     float* scores, int64_t ld_scores) {
+// Scores of HB heads for a block of S::kLanes keys, one vector per head whose lane t is key t's
+// score. Each key's dot product is first summed along head_dim lane-wise (an FMA per vector of
+// head_dim), then the kLanes per-key vectors are folded into one by a tree of pairwise shuffles
+// and adds (S::FoldLanes): a block costs log2(kLanes) levels of folding per head instead of a
+// horizontal sum per key. Every key's lanes are added in the same order wherever it sits in the
+// block, and keys at or past `valid` are not read (their lanes are zero), so a key's score does
+// not depend on its neighbours or on where its run starts.
+template <class S, class K, int HB, int N>
+[[gnu::always_inline]] inline void AttnScoresTree(const float* q, int64_t head_dim, int64_t d_vec,
+                                                  const K* keys, int64_t valid,
+                                                  typename S::V* out) {
   using V = typename S::V;
-  V a[HB][TB];
+  if constexpr (N == 1) {
 #pragma GCC unroll 8
-  for (int h = 0; h < HB; ++h) {
+    for (int h = 0; h < HB; ++h) out[h] = S::Zero();
+    if (valid <= 0) return;
+    for (int64_t d = 0; d < d_vec; d += S::kLanes) {
+      const V kv = S::Load(keys + d);
 #pragma GCC unroll 8
-    for (int t = 0; t < TB; ++t) a[h][t] = S::Zero();
-  }
-  for (int64_t d = 0; d < d_vec; d += S::kLanes) {
-    V kv[TB];
-#pragma GCC unroll 8
-    for (int t = 0; t < TB; ++t) kv[t] = S::Load(keys + t * head_dim + d);
-#pragma GCC unroll 8
-    for (int h = 0; h < HB; ++h) {
-      const V qv = S::Load(q + h * head_dim + d);
-#pragma GCC unroll 8
-      for (int t = 0; t < TB; ++t) a[h][t] = S::Fma(qv, kv[t], a[h][t]);
+      for (int h = 0; h < HB; ++h) out[h] = S::Fma(S::Load(q + h * head_dim + d), kv, out[h]);
     }
-  }
+  } else {
+    V lo[HB], hi[HB];
+    AttnScoresTree<S, K, HB, N / 2>(q, head_dim, d_vec, keys, valid, lo);
+    AttnScoresTree<S, K, HB, N / 2>(q, head_dim, d_vec, keys + N / 2 * head_dim, valid - N / 2,
+                                    hi);
 #pragma GCC unroll 8
-  for (int h = 0; h < HB; ++h) {
-#pragma GCC unroll 8
-    for (int t = 0; t < TB; ++t) {
-      float sum = S::ReduceAdd(a[h][t]);
-      for (int64_t d = d_vec; d < head_dim; ++d) {
-        sum += q[h * head_dim + d] * S::ToF32(keys[t * head_dim + d]);
-      }
-      scores[h * ld_scores + t] = sum * scale;
-    }
+    for (int h = 0; h < HB; ++h) out[h] = S::template FoldLanes<N>(lo[h], hi[h]);
   }
 }
 
-template <class S, class K, int HB, int TB>
+template <class S, class K, int HB>
 void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K* keys,
                      float scale, float* scores, int64_t ld_scores) {
-  const int64_t d_vec = head_dim - head_dim % S::kLanes;
-  int64_t t = 0;
-  for (; t + TB <= num_keys; t += TB) {
-    AttnScoresBlock<S, K, HB, TB>(q, head_dim, d_vec, keys + t * head_dim, scale, scores + t,
-                                  ld_scores);
-  }
-  for (; t < num_keys; ++t) {
-    AttnScoresBlock<S, K, HB, 1>(q, head_dim, d_vec, keys + t * head_dim, scale, scores + t,
-                                 ld_scores);
+  using V = typename S::V;
+  constexpr int kL = S::kLanes;
+  const int64_t d_vec = head_dim - head_dim % kL;
+  const V vscale = S::Set1(scale);
+  for (int64_t t0 = 0; t0 < num_keys; t0 += kL) {
+    const int64_t valid = Min64(kL, num_keys - t0);
+    const K* kb = keys + t0 * head_dim;
+    V s[HB];
+    AttnScoresTree<S, K, HB, kL>(q, head_dim, d_vec, kb, valid, s);
+    if (valid == kL && d_vec == head_dim) {
+#pragma GCC unroll 8
+      for (int h = 0; h < HB; ++h) S::Store(scores + h * ld_scores + t0, S::Mul(s[h], vscale));
+      continue;
+    }
+    // A partial block, or a head_dim that is not a whole number of vectors: the leftover
+    // elements of each key are added to its folded sum before the scale.
+    for (int h = 0; h < HB; ++h) {
+      alignas(64) float lane[kL];
+      S::Store(lane, s[h]);
+      for (int64_t t = 0; t < valid; ++t) {
+        float sum = lane[t];
+        for (int64_t d = d_vec; d < head_dim; ++d) {
+          sum += q[h * head_dim + d] * S::ToF32(kb[t * head_dim + d]);
+        }
+        scores[h * ld_scores + t0 + t] = sum * scale;
+      }
+    }
   }
 }
 
-// Blocks of up to 4 heads and 2 keys (8 accumulators), or of fewer heads and 4 keys.
+// AttnScoresTree for a head_dim of D vectors known at compile time, with the HB heads' q held in
+// registers across the keys (HB * D <= 16 of AVX-512's 32): the loads left are the keys' own.
+// Same sums in the same order as AttnScoresTree.
+template <class S, class K, int HB, int D, int N>
+[[gnu::always_inline]] inline void AttnScoresTreeQ(const typename S::V (&qr)[HB][D],
+                                                   const K* keys, int64_t valid,
+                                                   typename S::V* out) {
+  using V = typename S::V;
+  if constexpr (N == 1) {
+    if (valid <= 0) {
+#pragma GCC unroll 8
+      for (int h = 0; h < HB; ++h) out[h] = S::Zero();
+      return;
+    }
+    V kv[D];
+#pragma GCC unroll 16
+    for (int d = 0; d < D; ++d) kv[d] = S::Load(keys + d * S::kLanes);
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; ++h) {
+      V a = S::Fma(qr[h][0], kv[0], S::Zero());
+#pragma GCC unroll 16
+      for (int d = 1; d < D; ++d) a = S::Fma(qr[h][d], kv[d], a);
+      out[h] = a;
+    }
+  } else {
+    V lo[HB], hi[HB];
+    AttnScoresTreeQ<S, K, HB, D, N / 2>(qr, keys, valid, lo);
+    AttnScoresTreeQ<S, K, HB, D, N / 2>(qr, keys + N / 2 * D * S::kLanes, valid - N / 2, hi);
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; ++h) out[h] = S::template FoldLanes<N>(lo[h], hi[h]);
+  }
+}
+
+template <class S, class K, int HB, int D>
+void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float scale,
+                      float* scores, int64_t ld_scores) {
+  using V = typename S::V;
+  constexpr int kL = S::kLanes;
+  V qr[HB][D];
+#pragma GCC unroll 8
+  for (int h = 0; h < HB; ++h) {
+#pragma GCC unroll 16
+    for (int d = 0; d < D; ++d) qr[h][d] = S::Load(q + (h * D + d) * kL);
+  }
+  const V vscale = S::Set1(scale);
+  for (int64_t t0 = 0; t0 < num_keys; t0 += kL) {
+    const int64_t valid = Min64(kL, num_keys - t0);
+    V s[HB];
+    AttnScoresTreeQ<S, K, HB, D, kL>(qr, keys + t0 * D * kL, valid, s);
+#pragma GCC unroll 8
+    for (int h = 0; h < HB; ++h) {
+      if (valid == kL) {
+        S::Store(scores + h * ld_scores + t0, S::Mul(s[h], vscale));
+      } else {
+        alignas(64) float lane[kL];
+        S::Store(lane, S::Mul(s[h], vscale));
+        for (int64_t t = 0; t < valid; ++t) scores[h * ld_scores + t0 + t] = lane[t];
+      }
+    }
+  }
+}
+
+// Heads in blocks of 16 / D, whose q fill 16 registers.
+template <class S, class K, int D>
+void AttnScoresQ(const float* q, int64_t num_q, const K* keys, int64_t num_keys, float scale,
+                 float* scores, int64_t ld_scores) {
+  constexpr int kMaxHeads = 16 / D;
+  static_assert(kMaxHeads == 4 || kMaxHeads == 2);
+  constexpr int64_t hd = D * S::kLanes;
+  int64_t g = 0;
+  for (; g + kMaxHeads <= num_q; g += kMaxHeads) {
+    AttnScoresHeadsQ<S, K, kMaxHeads, D>(q + g * hd, num_keys, keys, scale,
+                                         scores + g * ld_scores, ld_scores);
+  }
+  const float* qg = q + g * hd;
+  float* sg = scores + g * ld_scores;
+  switch (num_q - g) {
+    case 3:
+      if constexpr (kMaxHeads > 3) {
+        AttnScoresHeadsQ<S, K, 3, D>(qg, num_keys, keys, scale, sg, ld_scores);
+      }
+      break;
+    case 2:
+      if constexpr (kMaxHeads > 2) {
+        AttnScoresHeadsQ<S, K, 2, D>(qg, num_keys, keys, scale, sg, ld_scores);
+      }
+      break;
+    case 1:
+      AttnScoresHeadsQ<S, K, 1, D>(qg, num_keys, keys, scale, sg, ld_scores);
+      break;
+    default:
+      break;
+  }
+}
+
+// Blocks of up to 4 heads: each key vector is loaded and converted once per block. With 16-lane
+// vectors and a head_dim of 64 or 128, AttnScoresQ (q in registers).
 template <class S, class K>
 void AttnScores(const float* q, int64_t num_q, const K* keys, int64_t num_keys, int64_t head_dim,
                 float scale, float* scores, int64_t ld_scores) {
+  if constexpr (S::kLanes == 16) {
+    if (head_dim == 64) {
+      return AttnScoresQ<S, K, 4>(q, num_q, keys, num_keys, scale, scores, ld_scores);
+    }
+    if (head_dim == 128) {
+      return AttnScoresQ<S, K, 8>(q, num_q, keys, num_keys, scale, scores, ld_scores);
+    }
+  }
   int64_t g = 0;
   for (; g + 4 <= num_q; g += 4) {
-    AttnScoresHeads<S, K, 4, 2>(q + g * head_dim, num_keys, head_dim, keys, scale,
-                                scores + g * ld_scores, ld_scores);
+    AttnScoresHeads<S, K, 4>(q + g * head_dim, num_keys, head_dim, keys, scale,
+                             scores + g * ld_scores, ld_scores);
   }
   const float* qg = q + g * head_dim;
   float* sg = scores + g * ld_scores;
   switch (num_q - g) {
     case 3:
-      AttnScoresHeads<S, K, 3, 2>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
+      AttnScoresHeads<S, K, 3>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
       break;
     case 2:
-      AttnScoresHeads<S, K, 2, 4>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
+      AttnScoresHeads<S, K, 2>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
       break;
     case 1:
-      AttnScoresHeads<S, K, 1, 4>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
+      AttnScoresHeads<S, K, 1>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
       break;
     default:
       break;
@@ -522,6 +638,14 @@ void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const K* values,
                          int64_t num_keys, int64_t head_dim, int64_t d_vec, const float* rescale,
                          float* acc) {
   int64_t d = 0;
+  // Four vectors of head_dim per pass where 4 * HB accumulators fit the register file (AVX-512's
+  // 32; AVX2's 16 hold two): each value row is then read in one pass, both its cache lines.
+  if constexpr (S::kLanes >= 16) {
+    for (; d + 4 * S::kLanes <= d_vec; d += 4 * S::kLanes) {
+      AttnAccumulateBlock<S, K, HB, 4>(probs, ld_probs, values, num_keys, head_dim, d, rescale,
+                                       acc);
+    }
+  }
   for (; d + 2 * S::kLanes <= d_vec; d += 2 * S::kLanes) {
     AttnAccumulateBlock<S, K, HB, 2>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
   }
