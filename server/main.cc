@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
 ABSL_FLAG(int32_t, max_num_seqs, 16, "sequences in the running batch");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "tokens of one step (decodes plus prefill chunks)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "bytes of the paged KV cache");
+ABSL_FLAG(int32_t, kv_block_size, 16,
+          "tokens per KV cache page (and per prefix-cache block); larger pages read faster on "
+          "the CPU, smaller ones round a sequence's (and a MoD routed layer's) KV up by less");
 ABSL_FLAG(int32_t, max_queue, 256, "requests waiting for admission; more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM, how long in-flight requests may run before they are ended");
@@ -116,6 +119,12 @@ int main(int argc, char** argv) {
   eo.max_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   eo.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   eo.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  eo.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  if (eo.block_size < 1) {
+    std::cerr << "modserve: --kv_block_size " << eo.block_size << ": must be at least 1"
+              << std::endl;
+    return 2;
+  }
   eo.seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<std::optional<modserve::DType>> kv_dtype =
       modserve::engine::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));

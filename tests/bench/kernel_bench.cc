@@ -381,11 +381,11 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
   }
 }
 
-
 // Paged decode attention: n_heads q heads over n_kv kv heads of head_dim (TinyLlama 32/4 and the
-// 110m shape's 12/4 at 64, Llama-3-8B's 32/8 at 128), BF16 KV, pages of 16 shuffled. Calls cycle through kLayers layers' KV pools, as a
-// decode step does, so a pool is not still in the cache when its next call comes (one pool of 16
-// rows x 1024 keys, 16.8 MB, would otherwise stay in L3 from call to call).
+// 110m shape's 12/4 at 64, Llama-3-8B's 32/8 at 128), BF16 KV, pages of 16 shuffled. Calls cycle
+// through kLayers layers' KV pools, as a decode step does, so a pool is not still in the cache when
+// its next call comes (one pool of 16 rows x 1024 keys, 16.8 MB, would otherwise stay in L3 from
+// call to call).
 void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, int64_t batch,
                           int32_t context) {
   constexpr int kLayers = 12;
@@ -431,10 +431,11 @@ void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, in
   const double sec = Seconds(t0, Clock::now()) / calls;
   const double kv_bytes = 2.0 * batch * context * n_kv * hd * sizeof(bf16_t);
   // The fastest call beside the mean: on a shared machine the mean carries other tenants' time.
-  std::printf("  attention decode heads=%d/%d hd=%d batch=%lld ctx=%d  %8.1f us/layer  %6.1f GB/s "
-              "of KV  (fastest call %8.1f us, %6.1f GB/s)\n",
-              n_heads, n_kv, hd, static_cast<long long>(batch), context, sec * 1e6,
-              kv_bytes / sec / 1e9, fastest * 1e6, kv_bytes / fastest / 1e9);
+  std::printf(
+      "  attention decode heads=%d/%d hd=%d batch=%lld ctx=%d  %8.1f us/layer  %6.1f GB/s "
+      "of KV  (fastest call %8.1f us, %6.1f GB/s)\n",
+      n_heads, n_kv, hd, static_cast<long long>(batch), context, sec * 1e6, kv_bytes / sec / 1e9,
+      fastest * 1e6, kv_bytes / fastest / 1e9);
 }
 
 int Main(int argc, char** argv) {

@@ -72,6 +72,7 @@ ABSL_FLAG(std::string, graphs, "auto",
           "auto, on or off: decode steps captured once per shape and replayed; auto = on for "
           "every backend but the CPU");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache storage: f32, f16 or bf16");
+ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache page");
 ABSL_FLAG(int32_t, prefill_tokens, 512, "prompt length of the prefill measurement");
 ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is reported)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "engine max_batch_tokens (the prefill chunk)");
@@ -809,7 +810,7 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, con
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.max_seqs = batches.back();
   opt.kv_dtype = kv_dtype;
-  opt.block_size = 16;
+  opt.block_size = absl::GetFlag(FLAGS_kv_block_size);
   const int max_ctx = std::max(contexts.back(), absl::GetFlag(FLAGS_prefill_tokens));
   // Every sequence of the largest batch at the longest context, plus one step's reservation.
   const int64_t page_bytes = 2 * s.n_kv_heads * opt.block_size * s.head_dim *

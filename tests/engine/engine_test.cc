@@ -361,5 +361,59 @@ TEST(EngineTest, PromptLogprobsArriveWithTheFirstTokenAndInTheResult) {
   }()), StatusIs(absl::StatusCode::kInvalidArgument, "prompt_logprobs 21"));
 }
 
+// The KV page size (--kv_block_size) is a memory-layout choice: on the CPU backend the attention
+// reads every page run in place, and a key's score, the softmax tiles and the order in which
+// values are summed do not depend on where pages begin, so tokens, routing and logprobs are the
+// same bits for every block size. Prompts of 300 tokens cross the 256-key split of a row.
+TEST(EngineTest, KvBlockSizeChangesNoTokenRoutingOrLogprob) {
+  std::vector<Request> requests;
+  for (int32_t salt = 0; salt < 3; ++salt) {
+    std::vector<TokenId> prompt = {1};
+    for (int32_t i = 1; i < 300 - 37 * salt; ++i) {
+      prompt.push_back(static_cast<TokenId>(3 + (i * 31 + salt * 97) % 2000));
+    }
+    requests.push_back(Greedy(prompt, 24));
+    requests.back().sampling.top_logprobs = 2;
+  }
+  std::vector<GenerationResult> want;
+  for (int32_t block_size : {16, 64, 5, 128}) {
+    EngineOptions eo;
+    eo.model_dir = kDemo;
+    eo.num_threads = 2;
+    eo.kv_cache_bytes = 32 << 20;
+    eo.block_size = block_size;
+    auto engine = Engine::Create(eo);
+    ASSERT_THAT(engine, IsOk());
+    auto got = (*engine)->Generate(requests);
+    ASSERT_THAT(got, IsOk());
+    ASSERT_EQ(got->size(), requests.size());
+    if (want.empty()) {
+      want = *got;
+      for (const GenerationResult& r : want) {
+        ASSERT_EQ(r.token_ids.size(), 24u);
+        ASSERT_EQ(r.logprobs.size(), 24u);
+      }
+      continue;
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::string what =
+          "block_size " + std::to_string(block_size) + " request " + std::to_string(i);
+      EXPECT_NE((*got)[i].kv_pages, want[i].kv_pages) << what << ": the pages are another size";
+      EXPECT_EQ((*got)[i].token_ids, want[i].token_ids) << what;
+      EXPECT_EQ((*got)[i].routing, want[i].routing) << what;
+      EXPECT_EQ((*got)[i].logprobs, want[i].logprobs) << what;
+      ASSERT_EQ((*got)[i].top_logprobs.size(), want[i].top_logprobs.size()) << what;
+      for (size_t t = 0; t < want[i].top_logprobs.size(); ++t) {
+        ASSERT_EQ((*got)[i].top_logprobs[t].size(), want[i].top_logprobs[t].size()) << what;
+        for (size_t j = 0; j < want[i].top_logprobs[t].size(); ++j) {
+          EXPECT_EQ((*got)[i].top_logprobs[t][j].id, want[i].top_logprobs[t][j].id) << what;
+          EXPECT_EQ((*got)[i].top_logprobs[t][j].logprob, want[i].top_logprobs[t][j].logprob)
+              << what;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace modserve::engine

@@ -125,6 +125,51 @@ TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
   fclose(c.out);
 }
 
+// --kv_block_size sets the KV page size: the server serves the same tokens and logprobs as
+// modserve-generate (16-token pages) with pages of 64 and of 5 tokens; 0 is refused by name.
+TEST(ServerProcessTest, KvBlockSizeFlagServesTheSameTokens) {
+  Child gen = Spawn({kGenerate, "--model", kCheckpoint, "--prompt_ids", "1,42,7,99",
+                     "--max_new_tokens", "40", "--threads", "1", "--json"});
+  ASSERT_GT(gen.pid, 0);
+  std::string json;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), gen.out) != nullptr) json += buf;
+  fclose(gen.out);
+  ASSERT_EQ(WaitExit(gen.pid), 0);
+  const nlohmann::json want = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(want.is_discarded()) << json;
+  const std::vector<int32_t> want_ids = want["token_ids"].get<std::vector<int32_t>>();
+  for (const char* block_size : {"64", "5"}) {
+    Child c = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1",
+                     "--kv_block_size", block_size});
+    ASSERT_GT(c.pid, 0);
+    const int port = ReadPort(c.out);
+    ASSERT_GT(port, 0);
+    auto stub = v1::ModServe::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    v1::GenerateRequest req;
+    for (int32_t id : {1, 42, 7, 99}) req.mutable_prompt_token_ids()->add_ids(id);
+    req.mutable_stopping()->set_max_new_tokens(40);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateResponse resp;
+    ASSERT_TRUE(stub->Generate(&ctx, req, &resp).ok());
+    EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()), want_ids)
+        << "--kv_block_size " << block_size;
+    ASSERT_EQ(resp.logprobs_size(), static_cast<int>(want["logprobs"].size()));
+    for (int i = 0; i < resp.logprobs_size(); ++i) {
+      EXPECT_FLOAT_EQ(resp.logprobs(i).logprob(), want["logprobs"][i].get<float>()) << i;
+    }
+    ASSERT_EQ(kill(c.pid, SIGTERM), 0);
+    EXPECT_EQ(WaitExit(c.pid), 0);
+    fclose(c.out);
+  }
+  Child bad = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--kv_block_size", "0"});
+  ASSERT_GT(bad.pid, 0);
+  EXPECT_EQ(WaitExit(bad.pid), 2);
+  fclose(bad.out);
+}
+
 TEST(ServerProcessTest, SigtermDrainsInFlightStreamAndExitsZero) {
   Child c = Spawn(
       {kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1", "--drain_timeout", "30s"});

@@ -377,16 +377,15 @@ template <class S, class K, int HB, int N>
   } else {
     V lo[HB], hi[HB];
     AttnScoresTree<S, K, HB, N / 2>(q, head_dim, d_vec, keys, valid, lo);
-    AttnScoresTree<S, K, HB, N / 2>(q, head_dim, d_vec, keys + N / 2 * head_dim, valid - N / 2,
-                                    hi);
+    AttnScoresTree<S, K, HB, N / 2>(q, head_dim, d_vec, keys + N / 2 * head_dim, valid - N / 2, hi);
 #pragma GCC unroll 8
     for (int h = 0; h < HB; ++h) out[h] = S::template FoldLanes<N>(lo[h], hi[h]);
   }
 }
 
 template <class S, class K, int HB>
-void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K* keys,
-                     float scale, float* scores, int64_t ld_scores) {
+void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K* keys, float scale,
+                     float* scores, int64_t ld_scores) {
   using V = typename S::V;
   constexpr int kL = S::kLanes;
   const int64_t d_vec = head_dim - head_dim % kL;
@@ -421,9 +420,8 @@ void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K
 // registers across the keys (HB * D <= 16 of AVX-512's 32): the loads left are the keys' own.
 // Same sums in the same order as AttnScoresTree.
 template <class S, class K, int HB, int D, int N>
-[[gnu::always_inline]] inline void AttnScoresTreeQ(const typename S::V (&qr)[HB][D],
-                                                   const K* keys, int64_t valid,
-                                                   typename S::V* out) {
+[[gnu::always_inline]] inline void AttnScoresTreeQ(const typename S::V (&qr)[HB][D], const K* keys,
+                                                   int64_t valid, typename S::V* out) {
   using V = typename S::V;
   if constexpr (N == 1) {
     if (valid <= 0) {
@@ -451,8 +449,8 @@ template <class S, class K, int HB, int D, int N>
 }
 
 template <class S, class K, int HB, int D>
-void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float scale,
-                      float* scores, int64_t ld_scores) {
+void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float scale, float* scores,
+                      int64_t ld_scores) {
   using V = typename S::V;
   constexpr int kL = S::kLanes;
   V qr[HB][D];
@@ -488,8 +486,8 @@ void AttnScoresQ(const float* q, int64_t num_q, const K* keys, int64_t num_keys,
   constexpr int64_t hd = D * S::kLanes;
   int64_t g = 0;
   for (; g + kMaxHeads <= num_q; g += kMaxHeads) {
-    AttnScoresHeadsQ<S, K, kMaxHeads, D>(q + g * hd, num_keys, keys, scale,
-                                         scores + g * ld_scores, ld_scores);
+    AttnScoresHeadsQ<S, K, kMaxHeads, D>(q + g * hd, num_keys, keys, scale, scores + g * ld_scores,
+                                         ld_scores);
   }
   const float* qg = q + g * hd;
   float* sg = scores + g * ld_scores;

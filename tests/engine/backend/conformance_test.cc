@@ -269,11 +269,18 @@ TEST_P(BackendConformanceTest, AttentionMixedPrefillAndDecodeMatchesReference) {
   for (DType dt : kStorageDTypes) {
     for (auto [n_heads, n_kv_heads, head_dim, block_size] :
          std::vector<std::tuple<int, int, int, int>>{
-             {4, 2, 64, 16}, {6, 1, 20, 5}, {2, 2, 33, 8}, {9, 3, 64, 16}, {7, 7, 40, 16},
+             {4, 2, 64, 16},
+             {6, 1, 20, 5},
+             {2, 2, 33, 8},
+             {9, 3, 64, 16},
+             {7, 7, 40, 16},
              // head_dim 64 and 128 take the CPU's q-in-registers scores on AVX-512 (blocks of
              // 4 and 2 heads): groups of 8 and 5 leave every block size, block_size 5 partial
              // key blocks.
-             {16, 2, 128, 16}, {5, 1, 128, 5}, {10, 2, 64, 5}, {8, 1, 64, 16}}) {
+             {16, 2, 128, 16},
+             {5, 1, 128, 5},
+             {10, 2, 64, 5},
+             {8, 1, 64, 16}}) {
       std::mt19937 rng(n_heads * 100 + head_dim + static_cast<int>(dt));
       AttentionCase c;
       c.params = {.n_heads = n_heads,
