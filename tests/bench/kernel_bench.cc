@@ -3,8 +3,8 @@
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
 // [best|scalar|avx2|avx512|avx512vnni|amx]
-// [decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|
-//  quant-prefill|quant-compute|isa-rates] (the last: only that benchmark; quant-compute is one
+// [decode|attention|attention-4k|attention-pages64|prefill|prefill-compute|crossover|quant|
+//  quant-decode|quant-prefill|quant-compute|isa-rates] (the last: only that benchmark; quant-compute is one
 // core's kernel throughput in CPU time, isa-rates one core's vector instruction rates,
 // tests/bench/isa_rates.h). Prefill GFLOP/s are
 // printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
@@ -46,7 +46,9 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 // Mode "attention-4k": buffers stay on 4 KiB pages (the engine's KV pool before it madvised).
+// Mode "attention-pages64": KV pages of 64 tokens instead of 16 (the server's --kv_block_size).
 bool g_small_pages = false;
+int g_attn_block_size = 16;
 
 // A 2 MiB-aligned buffer of `count` T, madvise'd for transparent huge pages.
 template <typename T>
@@ -389,7 +391,7 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
 void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, int64_t batch,
                           int32_t context) {
   constexpr int kLayers = 12;
-  const int bs = 16;
+  const int bs = g_attn_block_size;
   const int64_t pages_per_seq = (context + bs - 1) / bs, num_pages = batch * pages_per_seq;
   std::mt19937 rng(3);
   std::vector<HugeBuffer<bf16_t>> pools;
@@ -441,6 +443,7 @@ void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, in
 int Main(int argc, char** argv) {
   const std::string only = argc > 3 ? argv[3] : "";
   constexpr std::string_view kModes[] = {"",      "decode",       "attention",    "attention-4k",
+                                         "attention-pages64",
                                          "prefill", "prefill-compute", "crossover", "quant",
                                          "quant-decode", "quant-prefill", "quant-compute",
                                          "isa-rates"};
@@ -516,8 +519,9 @@ int Main(int argc, char** argv) {
   const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
   std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
               backend.num_threads(), peak);
-  if (only == "attention" || only == "attention-4k") {
+  if (only == "attention" || only == "attention-4k" || only == "attention-pages64") {
     g_small_pages = only == "attention-4k";
+    g_attn_block_size = only == "attention-pages64" ? 64 : 16;
     for (int n_heads : {32, 12}) {
       for (int32_t context : {1024, 4096}) {
         for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, n_heads, 4, 64, batch, context);
@@ -603,7 +607,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
-        "[decode|attention|attention-4k|prefill|prefill-compute|crossover|quant|quant-decode|"
+        "[decode|attention|attention-4k|attention-pages64|prefill|prefill-compute|crossover|quant|"
+        "quant-decode|"
         "quant-prefill|quant-compute|isa-rates]\nCPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
