@@ -60,12 +60,14 @@ void WritePaddedDemo(const std::string& dir, int64_t vocab) {
   fs::copy_file(kDemo + "/tokenizer.json", dir + "/tokenizer.json");
 }
 
-std::unique_ptr<Engine> MakeEngine(const std::string& dir, const FaultInjection& faults = {}) {
+std::unique_ptr<Engine> MakeEngine(const std::string& dir, const FaultInjection& faults = {},
+                                   int32_t block_size = 16) {
   EngineOptions eo;
   eo.model_dir = dir;
   eo.num_threads = 1;
   eo.kv_cache_bytes = 8 << 20;
   eo.faults = faults;
+  eo.block_size = block_size;
   auto e = Engine::Create(eo);
   MODSERVE_CHECK(e.ok()) << e.status();
   return *std::move(e);
@@ -377,14 +379,7 @@ TEST(EngineTest, KvBlockSizeChangesNoTokenRoutingOrLogprob) {
   }
   std::vector<GenerationResult> want;
   for (int32_t block_size : {16, 64, 5, 128}) {
-    EngineOptions eo;
-    eo.model_dir = kDemo;
-    eo.num_threads = 2;
-    eo.kv_cache_bytes = 32 << 20;
-    eo.block_size = block_size;
-    auto engine = Engine::Create(eo);
-    ASSERT_THAT(engine, IsOk());
-    auto got = (*engine)->Generate(requests);
+    auto got = MakeEngine(kDemo, {}, block_size)->Generate(requests);
     ASSERT_THAT(got, IsOk());
     ASSERT_EQ(got->size(), requests.size());
     if (want.empty()) {

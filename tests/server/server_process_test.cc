@@ -75,17 +75,48 @@ int WaitExit(pid_t pid) {
   return WEXITSTATUS(wstatus);
 }
 
-TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
-  Child gen = Spawn({kGenerate, "--model", kCheckpoint, "--prompt_ids", "1,42,7,99",
-                     "--max_new_tokens", "24", "--threads", "1", "--json"});
-  ASSERT_GT(gen.pid, 0);
+// modserve-generate's JSON for prompt 1,42,7,99 and max_new_tokens (discarded on failure).
+nlohmann::json GenerateJson(int max_new_tokens) {
+  Child gen =
+      Spawn({kGenerate, "--model", kCheckpoint, "--prompt_ids", "1,42,7,99", "--max_new_tokens",
+             std::to_string(max_new_tokens), "--threads", "1", "--json"});
+  EXPECT_GT(gen.pid, 0);
   std::string json;
   char buf[4096];
   while (fgets(buf, sizeof(buf), gen.out) != nullptr) json += buf;
   fclose(gen.out);
-  ASSERT_EQ(WaitExit(gen.pid), 0);
-  const nlohmann::json want = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(want.is_discarded()) << json;
+  EXPECT_EQ(WaitExit(gen.pid), 0);
+  return nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+}
+
+// The same request as GenerateJson's, with modserve-generate's defaults (greedy, EOS honoured).
+v1::GenerateRequest SameRequest(int max_new_tokens) {
+  v1::GenerateRequest req;
+  for (int32_t id : {1, 42, 7, 99}) req.mutable_prompt_token_ids()->add_ids(id);
+  req.mutable_stopping()->set_max_new_tokens(max_new_tokens);
+  return req;
+}
+
+// A unary Generate's tokens and logprobs are modserve-generate's.
+void ExpectUnaryMatches(v1::ModServe::Stub& stub, const v1::GenerateRequest& req,
+                        const nlohmann::json& want, const std::string& what) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(stub.Generate(&ctx, req, &resp).ok()) << what;
+  EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()),
+            want["token_ids"].get<std::vector<int32_t>>())
+      << what;
+  EXPECT_EQ(resp.usage().prompt_tokens(), 4) << what;
+  ASSERT_EQ(resp.logprobs_size(), static_cast<int>(want["logprobs"].size())) << what;
+  for (int i = 0; i < resp.logprobs_size(); ++i) {
+    EXPECT_FLOAT_EQ(resp.logprobs(i).logprob(), want["logprobs"][i].get<float>()) << what << i;
+  }
+}
+
+TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
+  const nlohmann::json want = GenerateJson(24);
+  ASSERT_FALSE(want.is_discarded());
   const std::vector<int32_t> want_ids = want["token_ids"].get<std::vector<int32_t>>();
 
   Child c = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1"});
@@ -94,21 +125,8 @@ TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
   ASSERT_GT(port, 0);
   auto stub = v1::ModServe::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest req;  // modserve-generate's defaults: greedy, EOS honoured
-  for (int32_t id : {1, 42, 7, 99}) req.mutable_prompt_token_ids()->add_ids(id);
-  req.mutable_stopping()->set_max_new_tokens(24);
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    v1::GenerateResponse resp;
-    ASSERT_TRUE(stub->Generate(&ctx, req, &resp).ok());
-    EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()), want_ids);
-    EXPECT_EQ(resp.usage().prompt_tokens(), 4);
-    ASSERT_EQ(resp.logprobs_size(), static_cast<int>(want["logprobs"].size()));
-    for (int i = 0; i < resp.logprobs_size(); ++i) {
-      EXPECT_FLOAT_EQ(resp.logprobs(i).logprob(), want["logprobs"][i].get<float>()) << i;
-    }
-  }
+  const v1::GenerateRequest req = SameRequest(24);
+  ExpectUnaryMatches(*stub, req, want, "unary");
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -128,17 +146,8 @@ TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
 // --kv_block_size sets the KV page size: the server serves the same tokens and logprobs as
 // modserve-generate (16-token pages) with pages of 64 and of 5 tokens; 0 is refused by name.
 TEST(ServerProcessTest, KvBlockSizeFlagServesTheSameTokens) {
-  Child gen = Spawn({kGenerate, "--model", kCheckpoint, "--prompt_ids", "1,42,7,99",
-                     "--max_new_tokens", "40", "--threads", "1", "--json"});
-  ASSERT_GT(gen.pid, 0);
-  std::string json;
-  char buf[4096];
-  while (fgets(buf, sizeof(buf), gen.out) != nullptr) json += buf;
-  fclose(gen.out);
-  ASSERT_EQ(WaitExit(gen.pid), 0);
-  const nlohmann::json want = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(want.is_discarded()) << json;
-  const std::vector<int32_t> want_ids = want["token_ids"].get<std::vector<int32_t>>();
+  const nlohmann::json want = GenerateJson(40);
+  ASSERT_FALSE(want.is_discarded());
   for (const char* block_size : {"64", "5"}) {
     Child c = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1",
                      "--kv_block_size", block_size});
@@ -147,19 +156,8 @@ TEST(ServerProcessTest, KvBlockSizeFlagServesTheSameTokens) {
     ASSERT_GT(port, 0);
     auto stub = v1::ModServe::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-    v1::GenerateRequest req;
-    for (int32_t id : {1, 42, 7, 99}) req.mutable_prompt_token_ids()->add_ids(id);
-    req.mutable_stopping()->set_max_new_tokens(40);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    v1::GenerateResponse resp;
-    ASSERT_TRUE(stub->Generate(&ctx, req, &resp).ok());
-    EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()), want_ids)
-        << "--kv_block_size " << block_size;
-    ASSERT_EQ(resp.logprobs_size(), static_cast<int>(want["logprobs"].size()));
-    for (int i = 0; i < resp.logprobs_size(); ++i) {
-      EXPECT_FLOAT_EQ(resp.logprobs(i).logprob(), want["logprobs"][i].get<float>()) << i;
-    }
+    ExpectUnaryMatches(*stub, SameRequest(40), want,
+                       std::string("--kv_block_size ") + block_size + ": ");
     ASSERT_EQ(kill(c.pid, SIGTERM), 0);
     EXPECT_EQ(WaitExit(c.pid), 0);
     fclose(c.out);
