@@ -832,17 +832,15 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     const int32_t* pages = pt + seq_of[i] * max_pages;
 
     // Head h of the row (kv head h / group) owns scores[h], acc[h], m[h], l[h], rescale[h].
-    float* scratch = ThreadScratch(nh * (kKeyTile + hd + 4));
+    float* scratch = ThreadScratch(nh * (kKeyTile + hd + 3));
     float* scores = scratch;              // [nh, kKeyTile]
     float* acc = scores + nh * kKeyTile;  // [nh, hd]
     float* m = acc + nh * hd;             // [nh]
     float* l = m + nh;                    // [nh]
     float* rescale = l + nh;              // [nh]
-    float* ones = rescale + nh;           // [nh]
     std::fill(acc, acc + nh * hd, 0.0f);
     std::fill(m, m + nh, -INFINITY);
     std::fill(l, l + nh, 0.0f);
-    std::fill(ones, ones + nh, 1.0f);
     const float* qi = qp + i * nh * hd;
 
     // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
@@ -851,12 +849,17 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     // pointing at that run's entries of the page (add g * bs * hd for head g's K, (kv + g) *
     // bs * hd for its V).
     auto for_each_run = [&](int64_t from, int64_t count, auto&& f) {
-      for (int64_t t = 0; t < count;) {
-        const int64_t j = from + t, run = std::min(bs - j % bs, count - t);
-        f(t, run, pool + (pages[j / bs] * 2 * kv * bs + j % bs) * hd);
+      for (int64_t t = 0, page = from / bs, offset = from - page * bs; t < count;
+           ++page, offset = 0) {
+        const int64_t run = std::min(bs - offset, count - t);
+        f(t, run, pool + (pages[page] * 2 * kv * bs + offset) * hd);
         t += run;
       }
     };
+    // A tile's runs, found once for every head's scores and values: run r starts at key
+    // run_t[r] of the tile, holds run_len[r] keys and its page's rows start at run_rows[r].
+    int64_t run_t[kKeyTile], run_len[kKeyTile];
+    const T* run_rows[kKeyTile];
     const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
     // Prefetches a tile's rows of every head into L2: its pages lie anywhere in the pool.
     auto prefetch_tile = [&](int64_t from) {
@@ -872,25 +875,29 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
       prefetch_tile(t0 + kKeyTile);
-      // Scores of every kv head (a page's K rows, every head's, in one pass), the softmax of
-      // every head, then the values of every kv head (the page's V rows in one pass).
+      int64_t runs = 0;
+      for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
+        run_t[runs] = t;
+        run_len[runs] = run;
+        run_rows[runs++] = rows;
+      });
+      // Scores of every kv head (each head's K rows of the tile's pages), the softmax of every
+      // head, then the values of every kv head (one call over the tile's pages, acc rescaled
+      // once and kept in registers across them).
       for (int64_t g = 0; g < kv; ++g) {
         float* sg = scores + g * group * kKeyTile;
-        for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
-          AttnScoresFor<T>(kern)(qi + g * group * hd, group, rows + g * bs * hd, run, hd, scale,
-                                 sg + t, kKeyTile);
-        });
+        for (int64_t r = 0; r < runs; ++r) {
+          AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows[r] + g * bs * hd, run_len[r],
+                                 hd, scale, sg + run_t[r], kKeyTile);
+        }
       }
       for (int64_t h = 0; h < nh; ++h) {
         rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
       }
       for (int64_t g = 0; g < kv; ++g) {
-        // acc is rescaled once per tile, by the first run's call.
-        for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
-          AttnAccumulateFor<T>(kern)(scores + g * group * kKeyTile + t, kKeyTile, group,
-                                     rows + (kv + g) * bs * hd, run, hd,
-                                     t == 0 ? rescale + g * group : ones, acc + g * group * hd);
-        });
+        AttnAccumulateFor<T>(kern)(scores + g * group * kKeyTile, kKeyTile, group, run_rows,
+                                   run_len, runs, (kv + g) * bs * hd, hd, rescale + g * group,
+                                   acc + g * group * hd);
       }
     }
 

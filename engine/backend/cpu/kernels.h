@@ -146,17 +146,21 @@ struct KernelTable {
   // Returns exp(m - m') (0 on the first tile, where m = -inf). The exp is vectorised (within
   // 2 ulp of expf).
   float (*attn_softmax)(float* s, int64_t n, float* m, float* l);
-  // acc[g, :] = acc[g, :] * rescale[g] + sum_t probs[g, t] * values[t, :].
-  // probs [num_q, ld_probs] f32; values [num_keys, head_dim] in the KV storage type (converted
-  // in registers); acc [num_q, head_dim] f32.
-  void (*attn_accumulate)(const float* probs, int64_t ld_probs, int64_t num_q, const float* values,
-                          int64_t num_keys, int64_t head_dim, const float* rescale, float* acc);
+  // acc[g, :] = acc[g, :] * rescale[g] + sum_t probs[g, t] * values[t, :], where the values
+  // are the rows of num_runs runs in order: run r holds run_len[r] rows [run_len[r], head_dim]
+  // from runs[r] + offset (the KV storage type, converted in registers), so values[t] is row
+  // t - (run_len[0] + ... + run_len[r - 1]) of the run it falls in. One call covers the keys
+  // of every page a tile spans, acc staying in registers across them.
+  // probs [num_q, ld_probs] f32; acc [num_q, head_dim] f32.
+  void (*attn_accumulate)(const float* probs, int64_t ld_probs, int64_t num_q,
+                          const float* const* runs, const int64_t* run_len, int64_t num_runs,
+                          int64_t offset, int64_t head_dim, const float* rescale, float* acc);
   void (*attn_accumulate_f16)(const float* probs, int64_t ld_probs, int64_t num_q,
-                              const f16_t* values, int64_t num_keys, int64_t head_dim,
-                              const float* rescale, float* acc);
+                              const f16_t* const* runs, const int64_t* run_len, int64_t num_runs,
+                              int64_t offset, int64_t head_dim, const float* rescale, float* acc);
   void (*attn_accumulate_bf16)(const float* probs, int64_t ld_probs, int64_t num_q,
-                               const bf16_t* values, int64_t num_keys, int64_t head_dim,
-                               const float* rescale, float* acc);
+                               const bf16_t* const* runs, const int64_t* run_len, int64_t num_runs,
+                               int64_t offset, int64_t head_dim, const float* rescale, float* acc);
 };
 
 // The table of `isa`; calling a kernel of an ISA that CpuHasIsa() rejects is undefined (SIGILL).

@@ -353,6 +353,32 @@ void GemmLargeN(const float* x, int64_t x_begin, int64_t x_end, int64_t k, const
 // Keys and values are read straight from the KV pages in their storage type K (f32, f16 or
 // bf16), converted in registers: no f32 copy of the tile is written and read back.
 
+template <int N>
+struct Heads {};
+
+// The q heads of a group in blocks: f(Heads<kMax>{}, g) for each whole block of kMax heads from
+// head g, then f(Heads<r>{}, g) once for the r < kMax heads left, so every block's kernel has its
+// head count at compile time and loads each key or value vector once for the whole block.
+template <int kMax, class F>
+[[gnu::always_inline]] inline void ForHeadBlocks(int64_t num_q, F&& f) {
+  static_assert(kMax == 2 || kMax == 4);
+  int64_t g = 0;
+  for (; g + kMax <= num_q; g += kMax) f(Heads<kMax>{}, g);
+  switch (num_q - g) {
+    case 3:
+      if constexpr (kMax > 3) f(Heads<3>{}, g);
+      break;
+    case 2:
+      if constexpr (kMax > 2) f(Heads<2>{}, g);
+      break;
+    case 1:
+      f(Heads<1>{}, g);
+      break;
+    default:
+      break;
+  }
+}
+
 // Scores of HB heads for a block of S::kLanes keys, one vector per head whose lane t is key t's
 // score. Each key's dot product is first summed along head_dim lane-wise (an FMA per vector of
 // head_dim), then the kLanes per-key vectors are folded into one by a tree of pairwise shuffles
@@ -481,33 +507,11 @@ void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float sca
 template <class S, class K, int D>
 void AttnScoresQ(const float* q, int64_t num_q, const K* keys, int64_t num_keys, float scale,
                  float* scores, int64_t ld_scores) {
-  constexpr int kMaxHeads = 16 / D;
-  static_assert(kMaxHeads == 4 || kMaxHeads == 2);
   constexpr int64_t hd = D * S::kLanes;
-  int64_t g = 0;
-  for (; g + kMaxHeads <= num_q; g += kMaxHeads) {
-    AttnScoresHeadsQ<S, K, kMaxHeads, D>(q + g * hd, num_keys, keys, scale, scores + g * ld_scores,
-                                         ld_scores);
-  }
-  const float* qg = q + g * hd;
-  float* sg = scores + g * ld_scores;
-  switch (num_q - g) {
-    case 3:
-      if constexpr (kMaxHeads > 3) {
-        AttnScoresHeadsQ<S, K, 3, D>(qg, num_keys, keys, scale, sg, ld_scores);
-      }
-      break;
-    case 2:
-      if constexpr (kMaxHeads > 2) {
-        AttnScoresHeadsQ<S, K, 2, D>(qg, num_keys, keys, scale, sg, ld_scores);
-      }
-      break;
-    case 1:
-      AttnScoresHeadsQ<S, K, 1, D>(qg, num_keys, keys, scale, sg, ld_scores);
-      break;
-    default:
-      break;
-  }
+  ForHeadBlocks<16 / D>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
+    AttnScoresHeadsQ<S, K, HB, D>(q + g * hd, num_keys, keys, scale, scores + g * ld_scores,
+                                  ld_scores);
+  });
 }
 
 // Blocks of up to 4 heads: each key vector is loaded and converted once per block. With 16-lane
@@ -523,26 +527,10 @@ void AttnScores(const float* q, int64_t num_q, const K* keys, int64_t num_keys, 
       return AttnScoresQ<S, K, 8>(q, num_q, keys, num_keys, scale, scores, ld_scores);
     }
   }
-  int64_t g = 0;
-  for (; g + 4 <= num_q; g += 4) {
-    AttnScoresHeads<S, K, 4>(q + g * head_dim, num_keys, head_dim, keys, scale,
-                             scores + g * ld_scores, ld_scores);
-  }
-  const float* qg = q + g * head_dim;
-  float* sg = scores + g * ld_scores;
-  switch (num_q - g) {
-    case 3:
-      AttnScoresHeads<S, K, 3>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
-      break;
-    case 2:
-      AttnScoresHeads<S, K, 2>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
-      break;
-    case 1:
-      AttnScoresHeads<S, K, 1>(qg, num_keys, head_dim, keys, scale, sg, ld_scores);
-      break;
-    default:
-      break;
-  }
+  ForHeadBlocks<4>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
+    AttnScoresHeads<S, K, HB>(q + g * head_dim, num_keys, head_dim, keys, scale,
+                              scores + g * ld_scores, ld_scores);
+  });
 }
 
 // e^x for every lane, clamped to [-87, 88] (results stay normal floats): x = n ln2 + r with
@@ -598,11 +586,12 @@ float AttnSoftmaxTile(float* s, int64_t n, float* m, float* l) {
 }
 
 // HB heads x DC vectors of head_dim (from d0) of AttnAccumulate, all in registers across the
-// keys: each value vector is loaded once for the HB heads, each probability once for DC vectors.
+// keys of every run: each value vector is loaded once for the HB heads, each probability once for
+// DC vectors, and acc is read and written once per call however many pages the keys span.
 template <class S, class K, int HB, int DC>
-void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* values,
-                         int64_t num_keys, int64_t head_dim, int64_t d0, const float* rescale,
-                         float* acc) {
+void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* const* runs,
+                         const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
+                         int64_t d0, const float* rescale, float* acc) {
   using V = typename S::V;
   V a[HB][DC];
 #pragma GCC unroll 8
@@ -613,16 +602,21 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* values,
       a[h][c] = S::Mul(S::Load(acc + h * head_dim + d0 + c * S::kLanes), rv);
     }
   }
-  for (int64_t t = 0; t < num_keys; ++t) {
-    V v[DC];
+  const float* p = probs;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const K* values = runs[r] + offset + d0;
+    for (int64_t t = 0; t < run_len[r]; ++t) {
+      V v[DC];
 #pragma GCC unroll 8
-    for (int c = 0; c < DC; ++c) v[c] = S::Load(values + t * head_dim + d0 + c * S::kLanes);
+      for (int c = 0; c < DC; ++c) v[c] = S::Load(values + t * head_dim + c * S::kLanes);
 #pragma GCC unroll 8
-    for (int h = 0; h < HB; ++h) {
-      const V pv = S::Set1(probs[h * ld_probs + t]);
+      for (int h = 0; h < HB; ++h) {
+        const V pv = S::Set1(p[h * ld_probs + t]);
 #pragma GCC unroll 8
-      for (int c = 0; c < DC; ++c) a[h][c] = S::Fma(pv, v[c], a[h][c]);
+        for (int c = 0; c < DC; ++c) a[h][c] = S::Fma(pv, v[c], a[h][c]);
+      }
     }
+    p += run_len[r];
   }
 #pragma GCC unroll 8
   for (int h = 0; h < HB; ++h) {
@@ -632,60 +626,52 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* values,
 }
 
 template <class S, class K, int HB>
-void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const K* values,
-                         int64_t num_keys, int64_t head_dim, int64_t d_vec, const float* rescale,
-                         float* acc) {
+void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const K* const* runs,
+                         const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
+                         int64_t d_vec, const float* rescale, float* acc) {
   int64_t d = 0;
   // Four vectors of head_dim per pass where 4 * HB accumulators fit the register file (AVX-512's
   // 32; AVX2's 16 hold two): each value row is then read in one pass, both its cache lines.
   if constexpr (S::kLanes >= 16) {
     for (; d + 4 * S::kLanes <= d_vec; d += 4 * S::kLanes) {
-      AttnAccumulateBlock<S, K, HB, 4>(probs, ld_probs, values, num_keys, head_dim, d, rescale,
-                                       acc);
+      AttnAccumulateBlock<S, K, HB, 4>(probs, ld_probs, runs, run_len, num_runs, offset, head_dim,
+                                       d, rescale, acc);
     }
   }
   for (; d + 2 * S::kLanes <= d_vec; d += 2 * S::kLanes) {
-    AttnAccumulateBlock<S, K, HB, 2>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
+    AttnAccumulateBlock<S, K, HB, 2>(probs, ld_probs, runs, run_len, num_runs, offset, head_dim, d,
+                                     rescale, acc);
   }
   for (; d < d_vec; d += S::kLanes) {
-    AttnAccumulateBlock<S, K, HB, 1>(probs, ld_probs, values, num_keys, head_dim, d, rescale, acc);
+    AttnAccumulateBlock<S, K, HB, 1>(probs, ld_probs, runs, run_len, num_runs, offset, head_dim, d,
+                                     rescale, acc);
   }
 }
 
 template <class S, class K>
-void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K* values,
-                    int64_t num_keys, int64_t head_dim, const float* rescale, float* acc) {
+void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K* const* runs,
+                    const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
+                    const float* rescale, float* acc) {
   const int64_t d_vec = head_dim - head_dim % S::kLanes;
-  int64_t g = 0;
-  for (; g + 4 <= num_q; g += 4) {
-    AttnAccumulateHeads<S, K, 4>(probs + g * ld_probs, ld_probs, values, num_keys, head_dim, d_vec,
-                              rescale + g, acc + g * head_dim);
-  }
-  // The rest of the group in one block, so each value vector is still loaded once for it.
-  const float* p_rest = probs + g * ld_probs;
-  float* a_rest = acc + g * head_dim;
-  switch (num_q - g) {
-    case 3:
-      AttnAccumulateHeads<S, K, 3>(p_rest, ld_probs, values, num_keys, head_dim, d_vec, rescale + g,
-                                   a_rest);
-      break;
-    case 2:
-      AttnAccumulateHeads<S, K, 2>(p_rest, ld_probs, values, num_keys, head_dim, d_vec, rescale + g,
-                                   a_rest);
-      break;
-    case 1:
-      AttnAccumulateHeads<S, K, 1>(p_rest, ld_probs, values, num_keys, head_dim, d_vec, rescale + g,
-                                   a_rest);
-      break;
-    default:
-      break;
-  }
-  for (g = 0; g < num_q; ++g) {
+  // The group's heads in blocks of up to 4, so each value vector is loaded once per block.
+  ForHeadBlocks<4>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
+    AttnAccumulateHeads<S, K, HB>(probs + g * ld_probs, ld_probs, runs, run_len, num_runs, offset,
+                                  head_dim, d_vec, rescale + g, acc + g * head_dim);
+  });
+  if (d_vec == head_dim) return;
+  for (int64_t g = 0; g < num_q; ++g) {
     const float* pg = probs + g * ld_probs;
     float* ag = acc + g * head_dim;
     for (int64_t d = d_vec; d < head_dim; ++d) {
       float a = ag[d] * rescale[g];
-      for (int64_t t = 0; t < num_keys; ++t) a += pg[t] * S::ToF32(values[t * head_dim + d]);
+      int64_t t0 = 0;
+      for (int64_t r = 0; r < num_runs; ++r) {
+        const K* values = runs[r] + offset;
+        for (int64_t t = 0; t < run_len[r]; ++t) {
+          a += pg[t0 + t] * S::ToF32(values[t * head_dim + d]);
+        }
+        t0 += run_len[r];
+      }
       ag[d] = a;
     }
   }
