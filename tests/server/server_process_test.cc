@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -114,23 +115,47 @@ void ExpectUnaryMatches(v1::ModServe::Stub& stub, const v1::GenerateRequest& req
   }
 }
 
+// `modserve` on the test checkpoint, a free port and one thread, plus `flags`; stub is null when
+// the process did not start or never printed its port.
+struct Server {
+  Child child;
+  std::unique_ptr<v1::ModServe::Stub> stub;
+};
+
+Server StartServer(const std::vector<std::string>& flags = {}) {
+  std::vector<std::string> args = {kBinary, "--model",   kCheckpoint, "--port",
+                                   "0",     "--threads", "1"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  Server s{.child = Spawn(args)};
+  if (s.child.pid <= 0) return s;
+  if (const int port = ReadPort(s.child.out); port > 0) {
+    s.stub = v1::ModServe::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  return s;
+}
+
+// SIGTERM, then the exit status (-1 if it did not exit normally).
+int StopServer(Server& s) {
+  EXPECT_EQ(kill(s.child.pid, SIGTERM), 0);
+  const int status = WaitExit(s.child.pid);
+  fclose(s.child.out);
+  return status;
+}
+
 TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
   const nlohmann::json want = GenerateJson(24);
   ASSERT_FALSE(want.is_discarded());
   const std::vector<int32_t> want_ids = want["token_ids"].get<std::vector<int32_t>>();
 
-  Child c = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1"});
-  ASSERT_GT(c.pid, 0);
-  const int port = ReadPort(c.out);
-  ASSERT_GT(port, 0);
-  auto stub = v1::ModServe::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  Server server = StartServer();
+  ASSERT_NE(server.stub, nullptr);
   const v1::GenerateRequest req = SameRequest(24);
-  ExpectUnaryMatches(*stub, req, want, "unary");
+  ExpectUnaryMatches(*server.stub, req, want, "unary");
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    auto reader = stub->GenerateStream(&ctx, req);
+    auto reader = server.stub->GenerateStream(&ctx, req);
     std::vector<int32_t> ids;
     v1::GenerateStreamResponse msg;
     while (reader->Read(&msg))
@@ -138,9 +163,7 @@ TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
     ASSERT_TRUE(reader->Finish().ok());
     EXPECT_EQ(ids, want_ids);
   }
-  ASSERT_EQ(kill(c.pid, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(c.pid), 0);
-  fclose(c.out);
+  EXPECT_EQ(StopServer(server), 0);
 }
 
 // --kv_block_size sets the KV page size: the server serves the same tokens and logprobs as
@@ -149,18 +172,11 @@ TEST(ServerProcessTest, KvBlockSizeFlagServesTheSameTokens) {
   const nlohmann::json want = GenerateJson(40);
   ASSERT_FALSE(want.is_discarded());
   for (const char* block_size : {"64", "5"}) {
-    Child c = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1",
-                     "--kv_block_size", block_size});
-    ASSERT_GT(c.pid, 0);
-    const int port = ReadPort(c.out);
-    ASSERT_GT(port, 0);
-    auto stub = v1::ModServe::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-    ExpectUnaryMatches(*stub, SameRequest(40), want,
+    Server server = StartServer({"--kv_block_size", block_size});
+    ASSERT_NE(server.stub, nullptr) << block_size;
+    ExpectUnaryMatches(*server.stub, SameRequest(40), want,
                        std::string("--kv_block_size ") + block_size + ": ");
-    ASSERT_EQ(kill(c.pid, SIGTERM), 0);
-    EXPECT_EQ(WaitExit(c.pid), 0);
-    fclose(c.out);
+    EXPECT_EQ(StopServer(server), 0);
   }
   Child bad = Spawn({kBinary, "--model", kCheckpoint, "--port", "0", "--kv_block_size", "0"});
   ASSERT_GT(bad.pid, 0);
@@ -169,13 +185,8 @@ TEST(ServerProcessTest, KvBlockSizeFlagServesTheSameTokens) {
 }
 
 TEST(ServerProcessTest, SigtermDrainsInFlightStreamAndExitsZero) {
-  Child c = Spawn(
-      {kBinary, "--model", kCheckpoint, "--port", "0", "--threads", "1", "--drain_timeout", "30s"});
-  ASSERT_GT(c.pid, 0);
-  const int port = ReadPort(c.out);
-  ASSERT_GT(port, 0);
-  auto stub = v1::ModServe::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  Server server = StartServer({"--drain_timeout", "30s"});
+  ASSERT_NE(server.stub, nullptr);
   v1::GenerateRequest req;
   req.mutable_prompt_token_ids()->add_ids(1);
   req.mutable_prompt_token_ids()->add_ids(42);
@@ -183,12 +194,12 @@ TEST(ServerProcessTest, SigtermDrainsInFlightStreamAndExitsZero) {
   req.mutable_stopping()->set_ignore_eos(true);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->GenerateStream(&ctx, req);
+  auto reader = server.stub->GenerateStream(&ctx, req);
   v1::GenerateStreamResponse msg;
   ASSERT_TRUE(reader->Read(&msg));
   int num_tokens = msg.token_ids_size();
   v1::FinishReason finish_reason = msg.finish_reason();
-  ASSERT_EQ(kill(c.pid, SIGTERM), 0);
+  ASSERT_EQ(kill(server.child.pid, SIGTERM), 0);
   while (reader->Read(&msg)) {
     num_tokens += msg.token_ids_size();
     finish_reason = msg.finish_reason();
@@ -197,11 +208,8 @@ TEST(ServerProcessTest, SigtermDrainsInFlightStreamAndExitsZero) {
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(num_tokens, 300);
   EXPECT_EQ(finish_reason, v1::FINISH_REASON_LENGTH);
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(c.pid, &wstatus, 0), c.pid);
-  ASSERT_TRUE(WIFEXITED(wstatus)) << "status " << wstatus;
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
-  fclose(c.out);
+  EXPECT_EQ(WaitExit(server.child.pid), 0);
+  fclose(server.child.out);
 }
 
 }  // namespace
