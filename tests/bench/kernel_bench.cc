@@ -3,10 +3,10 @@
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
 // [best|scalar|avx2|avx512|avx512vnni|amx]
-// [decode|attention|attention-4k|attention-pages64|prefill|prefill-compute|crossover|quant|
-//  quant-decode|quant-prefill|quant-compute|isa-rates] (the last: only that benchmark; quant-compute is one
-// core's kernel throughput in CPU time, isa-rates one core's vector instruction rates,
-// tests/bench/isa_rates.h). Prefill GFLOP/s are
+// [decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|prefill-compute|
+//  crossover|quant|quant-decode|quant-prefill|quant-compute|isa-rates] (the last: only that
+// benchmark; quant-compute is one core's kernel throughput in CPU time, isa-rates one core's
+// vector instruction rates, tests/bench/isa_rates.h). Prefill GFLOP/s are
 // printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
@@ -47,8 +47,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 // Mode "attention-4k": buffers stay on 4 KiB pages (the engine's KV pool before it madvised).
 // Mode "attention-pages64": KV pages of 64 tokens instead of 16 (the server's --kv_block_size).
+// Mode "attention-inorder": each sequence's pages in ascending order, one after the other, as a
+// fresh pool hands them out (modserve-bench's case), instead of shuffled over the pool.
 bool g_small_pages = false;
 int g_attn_block_size = 16;
+bool g_attn_in_order = false;
 
 // A 2 MiB-aligned buffer of `count` T, madvise'd for transparent huge pages.
 template <typename T>
@@ -384,10 +387,10 @@ void BenchCrossover(Isa isa, int64_t m, int64_t k) {
 }
 
 // Paged decode attention: n_heads q heads over n_kv kv heads of head_dim (TinyLlama 32/4 and the
-// 110m shape's 12/4 at 64, Llama-3-8B's 32/8 at 128), BF16 KV, pages of 16 shuffled. Calls cycle
-// through kLayers layers' KV pools, as a decode step does, so a pool is not still in the cache when
-// its next call comes (one pool of 16 rows x 1024 keys, 16.8 MB, would otherwise stay in L3 from
-// call to call).
+// 110m shape's 12/4 at 64, Llama-3-8B's 32/8 at 128), BF16 KV, pages of 16 shuffled (of 64, or in
+// order, in the modes above). Calls cycle through kLayers layers' KV pools, as a decode step does,
+// so a pool is not still in the cache when its next call comes (one pool of 16 rows x 1024 keys,
+// 16.8 MB, would otherwise stay in L3 from call to call).
 void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, int64_t batch,
                           int32_t context) {
   constexpr int kLayers = 12;
@@ -403,7 +406,7 @@ void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, in
   }
   std::vector<int32_t> ids(num_pages);
   for (int64_t i = 0; i < num_pages; ++i) ids[i] = static_cast<int32_t>(i);
-  std::shuffle(ids.begin(), ids.end(), rng);
+  if (!g_attn_in_order) std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<int32_t> row_seq(batch), row_len(batch, context);
   for (int64_t b = 0; b < batch; ++b) row_seq[b] = static_cast<int32_t>(b);
   std::vector<float> q(batch * n_heads * hd, 0.1f), out(batch * n_heads * hd);
@@ -442,10 +445,19 @@ void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, in
 
 int Main(int argc, char** argv) {
   const std::string only = argc > 3 ? argv[3] : "";
-  constexpr std::string_view kModes[] = {"",      "decode",       "attention",    "attention-4k",
+  constexpr std::string_view kModes[] = {"",
+                                         "decode",
+                                         "attention",
+                                         "attention-4k",
                                          "attention-pages64",
-                                         "prefill", "prefill-compute", "crossover", "quant",
-                                         "quant-decode", "quant-prefill", "quant-compute",
+                                         "attention-inorder",
+                                         "prefill",
+                                         "prefill-compute",
+                                         "crossover",
+                                         "quant",
+                                         "quant-decode",
+                                         "quant-prefill",
+                                         "quant-compute",
                                          "isa-rates"};
   if (std::find(std::begin(kModes), std::end(kModes), only) == std::end(kModes)) {
     std::fprintf(stderr, "kernel_bench: unknown benchmark '%s' (see --help)\n", only.c_str());
@@ -519,8 +531,10 @@ int Main(int argc, char** argv) {
   const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
   std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
               backend.num_threads(), peak);
-  if (only == "attention" || only == "attention-4k" || only == "attention-pages64") {
+  if (only == "attention" || only == "attention-4k" || only == "attention-pages64" ||
+      only == "attention-inorder") {
     g_small_pages = only == "attention-4k";
+    g_attn_in_order = only == "attention-inorder";
     g_attn_block_size = only == "attention-pages64" ? 64 : 16;
     for (int n_heads : {32, 12}) {
       for (int32_t context : {1024, 4096}) {
@@ -607,7 +621,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
-        "[decode|attention|attention-4k|attention-pages64|prefill|prefill-compute|crossover|quant|"
+        "[decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|"
+        "prefill-compute|crossover|quant|"
         "quant-decode|"
         "quant-prefill|quant-compute|isa-rates]\nCPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
