@@ -622,9 +622,8 @@ int main(int argc, char** argv) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
         "[decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|"
-        "prefill-compute|crossover|quant|"
-        "quant-decode|"
-        "quant-prefill|quant-compute|isa-rates]\nCPU kernels in "
+        "prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute|isa-rates]\n"
+        "CPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
         "quantized-GEMM throughput in CPU time, weights in L2.\n");

@@ -167,7 +167,7 @@ TEST(ServerProcessTest, UnaryAndStreamReturnWhatModserveGenerateReturns) {
 }
 
 // --kv_block_size sets the KV page size: the server serves the same tokens and logprobs as
-// modserve-generate (16-token pages) with pages of 64 and of 5 tokens; 0 is refused by name.
+// modserve-generate (16-token pages) with pages of 64 and of 5 tokens; 0 exits 2, a flag error.
 TEST(ServerProcessTest, KvBlockSizeFlagServesTheSameTokens) {
   const nlohmann::json want = GenerateJson(40);
   ASSERT_FALSE(want.is_discarded());

@@ -856,9 +856,9 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         t += run;
       }
     };
-    // A tile's runs, found once for every head's scores and values: run r starts at key
-    // run_t[r] of the tile, holds run_len[r] keys and its page's rows start at run_rows[r].
-    int64_t run_t[kKeyTile], run_len[kKeyTile];
+    // A tile's runs, found once for every head's scores and values: run r holds run_len[r]
+    // keys (the tile's keys in order) and its page's rows start at run_rows[r].
+    int64_t run_len[kKeyTile];
     const T* run_rows[kKeyTile];
     const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
     // Prefetches a tile's rows of every head into L2: its pages lie anywhere in the pool.
@@ -876,8 +876,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       const int64_t nt = std::min(kKeyTile, j_end - t0);
       prefetch_tile(t0 + kKeyTile);
       int64_t runs = 0;
-      for_each_run(t0, nt, [&](int64_t t, int64_t run, const T* rows) {
-        run_t[runs] = t;
+      for_each_run(t0, nt, [&](int64_t, int64_t run, const T* rows) {
         run_len[runs] = run;
         run_rows[runs++] = rows;
       });
@@ -886,9 +885,9 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       // once and kept in registers across them).
       for (int64_t g = 0; g < kv; ++g) {
         float* sg = scores + g * group * kKeyTile;
-        for (int64_t r = 0; r < runs; ++r) {
+        for (int64_t r = 0, t = 0; r < runs; t += run_len[r++]) {
           AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows[r] + g * bs * hd, run_len[r],
-                                 hd, scale, sg + run_t[r], kKeyTile);
+                                 hd, scale, sg + t, kKeyTile);
         }
       }
       for (int64_t h = 0; h < nh; ++h) {
