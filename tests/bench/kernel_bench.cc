@@ -4,10 +4,11 @@
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
 // [best|scalar|avx2|avx512|avx512vnni|amx]
 // [decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|prefill-compute|
-//  crossover|quant|quant-decode|quant-prefill|quant-compute|isa-rates] (the last: only that
-// benchmark; quant-compute is one core's kernel throughput in CPU time, isa-rates one core's
-// vector instruction rates, tests/bench/isa_rates.h). Prefill GFLOP/s are
-// printed against an f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
+//  crossover|crossover-shapes|quant|quant-decode|quant-prefill|quant-compute|isa-rates] (the
+// last: only that benchmark; quant-compute is one core's kernel throughput in CPU time, isa-rates
+// one core's vector instruction rates, tests/bench/isa_rates.h; crossover-shapes the float
+// crossover on the 110m and TinyLlama matrices). Prefill GFLOP/s are printed against an f32 FMA
+// peak probe measured in the same run (tests/bench/matmul_peak.h).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
 #include <sys/mman.h>
@@ -349,14 +350,14 @@ void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k,
 }
 
 // The decode/prefill crossover: the table's small-n and large-n BF16 kernels called directly on
-// one thread for the same n x rows, process CPU time, best of 5 runs of >= 0.2 s. w is 2 x 8 MiB
-// (beyond L2), as a batched decode step reads it. The engine switches at the table's
-// float_small_n_max.
-void BenchCrossover(Isa isa, int64_t m, int64_t k) {
+// one thread for the same n x rows, process CPU time, best of 5 runs of >= 0.2 s. Calls alternate
+// between two copies of w (2 x 8 MiB at 2048 x 2048, beyond L2), as a batched decode step reads
+// it. The engine switches at the table's float_small_n_max.
+void BenchCrossover(Isa isa, int64_t m, int64_t k, std::initializer_list<int64_t> ns) {
   const KernelTable& kt = KernelsFor(isa);
   std::mt19937 rng(9);
   HugeBuffer<bf16_t> w = RandomWeights<bf16_t>(2 * m * k, rng);
-  for (int64_t n : {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
+  for (int64_t n : ns) {
     std::vector<float> x(n * k, 0.25f), xd(n * k), out(n * m);
     double best[2] = {1e30, 1e30};
     for (int rep = 0; rep < 5; ++rep) {
@@ -454,6 +455,7 @@ int Main(int argc, char** argv) {
                                          "prefill",
                                          "prefill-compute",
                                          "crossover",
+                                         "crossover-shapes",
                                          "quant",
                                          "quant-decode",
                                          "quant-prefill",
@@ -581,7 +583,16 @@ int Main(int argc, char** argv) {
   const bool decode_only = only == "decode";
   const std::pair<int64_t, int64_t> shapes[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
   if (only == "crossover") {
-    BenchCrossover(backend.isa(), 2048, 2048);
+    BenchCrossover(backend.isa(), 2048, 2048, {2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128});
+    return 0;
+  }
+  if (only == "crossover-shapes") {
+    // The 110m shape's matrices (d_model 768, d_ff 2048), TinyLlama's, and both LM heads (vocab
+    // 32000), around the crossover.
+    const std::pair<int64_t, int64_t> mk[] = {{768, 768},   {2048, 768},  {768, 2048},
+                                              {32000, 768}, {2048, 2048}, {5632, 2048},
+                                              {2048, 5632}, {32000, 2048}};
+    for (auto [m, k] : mk) BenchCrossover(backend.isa(), m, k, {32, 48, 64, 96, 128});
     return 0;
   }
   if (only == "prefill-compute") {
@@ -622,7 +633,8 @@ int main(int argc, char** argv) {
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
         "[decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|"
-        "prefill-compute|crossover|quant|quant-decode|quant-prefill|quant-compute|isa-rates]\n"
+        "prefill-compute|crossover|crossover-shapes|quant|quant-decode|quant-prefill|quant-compute|"
+        "isa-rates]\n"
         "CPU kernels in "
         "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
         "attention; GB/s against the measured read bandwidth. quant-compute: one core's "

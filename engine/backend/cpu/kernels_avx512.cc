@@ -24,10 +24,11 @@ struct Avx512 {
   static constexpr int kMr = 8;
   // 4 x rows x 4 weight rows = 16 accumulators.
   static constexpr int kSmallNx = 4;
-  // GemmSmallN up to 48 x rows: on Zen 4 (one core, BF16 2048 x 2048) GemmLargeN's packing of w
-  // costs ~1.4 ms per call, and the two kernels run at the same speed from n = 48 to 64 (82-91
-  // GFLOP/s); GemmLargeN is ahead from 96 (docs/PERFORMANCE.md, kernel_bench crossover).
-  static constexpr int64_t kFloatSmallNMax = 48;
+  // GemmSmallN up to 64 x rows. On Zen 4 (one core, BF16, kernel_bench crossover) it runs at
+  // 101-109 GFLOP/s up to 64 rows; GemmLargeN, which packs w in every call, is 6-16% slower at 64
+  // rows on TinyLlama's matrices and both LM heads, level on the 110m shape's 768-wide ones, and
+  // level or ahead from 96 rows (docs/PERFORMANCE.md, "The float crossover at 64 rows").
+  static constexpr int64_t kFloatSmallNMax = 64;
 
   static V Zero() { return _mm512_setzero_ps(); }
   static V Set1(float v) { return _mm512_set1_ps(v); }

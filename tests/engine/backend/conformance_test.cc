@@ -781,7 +781,7 @@ TEST_P(BackendConformanceTest, QuantizedGemmMatchesReference) {
 TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvariantRange) {
   // Backend::MaxRowInvariantRows(dtype, m): up to that many x rows, every row of a Gemm gets
   // exactly the bits of a one-row call. Every row count in the range (up to 70: past the CPU's
-  // decode/prefill switches at 16-48 rows and its quantized prefill kernels' 64-row blocks),
+  // decode/prefill switches at 16-64 rows and its quantized prefill kernels' 64-row blocks),
   // float and quantized weights, k with and without a vector tail, m with a partial weight-row
   // group, and for float weights m on both sides of the CPU's skinny-weight bound (64 rows).
   std::vector<DType> dtypes(std::begin(kStorageDTypes), std::end(kStorageDTypes));
