@@ -999,9 +999,9 @@ void CpuBackend::SwiGlu(const TensorView& gate, const TensorView& up, const Tens
   const float* g = gate.as<float>();
   const float* u = up.as<float>();
   float* o = out.as<float>();
-  pool_.ParallelFor(0, gate.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) o[i] = g[i] * Sigmoid(g[i]) * u[i];
-  });
+  const KernelTable& kern = kernels_;
+  pool_.ParallelFor(0, gate.numel(), kElementwiseGrain,
+                    [&](int64_t b, int64_t e) { kern.swiglu(g + b, u + b, o + b, e - b); });
 }
 
 void CpuBackend::Activation(const ActivationParams& params, const TensorView& x) {
@@ -1016,7 +1016,7 @@ void CpuBackend::Activation(const ActivationParams& params, const TensorView& x)
   pool_.ParallelFor(0, x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
     switch (kind) {
       case ActivationKind::kSilu:
-        for (int64_t i = b; i < e; ++i) v[i] = v[i] * Sigmoid(v[i]);
+        kernels_.silu(v + b, e - b);
         return;
       case ActivationKind::kGelu:
         for (int64_t i = b; i < e; ++i) {

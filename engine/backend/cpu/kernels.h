@@ -161,6 +161,12 @@ struct KernelTable {
   void (*attn_accumulate_bf16)(const float* probs, int64_t ld_probs, int64_t num_q,
                                const bf16_t* const* runs, const int64_t* run_len, int64_t num_runs,
                                int64_t offset, int64_t head_dim, const float* rescale, float* acc);
+
+  // out[i] = silu(gate[i]) * up[i] and x[i] = silu(x[i]) for i < n, silu(g) = g / (1 + e^-g)
+  // with a vectorised exp (within 2 ulp of expf); out may alias gate or up. Each element's
+  // result depends on its inputs alone, not on its position in the call.
+  void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
+  void (*silu)(float* x, int64_t n);
 };
 
 // The table of `isa`; calling a kernel of an ISA that CpuHasIsa() rejects is undefined (SIGILL).

@@ -79,6 +79,8 @@ struct Avx2 {
   static V Add(V a, V b) { return _mm256_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Div(V a, V b) { return _mm256_div_ps(a, b); }
+  static float FmaScalar(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
   static V Min(V a, V b) { return _mm256_min_ps(a, b); }
   static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }

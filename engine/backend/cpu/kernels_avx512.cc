@@ -90,6 +90,8 @@ struct Avx512 {
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Div(V a, V b) { return _mm512_div_ps(a, b); }
+  static float FmaScalar(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
   static V Max(V a, V b) { return _mm512_max_ps(a, b); }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static float ReduceAdd(V v) { return _mm512_reduce_add_ps(v); }

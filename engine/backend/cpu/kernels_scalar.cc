@@ -22,9 +22,11 @@ struct Scalar {
   static V Load(const bf16_t* p) { return Bf16ToF32(*p); }
   static V Load(const f16_t* p) { return F16ToF32(*p); }
   static V Fma(V a, V b, V c) { return a * b + c; }
+  static float FmaScalar(float a, float b, float c) { return a * b + c; }
   static V Add(V a, V b) { return a + b; }
   static V Sub(V a, V b) { return a - b; }
   static V Mul(V a, V b) { return a * b; }
+  static V Div(V a, V b) { return a / b; }
   static V Max(V a, V b) { return a > b ? a : b; }
   static void Store(float* p, V v) { *p = v; }
   static float ReduceAdd(V v) { return v; }

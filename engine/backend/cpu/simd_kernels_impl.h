@@ -7,11 +7,14 @@
 //
 // S provides: V (vector of kLanes floats), kLanes, kMr (micro-kernel rows), kSmallNx (x rows per
 // small-n tile), Zero(), Set1(float), Load(const float*|const f16_t*|const bf16_t*) -> V,
-// Fma(a, b, c) = a * b + c, Add, Sub, Mul, Min, Max, Round (to nearest integer), Ldexp(p, n) =
-// p * 2^n for integral n in [-126, 127], Store(float*, V), ReduceAdd(V), ReduceMax(V),
-// ToF32(float|f16_t|bf16_t). Optional: Transpose(V[kLanes]), a kLanes x kLanes transpose in
-// registers (PackPanels; AVX2 and AVX-512 have it), LoadBf16Pairs (the BF16 decode kernel,
-// GemmSmallN; AVX2 has it).
+// Fma(a, b, c) = a * b + c, Add, Sub, Mul, Div, Min, Max, Round (to nearest integer), Ldexp(p,
+// n) = p * 2^n for integral n in [-126, 127], Store(float*, V), ReduceAdd(V), ReduceMax(V),
+// ToF32(float|f16_t|bf16_t), FmaScalar(float a, b, c): a lane's Fma on one float (fused where
+// Fma is), for the scalar tails of vector loops, which must round as the lanes do. (A plain
+// `sum += a * b` there is fused or not as the compiler's vectoriser happens to treat each copy
+// of the loop, which made a value's share depend on the length of the run it came in.) Optional:
+// Transpose(V[kLanes]), a kLanes x kLanes transpose in registers (PackPanels; AVX2 and AVX-512 have
+// it), LoadBf16Pairs (the BF16 decode kernel, GemmSmallN; AVX2 has it).
 
 inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -40,7 +43,9 @@ void SmallNTileStore(const typename S::V (&acc)[NX][NW], const float* x, int64_t
   for (int i = 0; i < NX; ++i) {
     for (int j = 0; j < NW; ++j) {
       float sum = S::ReduceAdd(acc[i][j]);
-      for (int64_t kk = k_vec; kk < k; ++kk) sum += x[i * k + kk] * S::ToF32(w[j * k + kk]);
+      for (int64_t kk = k_vec; kk < k; ++kk) {
+        sum = S::FmaScalar(x[i * k + kk], S::ToF32(w[j * k + kk]), sum);
+      }
       if (bias != nullptr) sum += bias[r0 + j];
       out[i * ldo + r0 + j] = sum;
     }
@@ -434,7 +439,7 @@ void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K
       for (int64_t t = 0; t < valid; ++t) {
         float sum = lane[t];
         for (int64_t d = d_vec; d < head_dim; ++d) {
-          sum += q[h * head_dim + d] * S::ToF32(kb[t * head_dim + d]);
+          sum = S::FmaScalar(q[h * head_dim + d], S::ToF32(kb[t * head_dim + d]), sum);
         }
         scores[h * ld_scores + t0 + t] = sum * scale;
       }
@@ -585,6 +590,54 @@ float AttnSoftmaxTile(float* s, int64_t n, float* m, float* l) {
   return rescale;
 }
 
+// ---- SwiGLU and SiLU ---------------------------------------------------------------------------
+// silu(g) = g * sigmoid(g) = g / (1 + e^-g), with VecExp (within 2 ulp of exp). The last
+// n % kLanes elements go through the same vector code from a padded copy, so an element's bits
+// do not depend on where a call or a chunk of it begins (the ops are row-invariant).
+template <class S, class F>
+[[gnu::always_inline]] inline void ForEachVector(int64_t n, F&& f) {
+  constexpr int64_t kL = S::kLanes;
+  int64_t i = 0;
+  for (; i + kL <= n; i += kL) f(i, kL);
+  if (i < n) f(i, n - i);
+}
+
+template <class S>
+typename S::V Silu(typename S::V g) {
+  const auto one = S::Set1(1.0f);
+  return S::Div(g, S::Add(one, VecExp<S>(S::Sub(S::Zero(), g))));
+}
+
+template <class S>
+void SwiGluKernel(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr int64_t kL = S::kLanes;
+  ForEachVector<S>(n, [&](int64_t i, int64_t len) {
+    if (len == kL) {
+      S::Store(out + i, S::Mul(Silu<S>(S::Load(gate + i)), S::Load(up + i)));
+      return;
+    }
+    alignas(64) float g[kL] = {}, u[kL] = {}, o[kL];
+    for (int64_t t = 0; t < len; ++t) g[t] = gate[i + t], u[t] = up[i + t];
+    S::Store(o, S::Mul(Silu<S>(S::Load(g)), S::Load(u)));
+    for (int64_t t = 0; t < len; ++t) out[i + t] = o[t];
+  });
+}
+
+template <class S>
+void SiluKernel(float* x, int64_t n) {
+  constexpr int64_t kL = S::kLanes;
+  ForEachVector<S>(n, [&](int64_t i, int64_t len) {
+    if (len == kL) {
+      S::Store(x + i, Silu<S>(S::Load(x + i)));
+      return;
+    }
+    alignas(64) float v[kL] = {};
+    for (int64_t t = 0; t < len; ++t) v[t] = x[i + t];
+    S::Store(v, Silu<S>(S::Load(v)));
+    for (int64_t t = 0; t < len; ++t) x[i + t] = v[t];
+  });
+}
+
 // HB heads x DC vectors of head_dim (from d0) of AttnAccumulate, all in registers across the
 // keys of every run: each value vector is loaded once for the HB heads, each probability once for
 // DC vectors, and acc is read and written once per call however many pages the keys span.
@@ -668,7 +721,7 @@ void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K
       for (int64_t r = 0; r < num_runs; ++r) {
         const K* values = runs[r] + offset;
         for (int64_t t = 0; t < run_len[r]; ++t) {
-          a += pg[t0 + t] * S::ToF32(values[t * head_dim + d]);
+          a = S::FmaScalar(pg[t0 + t], S::ToF32(values[t * head_dim + d]), a);
         }
         t0 += run_len[r];
       }
@@ -718,5 +771,7 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
       .attn_accumulate = &AttnAccumulate<S, float>,
       .attn_accumulate_f16 = &AttnAccumulate<S, f16_t>,
       .attn_accumulate_bf16 = &AttnAccumulate<S, bf16_t>,
+      .swiglu = &SwiGluKernel<S>,
+      .silu = &SiluKernel<S>,
   };
 }

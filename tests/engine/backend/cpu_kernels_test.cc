@@ -1,12 +1,14 @@
 // The CPU kernel table on every ISA this CPU runs: the online-softmax tile against
 // double-precision exp (its vectorised exp is within 2 ulp; m, l and the returned rescale follow
-// the contract in kernels.h), and both float-weight Gemm kernels, called directly whatever the
-// backend's crossover, against a double-precision product.
+// the contract in kernels.h), SwiGLU and SiLU against double precision, and both float-weight
+// Gemm kernels, called directly whatever the backend's crossover, against a double-precision
+// product.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/backend/cpu/kernels.h"
@@ -80,6 +82,130 @@ TEST_P(CpuKernelsTest, SoftmaxTileRescalesTheRunningStateAndHandlesTails) {
     EXPECT_EQ(m, 3.0f);
     EXPECT_EQ(keep, 1.0f);
   }
+}
+
+// A key's score and its value's share of the sum do not depend on how the keys are cut into
+// runs (pages): the same keys in one run, in runs of 5, 3, 16, 1 and 7, and in runs of 8 give the
+// same bits, for head dims that are and are not a whole number of vectors and every group size
+// the kernels block differently. (With pages of 5 tokens and head_dim 12, the server's tokens
+// once depended on it.)
+template <class K>
+void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, int64_t num_q) {
+  constexpr int64_t kKeys = 32;
+  std::mt19937 rng(static_cast<uint32_t>(head_dim * 10 + num_q));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> q(num_q * head_dim);
+  for (float& v : q) v = dist(rng);
+  std::vector<K> keys(kKeys * head_dim);
+  for (K& v : keys) v = FromF32<K>(dist(rng));
+  auto scores_fn = [&]() {
+    if constexpr (std::is_same_v<K, float>) {
+      return kt.attn_scores;
+    } else if constexpr (std::is_same_v<K, f16_t>) {
+      return kt.attn_scores_f16;
+    } else {
+      return kt.attn_scores_bf16;
+    }
+  }();
+  auto acc_fn = [&]() {
+    if constexpr (std::is_same_v<K, float>) {
+      return kt.attn_accumulate;
+    } else if constexpr (std::is_same_v<K, f16_t>) {
+      return kt.attn_accumulate_f16;
+    } else {
+      return kt.attn_accumulate_bf16;
+    }
+  }();
+  auto run = [&](const std::vector<int64_t>& lens, std::vector<float>* scores,
+                 std::vector<float>* acc) {
+    scores->assign(num_q * kKeys, 0.0f);
+    std::vector<const K*> rows;
+    int64_t t = 0;
+    for (int64_t len : lens) {
+      scores_fn(q.data(), num_q, keys.data() + t * head_dim, len, head_dim, 0.3f,
+                scores->data() + t, kKeys);
+      rows.push_back(keys.data() + t * head_dim);
+      t += len;
+    }
+    acc->assign(num_q * head_dim, 0.5f);
+    std::vector<float> rescale(num_q, 0.75f);
+    acc_fn(scores->data(), kKeys, num_q, rows.data(), lens.data(),
+           static_cast<int64_t>(lens.size()), 0, head_dim, rescale.data(), acc->data());
+  };
+  std::vector<float> want_s, want_acc, got_s, got_acc;
+  run({kKeys}, &want_s, &want_acc);
+  for (const std::vector<int64_t>& lens :
+       {std::vector<int64_t>{5, 3, 16, 1, 7}, std::vector<int64_t>(4, 8)}) {
+    run(lens, &got_s, &got_acc);
+    for (size_t i = 0; i < want_s.size(); ++i) {
+      ASSERT_EQ(got_s[i], want_s[i]) << "score " << i << " head_dim " << head_dim << " num_q "
+                                     << num_q << " runs " << lens.size();
+    }
+    for (size_t i = 0; i < want_acc.size(); ++i) {
+      ASSERT_EQ(got_acc[i], want_acc[i]) << "acc " << i << " head_dim " << head_dim << " num_q "
+                                         << num_q << " runs " << lens.size();
+    }
+  }
+}
+
+TEST_P(CpuKernelsTest, AttentionBitsDoNotDependOnHowKeysAreCutIntoRuns) {
+  for (int64_t head_dim : {12, 20, 64, 100}) {
+    for (int64_t num_q : {1, 2, 3, 5, 8}) {
+      ExpectAttentionIndependentOfRuns<float>(kernels(), head_dim, num_q);
+      ExpectAttentionIndependentOfRuns<f16_t>(kernels(), head_dim, num_q);
+      ExpectAttentionIndependentOfRuns<bf16_t>(kernels(), head_dim, num_q);
+    }
+  }
+}
+
+// silu(g) * u against double precision over the range where the result is a normal float; the
+// exp's 2 ulp plus three roundings (1 + e, the division, the product) bound it at 4 ulp. Beyond
+// it: silu of a large positive g is g exactly, of a large negative g a tiny negative number, and
+// infinities and NaN go where the formula sends them. Every element's bits are those it gets at
+// any other position of a call of any length (vector body and tail alike), and silu in place is
+// swiglu with up = 1.
+TEST_P(CpuKernelsTest, SwiGluAndSiluAreWithinFourUlpWhereverAnElementSits) {
+  const KernelTable& kt = kernels();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> gd(-85.0f, 85.0f), ud(-2.0f, 2.0f);
+  double worst = 0.0;
+  for (int64_t n : {1, 7, 16, 37, 1000}) {
+    std::vector<float> g(n), u(n), out(n);
+    for (int64_t i = 0; i < n; ++i) g[i] = gd(rng), u[i] = ud(rng);
+    g[0] = n % 2 == 0 ? 0.0f : -0.0f;
+    kt.swiglu(g.data(), u.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = double{g[i]} / (1.0 + std::exp(-double{g[i]})) * double{u[i]};
+      if (want == 0.0) {
+        EXPECT_EQ(out[i], 0.0f) << "n=" << n << " i=" << i;
+        continue;
+      }
+      worst = std::max(worst, Ulps(out[i], want));
+    }
+    // The same elements from offset 3 (a call that starts mid-vector, with another tail), and
+    // silu in place against swiglu with up = 1.
+    if (n > 3) {
+      std::vector<float> shifted(n - 3);
+      kt.swiglu(g.data() + 3, u.data() + 3, shifted.data(), n - 3);
+      for (int64_t i = 3; i < n; ++i) ASSERT_EQ(shifted[i - 3], out[i]) << "n=" << n << " i=" << i;
+    }
+    std::vector<float> ones(n, 1.0f), by_swiglu(n), x = g;
+    kt.swiglu(g.data(), ones.data(), by_swiglu.data(), n);
+    kt.silu(x.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], by_swiglu[i]) << "n=" << n << " i=" << i;
+  }
+  EXPECT_LE(worst, 4.0);
+
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> edge = {100.0f, 1e30f, inf, -100.0f, -1e30f, std::nanf("")};
+  kt.silu(edge.data(), static_cast<int64_t>(edge.size()));
+  EXPECT_EQ(edge[0], 100.0f);
+  EXPECT_EQ(edge[1], 1e30f);
+  EXPECT_EQ(edge[2], inf);
+  EXPECT_LE(edge[3], 0.0f);
+  EXPECT_GT(edge[3], -1e-30f);
+  EXPECT_LE(edge[4], 0.0f);
+  EXPECT_TRUE(std::isnan(edge[5]));
 }
 
 // Both kernels of every float weight type for n = 1..128 x rows (the decode/prefill crossover
