@@ -745,31 +745,6 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
 }
 
 // ---- Attention -------------------------------------------------------------------------------
-namespace {
-
-template <typename T>
-auto AttnScoresFor(const KernelTable& k) {
-  if constexpr (std::is_same_v<T, float>) {
-    return k.attn_scores;
-  } else if constexpr (std::is_same_v<T, f16_t>) {
-    return k.attn_scores_f16;
-  } else {
-    return k.attn_scores_bf16;
-  }
-}
-
-template <typename T>
-auto AttnAccumulateFor(const KernelTable& k) {
-  if constexpr (std::is_same_v<T, float>) {
-    return k.attn_accumulate;
-  } else if constexpr (std::is_same_v<T, f16_t>) {
-    return k.attn_accumulate_f16;
-  } else {
-    return k.attn_accumulate_bf16;
-  }
-}
-
-}  // namespace
 
 // Flash-style: one task per (row, split) covers every kv head, so it reads whole pages (K of
 // every head, then V of every head: 2 * n_kv_heads * block_size rows in a row) rather than one

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "engine/common/dtype.h"
 
@@ -168,6 +169,29 @@ struct KernelTable {
   void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
   void (*silu)(float* x, int64_t n);
 };
+
+// The table's attention kernels for KV stored as T (float, f16_t or bf16_t).
+template <typename T>
+auto AttnScoresFor(const KernelTable& k) {
+  if constexpr (std::is_same_v<T, float>) {
+    return k.attn_scores;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return k.attn_scores_f16;
+  } else {
+    return k.attn_scores_bf16;
+  }
+}
+
+template <typename T>
+auto AttnAccumulateFor(const KernelTable& k) {
+  if constexpr (std::is_same_v<T, float>) {
+    return k.attn_accumulate;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return k.attn_accumulate_f16;
+  } else {
+    return k.attn_accumulate_bf16;
+  }
+}
 
 // The table of `isa`; calling a kernel of an ISA that CpuHasIsa() rejects is undefined (SIGILL).
 const KernelTable& KernelsFor(Isa isa);

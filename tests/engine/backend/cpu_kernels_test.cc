@@ -8,7 +8,6 @@
 #include <limits>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "engine/backend/cpu/kernels.h"
@@ -98,24 +97,8 @@ void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, i
   for (float& v : q) v = dist(rng);
   std::vector<K> keys(kKeys * head_dim);
   for (K& v : keys) v = FromF32<K>(dist(rng));
-  auto scores_fn = [&]() {
-    if constexpr (std::is_same_v<K, float>) {
-      return kt.attn_scores;
-    } else if constexpr (std::is_same_v<K, f16_t>) {
-      return kt.attn_scores_f16;
-    } else {
-      return kt.attn_scores_bf16;
-    }
-  }();
-  auto acc_fn = [&]() {
-    if constexpr (std::is_same_v<K, float>) {
-      return kt.attn_accumulate;
-    } else if constexpr (std::is_same_v<K, f16_t>) {
-      return kt.attn_accumulate_f16;
-    } else {
-      return kt.attn_accumulate_bf16;
-    }
-  }();
+  auto scores_fn = AttnScoresFor<K>(kt);
+  auto acc_fn = AttnAccumulateFor<K>(kt);
   auto run = [&](const std::vector<int64_t>& lens, std::vector<float>* scores,
                  std::vector<float>* acc) {
     scores->assign(num_q * kKeys, 0.0f);
