@@ -24,10 +24,11 @@ struct Avx512 {
   static constexpr int kMr = 8;
   // 4 x rows x 4 weight rows = 16 accumulators.
   static constexpr int kSmallNx = 4;
-  // GemmSmallN up to 64 x rows. On Zen 4 (one core, BF16, kernel_bench crossover) it runs at
-  // 101-109 GFLOP/s up to 64 rows; GemmLargeN, which packs w in every call, is 6-16% slower at 64
-  // rows on TinyLlama's matrices and both LM heads, level on the 110m shape's 768-wide ones, and
-  // level or ahead from 96 rows (docs/PERFORMANCE.md, "The float crossover at 64 rows").
+  // GemmSmallN up to 64 x rows. On Zen 4 (one core, BF16, kernel_bench crossover-shapes) it runs
+  // at 101-112 GFLOP/s from 32 to 64 rows; GemmLargeN, which packs w in every call, takes
+  // 1.13-1.16x as long at 64 rows on TinyLlama's matrices and both LM heads and as long on the
+  // 110m shape's 768-wide ones; at 96 rows it is within 3% of GemmSmallN on most of them
+  // (docs/PERFORMANCE.md, "The float crossover at 64 rows").
   static constexpr int64_t kFloatSmallNMax = 64;
 
   static V Zero() { return _mm512_setzero_ps(); }
