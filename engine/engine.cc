@@ -105,6 +105,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     return absl::InvalidArgumentError(absl::StrCat(
         "speculative_threshold ", options.speculative_threshold, " is not in (0, 1]"));
   }
+  if (options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size ", options.block_size, ": a KV page holds at least 1 token"));
+  }
   MODSERVE_ASSIGN_OR_RETURN(LoadedModel model, LoadModel(options.model_dir));
   const std::string tokenizer_path = model.tokenizer_path();  // an adapter's is its base's
   std::unique_ptr<Engine> e(new Engine(options, std::move(model)));
@@ -135,7 +139,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         "kv_cache_bytes ", options.kv_cache_bytes, " holds ", num_pages, " pages of ", page_bytes,
         " bytes; at least one page per layer (", cfg.n_layers, ") is needed"));
   }
-  if (num_pages > (int64_t{1} << 31) / std::max(1, options.block_size)) {
+  if (num_pages > (int64_t{1} << 31) / options.block_size) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes ", options.kv_cache_bytes,
                                                    " gives more KV slots than 2^31"));
   }

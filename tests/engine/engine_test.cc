@@ -410,5 +410,22 @@ TEST(EngineTest, KvBlockSizeChangesNoTokenRoutingOrLogprob) {
   }
 }
 
+// A page size below 1 is refused by name, whatever the cache size (with a cache of 2 GiB or more
+// it used to surface as "more KV slots than 2^31").
+TEST(EngineTest, KvBlockSizeBelowOneIsInvalidArgumentNamingIt) {
+  for (int32_t block_size : {0, -16}) {
+    for (int64_t cache_bytes : {int64_t{16} << 20, int64_t{4} << 30}) {
+      EngineOptions eo;
+      eo.model_dir = kDemo;
+      eo.num_threads = 1;
+      eo.block_size = block_size;
+      eo.kv_cache_bytes = cache_bytes;
+      EXPECT_THAT(Engine::Create(eo).status(),
+                  StatusIs(absl::StatusCode::kInvalidArgument, "block_size"))
+          << block_size << " " << cache_bytes;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace modserve::engine
