@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -42,9 +43,19 @@ const Json& LoadJson(const std::string& name) {
   return it->second;
 }
 
+// `name`.gguf under the test temp dir, prefixed with the running test's name: ctest runs the
+// tests of this file as processes side by side, and two writing one path raced.
+std::string TempGguf(const std::string& name) {
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string test =
+      info == nullptr ? "" : absl::StrCat(info->test_suite_name(), ".", info->name(), "_");
+  std::replace(test.begin(), test.end(), '/', '_');
+  return absl::StrCat(::testing::TempDir(), "/", test, name, ".gguf");
+}
+
 // Writes `contents` to a fresh file under the test temp dir and opens it.
 absl::StatusOr<GgufFile> WriteAndOpen(const std::string& name, const std::string& contents) {
-  const std::string path = ::testing::TempDir() + "/" + name + ".gguf";
+  const std::string path = TempGguf(name);
   std::ofstream(path, std::ios::binary) << contents;
   return GgufFile::Open(path);
 }
@@ -338,13 +349,13 @@ TEST(GgufTokenizerTest, OutOfRangeSpecialIdsAreIgnored) {
 }
 
 TEST(GgufTokenizerTest, LoadTokenizerTakesGgufFiles) {
-  const std::string path = ::testing::TempDir() + "/tiny.gguf";
+  const std::string path = TempGguf("tiny");
   std::ofstream(path, std::ios::binary) << TinyBpe().Build();
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadTokenizer(path);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->vocab_size(), 3);
   // A .gguf name that is no GGUF file is the reader's error, not "no tokenizer.json".
-  const std::string bad = ::testing::TempDir() + "/bad.gguf";
+  const std::string bad = TempGguf("bad");
   std::ofstream(bad, std::ios::binary) << "not gguf";
   EXPECT_EQ(LoadTokenizer(bad).status().code(), absl::StatusCode::kDataLoss);
 }
