@@ -820,14 +820,14 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
 
     // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
     // The entries of one head in one page are contiguous rows, which the kernels read in place:
-    // f(t, run, rows) for each run of entries [from + t, from + t + run) within one page, rows
-    // pointing at that run's entries of the page (add g * bs * hd for head g's K, (kv + g) *
-    // bs * hd for its V).
+    // f(run, rows) for each run of entries within one page, in order from entry `from` on for
+    // `count` entries, rows pointing at that run's entries of the page (add g * bs * hd for head
+    // g's K, (kv + g) * bs * hd for its V).
     auto for_each_run = [&](int64_t from, int64_t count, auto&& f) {
       for (int64_t t = 0, page = from / bs, offset = from - page * bs; t < count;
            ++page, offset = 0) {
         const int64_t run = std::min(bs - offset, count - t);
-        f(t, run, pool + (pages[page] * 2 * kv * bs + offset) * hd);
+        f(run, pool + (pages[page] * 2 * kv * bs + offset) * hd);
         t += run;
       }
     };
@@ -839,7 +839,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     // Prefetches a tile's rows of every head into L2: its pages lie anywhere in the pool.
     auto prefetch_tile = [&](int64_t from) {
       const int64_t count = std::min(kKeyTile, j_end - from);
-      for_each_run(from, count, [&](int64_t, int64_t run, const T* rows) {
+      for_each_run(from, count, [&](int64_t run, const T* rows) {
         for (int64_t half = 0; half < 2 * kv; ++half) {
           const char* b = reinterpret_cast<const char*>(rows + half * bs * hd);
           for (int64_t off = 0; off < run * row_bytes; off += 64) __builtin_prefetch(b + off, 0, 2);
@@ -851,7 +851,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       const int64_t nt = std::min(kKeyTile, j_end - t0);
       prefetch_tile(t0 + kKeyTile);
       int64_t runs = 0;
-      for_each_run(t0, nt, [&](int64_t, int64_t run, const T* rows) {
+      for_each_run(t0, nt, [&](int64_t run, const T* rows) {
         run_len[runs] = run;
         run_rows[runs++] = rows;
       });

@@ -170,27 +170,27 @@ struct KernelTable {
   void (*silu)(float* x, int64_t n);
 };
 
-// The table's attention kernels for KV stored as T (float, f16_t or bf16_t).
-template <typename T>
-auto AttnScoresFor(const KernelTable& k) {
+// The one of a table's three attention kernels (f32, f16, bf16 entries) for KV stored as T.
+template <typename T, typename F32, typename F16, typename Bf16>
+auto ForKvType(F32 f32, F16 f16, Bf16 bf16) {
   if constexpr (std::is_same_v<T, float>) {
-    return k.attn_scores;
+    return f32;
   } else if constexpr (std::is_same_v<T, f16_t>) {
-    return k.attn_scores_f16;
+    return f16;
   } else {
-    return k.attn_scores_bf16;
+    static_assert(std::is_same_v<T, bf16_t>);
+    return bf16;
   }
 }
 
 template <typename T>
+auto AttnScoresFor(const KernelTable& k) {
+  return ForKvType<T>(k.attn_scores, k.attn_scores_f16, k.attn_scores_bf16);
+}
+
+template <typename T>
 auto AttnAccumulateFor(const KernelTable& k) {
-  if constexpr (std::is_same_v<T, float>) {
-    return k.attn_accumulate;
-  } else if constexpr (std::is_same_v<T, f16_t>) {
-    return k.attn_accumulate_f16;
-  } else {
-    return k.attn_accumulate_bf16;
-  }
+  return ForKvType<T>(k.attn_accumulate, k.attn_accumulate_f16, k.attn_accumulate_bf16);
 }
 
 // The table of `isa`; calling a kernel of an ISA that CpuHasIsa() rejects is undefined (SIGILL).

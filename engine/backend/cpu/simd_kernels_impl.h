@@ -591,51 +591,47 @@ float AttnSoftmaxTile(float* s, int64_t n, float* m, float* l) {
 }
 
 // ---- SwiGLU and SiLU ---------------------------------------------------------------------------
-// silu(g) = g * sigmoid(g) = g / (1 + e^-g), with VecExp (within 2 ulp of exp). The last
-// n % kLanes elements go through the same vector code from a padded copy, so an element's bits
-// do not depend on where a call or a chunk of it begins (the ops are row-invariant).
-template <class S, class F>
-[[gnu::always_inline]] inline void ForEachVector(int64_t n, F&& f) {
+// out[i] = f(in[0][i], ..., in[N - 1][i]) a vector at a time; out may alias any input. The last
+// n % kLanes elements go through the same f from a zero-padded copy, so an element's bits do not
+// depend on where a call or a chunk of it begins (the ops stay row-invariant).
+template <class S, int N, class F>
+[[gnu::always_inline]] inline void MapVectors(const float* const (&in)[N], float* out, int64_t n,
+                                              F&& f) {
+  using V = typename S::V;
   constexpr int64_t kL = S::kLanes;
   int64_t i = 0;
-  for (; i + kL <= n; i += kL) f(i, kL);
-  if (i < n) f(i, n - i);
+  for (; i + kL <= n; i += kL) {
+    V v[N];
+#pragma GCC unroll 4
+    for (int a = 0; a < N; ++a) v[a] = S::Load(in[a] + i);
+    S::Store(out + i, f(v));
+  }
+  if (i == n) return;
+  alignas(64) float pad[N][kL] = {}, res[kL];
+  V v[N];
+  for (int a = 0; a < N; ++a) {
+    for (int64_t t = 0; t < n - i; ++t) pad[a][t] = in[a][i + t];
+    v[a] = S::Load(pad[a]);
+  }
+  S::Store(res, f(v));
+  for (int64_t t = 0; t < n - i; ++t) out[i + t] = res[t];
 }
 
+// silu(g) = g * sigmoid(g) = g / (1 + e^-g), with VecExp (within 2 ulp of exp).
 template <class S>
 typename S::V Silu(typename S::V g) {
-  const auto one = S::Set1(1.0f);
-  return S::Div(g, S::Add(one, VecExp<S>(S::Sub(S::Zero(), g))));
+  return S::Div(g, S::Add(S::Set1(1.0f), VecExp<S>(S::Sub(S::Zero(), g))));
 }
 
 template <class S>
 void SwiGluKernel(const float* gate, const float* up, float* out, int64_t n) {
-  constexpr int64_t kL = S::kLanes;
-  ForEachVector<S>(n, [&](int64_t i, int64_t len) {
-    if (len == kL) {
-      S::Store(out + i, S::Mul(Silu<S>(S::Load(gate + i)), S::Load(up + i)));
-      return;
-    }
-    alignas(64) float g[kL] = {}, u[kL] = {}, o[kL];
-    for (int64_t t = 0; t < len; ++t) g[t] = gate[i + t], u[t] = up[i + t];
-    S::Store(o, S::Mul(Silu<S>(S::Load(g)), S::Load(u)));
-    for (int64_t t = 0; t < len; ++t) out[i + t] = o[t];
-  });
+  MapVectors<S, 2>({gate, up}, out, n,
+                   [](const typename S::V* v) { return S::Mul(Silu<S>(v[0]), v[1]); });
 }
 
 template <class S>
 void SiluKernel(float* x, int64_t n) {
-  constexpr int64_t kL = S::kLanes;
-  ForEachVector<S>(n, [&](int64_t i, int64_t len) {
-    if (len == kL) {
-      S::Store(x + i, Silu<S>(S::Load(x + i)));
-      return;
-    }
-    alignas(64) float v[kL] = {};
-    for (int64_t t = 0; t < len; ++t) v[t] = x[i + t];
-    S::Store(v, Silu<S>(S::Load(v)));
-    for (int64_t t = 0; t < len; ++t) x[i + t] = v[t];
-  });
+  MapVectors<S, 1>({x}, x, n, [](const typename S::V* v) { return Silu<S>(v[0]); });
 }
 
 // HB heads x DC vectors of head_dim (from d0) of AttnAccumulate, all in registers across the
