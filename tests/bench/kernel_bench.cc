@@ -2,13 +2,11 @@
 // prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention, and the
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
-// [best|scalar|avx2|avx512|avx512vnni|amx]
-// [decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|prefill-compute|
-//  crossover|crossover-shapes|quant|quant-decode|quant-prefill|quant-compute|isa-rates] (the
-// last: only that benchmark; quant-compute is one core's kernel throughput in CPU time, isa-rates
-// one core's vector instruction rates, tests/bench/isa_rates.h; crossover-shapes the float
-// crossover on the 110m and TinyLlama matrices). Prefill GFLOP/s are printed against an f32 FMA
-// peak probe measured in the same run (tests/bench/matmul_peak.h).
+// [best|scalar|avx2|avx512|avx512vnni|amx] [MODE] (only that benchmark; the modes are kModes
+// below, and --help lists them; quant-compute is one core's kernel throughput in CPU time,
+// isa-rates one core's vector instruction rates, tests/bench/isa_rates.h; crossover-shapes the
+// float crossover on the 110m and TinyLlama matrices). Prefill GFLOP/s are printed against an
+// f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
 #include <sys/mman.h>
@@ -444,23 +442,25 @@ void BenchDecodeAttention(CpuBackend& backend, int n_heads, int n_kv, int hd, in
       fastest * 1e6, kv_bytes / fastest / 1e9);
 }
 
+// The benchmarks the third argument may name ("": all of the default set).
+constexpr std::string_view kModes[] = {"",
+                                       "decode",
+                                       "attention",
+                                       "attention-4k",
+                                       "attention-pages64",
+                                       "attention-inorder",
+                                       "prefill",
+                                       "prefill-compute",
+                                       "crossover",
+                                       "crossover-shapes",
+                                       "quant",
+                                       "quant-decode",
+                                       "quant-prefill",
+                                       "quant-compute",
+                                       "isa-rates"};
+
 int Main(int argc, char** argv) {
   const std::string only = argc > 3 ? argv[3] : "";
-  constexpr std::string_view kModes[] = {"",
-                                         "decode",
-                                         "attention",
-                                         "attention-4k",
-                                         "attention-pages64",
-                                         "attention-inorder",
-                                         "prefill",
-                                         "prefill-compute",
-                                         "crossover",
-                                         "crossover-shapes",
-                                         "quant",
-                                         "quant-decode",
-                                         "quant-prefill",
-                                         "quant-compute",
-                                         "isa-rates"};
   if (std::find(std::begin(kModes), std::end(kModes), only) == std::end(kModes)) {
     std::fprintf(stderr, "kernel_bench: unknown benchmark '%s' (see --help)\n", only.c_str());
     return 2;
@@ -533,8 +533,7 @@ int Main(int argc, char** argv) {
   const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
   std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
               backend.num_threads(), peak);
-  if (only == "attention" || only == "attention-4k" || only == "attention-pages64" ||
-      only == "attention-inorder") {
+  if (only.rfind("attention", 0) == 0) {
     g_small_pages = only == "attention-4k";
     g_attn_in_order = only == "attention-inorder";
     g_attn_block_size = only == "attention-pages64" ? 64 : 16;
@@ -630,15 +629,17 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::string modes;
+    for (std::string_view m : modserve::backend::cpu::kModes) {
+      if (!m.empty()) modes += std::string(modes.empty() ? "" : "|") + std::string(m);
+    }
     std::printf(
         "usage: kernel_bench [THREADS (0 = every core)] [best|scalar|avx2|avx512|avx512vnni|amx] "
-        "[decode|attention|attention-4k|attention-pages64|attention-inorder|prefill|"
-        "prefill-compute|crossover|crossover-shapes|quant|quant-decode|quant-prefill|quant-compute|"
-        "isa-rates]\n"
-        "CPU kernels in "
-        "isolation: decode and prefill GEMMs (float and block-quantized weights), paged decode "
-        "attention; GB/s against the measured read bandwidth. quant-compute: one core's "
-        "quantized-GEMM throughput in CPU time, weights in L2.\n");
+        "[%s]\n"
+        "CPU kernels in isolation: decode and prefill GEMMs (float and block-quantized weights), "
+        "paged decode attention; GB/s against the measured read bandwidth. quant-compute: one "
+        "core's quantized-GEMM throughput in CPU time, weights in L2.\n",
+        modes.c_str());
     return 0;
   }
   return modserve::backend::cpu::Main(argc, argv);
