@@ -234,9 +234,15 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
   std::vector<Candidate>& candidates = scratch.candidates;
   const auto vocab = static_cast<TokenId>(logits.size());
   if (vocab == 0) return absl::InternalError("sampler: empty logits row");
-  for (TokenId id = 0; id < vocab; ++id) {
-    if (std::isnan(logits[id]) || logits[id] == INFINITY) {
-      return absl::InternalError(absl::StrCat("sampler: logit of token ", id, " is ", logits[id]));
+  // One vector pass finds the argmax and whether any logit is NaN or +inf; the scalar walk that
+  // names the first such token runs only then.
+  size_t best = 0;
+  if (!ArgMaxBelowInfinity(logits, &best)) {
+    for (TokenId id = 0; id < vocab; ++id) {
+      if (std::isnan(logits[id]) || logits[id] == INFINITY) {
+        return absl::InternalError(
+            absl::StrCat("sampler: logit of token ", id, " is ", logits[id]));
+      }
     }
   }
   for (TokenId id : state.seen_tokens()) {
@@ -244,6 +250,15 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
       return absl::InvalidArgumentError(
           absl::StrCat("sampler: token id ", id, " outside vocabulary of ", vocab));
     }
+  }
+  *sorted = false;
+  const bool greedy = params.temperature < kGreedyTemperature;
+  const bool penalised = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
+                         params.frequency_penalty != 0.0f;
+  if (greedy && !penalised) {  // the row as it is: no copy
+    scratch.processed = logits;
+    scratch.best = best;
+    return absl::OkStatus();
   }
   work.assign(logits.begin(), logits.end());
   if (params.repetition_penalty != 1.0f) {
@@ -253,9 +268,10 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
     ApplyPresenceFrequencyPenalties(absl::MakeSpan(work), state.output_counts(),
                                     params.presence_penalty, params.frequency_penalty);
   }
-  *sorted = false;
-  if (params.temperature < kGreedyTemperature) {
+  if (greedy) {
     ClampPositiveInfinity(work);
+    scratch.processed = work;
+    ArgMaxBelowInfinity(work, &scratch.best);  // no NaN or +inf left: always true
     return absl::OkStatus();  // the argmax needs no temperature and no candidate list
   }
   ApplyTemperature(absl::MakeSpan(work), params.temperature);
@@ -286,18 +302,15 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
 absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
                                                  const SamplingState& state, bool sorted,
                                                  Scratch& scratch) {
-  const std::vector<float>& work = scratch.work;
   std::vector<Candidate>& candidates = scratch.candidates;
-  const auto vocab = static_cast<TokenId>(work.size());
   const bool greedy = params.temperature < kGreedyTemperature;
   const size_t num_alternatives = static_cast<size_t>(params.top_logprobs);
   SampleResult result;
   if (greedy) {
-    // Strict '>' over ascending ids: ties resolve to the lowest id.
-    TokenId best = 0;
-    for (TokenId id = 1; id < vocab; ++id) {
-      if (work[id] > work[best]) best = id;
-    }
+    // Ties resolve to the lowest id (ArgMaxBelowInfinity).
+    const absl::Span<const float> work = scratch.processed;
+    const auto vocab = static_cast<TokenId>(work.size());
+    const auto best = static_cast<TokenId>(scratch.best);
     if (work[best] == -INFINITY) {
       return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
     }

@@ -145,6 +145,10 @@ class Sampler {
   struct Scratch {
     std::vector<float> work;            // [vocab] f32 processed logits
     std::vector<Candidate> candidates;  // survivors of truncation
+    // Greedy: the processed logits (work, or the caller's row when nothing changes it) and the
+    // argmax in them.
+    absl::Span<const float> processed;
+    size_t best = 0;
   };
   // Scratch of one call: taken from spare_ (or new) and given back when the call ends.
   class ScratchLease;

@@ -1,9 +1,14 @@
-// The normaliser of a softmax over a whole vocabulary, sum_i exp(x_i - shift), at ~1.4 ns a term
-// (SSE2; 0.18 ms per 128k-entry row on an AMD EPYC Zen 4, tests/bench/sum_exp_bench.cc): a
-// logprob for every sampled token needs it on every step, and with std::exp(double) it cost
-// ~0.66 ms per row (~5 ns a term).
+// Whole-row passes of the sampler over a vocabulary of logits: the normaliser of a softmax,
+// sum_i exp(x_i - shift), and the first position of its maximum for a greedy pick.
+// A logprob for every sampled token needs the normaliser on every step; with std::exp(double) it
+// cost ~0.66 ms per 128k-entry row (~5 ns a term) on an AMD EPYC Zen 4, in SSE2 0.18 ms
+// (tests/bench/sum_exp_bench.cc). Each function has an AVX-512, an AVX2 and a baseline body,
+// the best the CPU runs picked when the process starts; none uses FMA, and every sum runs in a
+// fixed order, so all three give the same bits (tests/engine/sampler/sum_exp_test.cc).
 #ifndef MODSERVE_ENGINE_SAMPLER_SUM_EXP_H_
 #define MODSERVE_ENGINE_SAMPLER_SUM_EXP_H_
+
+#include <cstddef>
 
 #include "absl/types/span.h"
 
@@ -17,6 +22,18 @@ float ExpNonPositive(float v);
 // ExpNonPositive, summed in f64 over eight fixed lanes, so the result is the same on every CPU
 // and for any vector width the compiler picks. Relative error under 3e-7.
 double SumExpShifted(absl::Span<const float> x, float shift);
+
+// The lowest i at which x holds its maximum (-0 and +0 count as equal; 0 when every element is
+// -inf) in *first_max, as a walk over ascending i keeping the first strictly greater element
+// would find it; false when some element is NaN or +inf (*first_max is then unspecified).
+// Precondition: x is not empty and has fewer than 2^31 elements.
+bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max);
+
+// The bodies by name, for tests and benchmarks; an ISA the CPU lacks must not be asked for.
+enum class RowPassIsa { kBaseline, kAvx2, kAvx512 };
+RowPassIsa BestRowPassIsa();
+double SumExpShifted(absl::Span<const float> x, float shift, RowPassIsa isa);
+bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max, RowPassIsa isa);
 
 }  // namespace modserve
 

@@ -1,7 +1,9 @@
 // sum_exp_bench: the softmax normaliser of one logits row, sum_i exp(x_i - max), by
 // std::exp(double) (what the sampler used) and by SumExpShifted, for the vocabularies of the
-// models served here. Prints one markdown table: the best of 20 calls each, and the relative
-// difference between the two sums.
+// models served here, and one Sampler::Sample of the row, greedy (checks, argmax, logprob) and
+// at temperature 1 (the whole distribution, one seeded draw).
+// Prints one markdown table: the best of 20 calls each, and the relative difference between the
+// two sums.
 //   build/bin/sum_exp_bench
 #include <algorithm>
 #include <chrono>
@@ -10,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/sampler/sampler.h"
 #include "engine/sampler/sum_exp.h"
 #include "tests/bench/cpu_model.h"
 
@@ -33,8 +36,14 @@ double BestMs(F&& f) {
 int main() {
   std::printf("sum_exp_bench: %s, one thread\n\n", modserve::bench::CpuModel().c_str());
   std::printf(
-      "| vocab | std::exp(double) ms | SumExpShifted ms | speed-up | relative difference |\n");
-  std::printf("|---:|---:|---:|---:|---:|\n");
+      "| vocab | std::exp(double) ms | SumExpShifted ms | speed-up | relative difference | Sample "
+      "ms: "
+      "greedy | temperature 1 |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  modserve::engine::Sampler sampler(1);
+  modserve::engine::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const modserve::engine::SamplingParams t1;  // temperature 1, no truncation, no penalties
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 3.0f);
   for (size_t vocab : {32000u, 49152u, 128256u}) {
@@ -53,8 +62,17 @@ int main() {
       fast = modserve::SumExpShifted(row, mx);
       sink = fast;
     });
-    std::printf("| %zu | %.3f | %.3f | %.1fx | %.1e |\n", vocab, t_ref, t_fast, t_ref / t_fast,
-                std::fabs(fast - ref) / ref);
+    double t_sample[2];
+    for (int i = 0; i < 2; ++i) {
+      const modserve::engine::SamplingParams& params = i == 0 ? greedy : t1;
+      modserve::engine::SamplingState state = sampler.NewState(params, {});
+      t_sample[i] = BestMs([&] {
+        auto r = sampler.Sample(row, params, &state);
+        sink = r.ok() ? r->logprob : -1.0;
+      });
+    }
+    std::printf("| %zu | %.3f | %.3f | %.1fx | %.1e | %.3f | %.3f |\n", vocab, t_ref, t_fast,
+                t_ref / t_fast, std::fabs(fast - ref) / ref, t_sample[0], t_sample[1]);
   }
   return 0;
 }

@@ -1,8 +1,10 @@
-// ExpNonPositive and SumExpShifted against std::exp in double precision.
+// ExpNonPositive and SumExpShifted against std::exp in double precision; every ISA body of
+// SumExpShifted and ArgMaxBelowInfinity against the baseline one and a scalar walk.
 #include "engine/sampler/sum_exp.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -60,6 +62,92 @@ TEST(SumExpTest, SumIsTheSameForTheSameRowAtAnyOffset) {
   std::vector<float> copy(buf.begin() + 3, buf.end());
   const absl::Span<const float> view(buf.data() + 3, 1000);
   EXPECT_EQ(SumExpShifted(view, 0.0f), SumExpShifted(copy, 0.0f));
+}
+
+// The bodies this CPU can run: the baseline always, then up to the best.
+std::vector<RowPassIsa> RunnableIsas() {
+  std::vector<RowPassIsa> isas = {RowPassIsa::kBaseline};
+  if (BestRowPassIsa() != RowPassIsa::kBaseline) isas.push_back(RowPassIsa::kAvx2);
+  if (BestRowPassIsa() == RowPassIsa::kAvx512) isas.push_back(RowPassIsa::kAvx512);
+  return isas;
+}
+
+TEST(SumExpTest, EveryIsaBodyGivesTheBaselineBits) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 30.0f);
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 70; ++n) lengths.push_back(n);
+  for (size_t n : {1000u, 32000u, 49152u, 128256u}) lengths.push_back(n);
+  for (size_t n : lengths) {
+    std::vector<float> row(n);
+    for (float& x : row) x = dist(rng);
+    // Terms at and around the cut-off of exp (-87 after the shift), -inf and NaN.
+    for (size_t i = 0; i < n; i += 7) row[i] = 3.0f - 87.0f + 0.001f * static_cast<float>(i % 5);
+    if (n > 4) row[n / 2] = -kInf, row[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    for (float shift : {3.0f, 60.0f}) {
+      const double want = SumExpShifted(row, shift, RowPassIsa::kBaseline);
+      for (RowPassIsa isa : RunnableIsas()) {
+        EXPECT_EQ(SumExpShifted(row, shift, isa), want)
+            << "isa " << static_cast<int>(isa) << " n " << n << " shift " << shift;
+      }
+    }
+  }
+}
+
+// What a walk over ascending ids keeping the first strictly greater element picks.
+size_t ScalarArgMax(const std::vector<float>& x) {
+  size_t best = 0;
+  for (size_t i = 1; i < x.size(); ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+TEST(SumExpTest, ArgMaxIsTheFirstMaximumOnEveryIsa) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(23);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  int checked = 0;
+  for (size_t n : {1u, 2u, 15u, 16u, 17u, 31u, 32u, 33u, 47u, 100u, 1000u, 32000u}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> row(n);
+      for (float& x : row) x = dist(rng);
+      // Ties of the maximum at up to three places (any lane, block or the tail), with -0 and +0
+      // as a tie when the maximum is zero; runs of -inf; a row of -inf only.
+      const float top = trial % 5 == 0 ? 0.0f : 12.0f;
+      for (int t = 0; t < trial % 4; ++t) {
+        row[rng() % n] = (t % 2 == 0 && top == 0.0f) ? -0.0f : top;
+      }
+      if (trial % 5 == 0) {
+        for (float& x : row) x = std::min(x, -1.0f);
+        row[rng() % n] = -0.0f;
+        row[rng() % n] = 0.0f;
+      }
+      if (trial % 7 == 3) {
+        for (size_t i = 0; i < n; i += 2) row[i] = -kInf;
+      }
+      if (trial == 39) std::fill(row.begin(), row.end(), -kInf);
+      const size_t want = ScalarArgMax(row);
+      for (RowPassIsa isa : RunnableIsas()) {
+        size_t got = n + 1;
+        ASSERT_TRUE(ArgMaxBelowInfinity(row, &got, isa)) << "n " << n;
+        EXPECT_EQ(got, want) << "isa " << static_cast<int>(isa) << " n " << n << " trial " << trial;
+        ++checked;
+      }
+      // One NaN or +inf anywhere, the tail included, is reported.
+      for (float poison : {std::numeric_limits<float>::quiet_NaN(), kInf}) {
+        std::vector<float> bad = row;
+        bad[trial % 2 == 0 ? n - 1 : rng() % n] = poison;
+        for (RowPassIsa isa : RunnableIsas()) {
+          size_t got = 0;
+          EXPECT_FALSE(ArgMaxBelowInfinity(bad, &got, isa))
+              << "isa " << static_cast<int>(isa) << " n " << n << " trial " << trial;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 }  // namespace
