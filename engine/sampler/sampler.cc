@@ -25,6 +25,14 @@ void ClampPositiveInfinity(std::vector<float>& logits) {
   }
 }
 
+// The row's entries other than -inf, in id order.
+void FiniteCandidates(absl::Span<const float> row, std::vector<Candidate>& candidates) {
+  candidates.clear();
+  for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
+    if (row[id] != -INFINITY) candidates.push_back({id, row[id]});
+  }
+}
+
 uint64_t SplitMix64(uint64_t& state) {
   uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -219,8 +227,15 @@ absl::StatusOr<std::vector<TokenLogprob>> Sampler::Distribution(absl::Span<const
     dist.push_back({r.token, 0.0f});
     return dist;
   }
-  const std::vector<Candidate>& candidates = scratch->candidates;
-  const double lse = LogSumExp(candidates);
+  std::vector<Candidate>& candidates = scratch->candidates;
+  double lse = 0.0;
+  if (scratch->whole_row) {
+    const float max = scratch->processed[scratch->best];
+    lse = max + std::log(SumExpShifted(scratch->processed, max));
+    FiniteCandidates(scratch->processed, candidates);
+  } else {
+    lse = LogSumExp(candidates);
+  }
   dist.reserve(candidates.size());
   for (const Candidate& c : candidates) {
     dist.push_back({c.id, static_cast<float>(c.logit - lse)});
@@ -234,6 +249,7 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
   std::vector<Candidate>& candidates = scratch.candidates;
   const auto vocab = static_cast<TokenId>(logits.size());
   if (vocab == 0) return absl::InternalError("sampler: empty logits row");
+  scratch.whole_row = false;
   // One vector pass finds the argmax and whether any logit is NaN or +inf; the scalar walk that
   // names the first such token runs only then.
   size_t best = 0;
@@ -276,10 +292,18 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
   }
   ApplyTemperature(absl::MakeSpan(work), params.temperature);
   ClampPositiveInfinity(work);
-  candidates.clear();
-  for (TokenId id = 0; id < vocab; ++id) {
-    if (work[id] != -INFINITY) candidates.push_back({id, work[id]});
+  // Nothing truncates (the OpenAI API's default): the draw walks the row itself.
+  if ((params.top_k <= 0 || params.top_k >= vocab) && params.top_p >= 1.0f &&
+      params.min_p <= 0.0f) {
+    ArgMaxBelowInfinity(work, &scratch.best);  // no NaN or +inf left: always true
+    if (work[scratch.best] == -INFINITY) {
+      return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
+    }
+    scratch.processed = work;
+    scratch.whole_row = true;
+    return absl::OkStatus();
   }
+  FiniteCandidates(work, candidates);
   if (candidates.empty()) {
     return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
   }
@@ -322,6 +346,31 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
       for (TokenId id = 0; id < vocab; ++id) {
         if (work[id] != -INFINITY) candidates.push_back({id, work[id]});
       }
+      KeepTopK(candidates, static_cast<int32_t>(num_alternatives));
+      for (const Candidate& c : candidates) {
+        result.top_logprobs.push_back({c.id, static_cast<float>(c.logit - lse)});
+      }
+    }
+    return result;
+  }
+
+  if (scratch.whole_row) {
+    // Inverse CDF of the row's softmax at the request's own counter: the first id whose running
+    // sum of exps (f64, ascending ids) passes target times their total.
+    const absl::Span<const float> work = scratch.processed;
+    const float max = work[scratch.best];
+    const double total = SumExpShifted(work, max);
+    const double lse = max + std::log(total);
+    const double target = UniformDraw(state.seed(), static_cast<uint64_t>(state.num_generated()));
+    size_t chosen = FirstIndexPastMass(work, max, target * total);
+    if (chosen == work.size()) {  // rounding can leave the mass just above the walk's sum
+      chosen = work.size() - 1;
+      while (work[chosen] == -INFINITY) --chosen;  // stops at the maximum at the latest
+    }
+    result.token = static_cast<TokenId>(chosen);
+    result.logprob = static_cast<float>(work[chosen] - lse);
+    if (num_alternatives > 0) {
+      FiniteCandidates(work, candidates);
       KeepTopK(candidates, static_cast<int32_t>(num_alternatives));
       for (const Candidate& c : candidates) {
         result.top_logprobs.push_back({c.id, static_cast<float>(c.logit - lse)});

@@ -114,7 +114,10 @@ struct SampleResult {
 // truncation: they cannot change an argmax).
 // The draw for a request's n-th token is UniformDraw(seed, n), walked along the survivors'
 // cumulative mass (canonical order when truncating, id order otherwise): the output depends on
-// the seed and the request's own step count only, never on the batch.
+// the seed and the request's own step count only, never on the batch. Greedy logprobs and, when
+// nothing truncates, the whole draw take their exps in f32 (ExpNonPositive, relative error under
+// 3e-7) summed in f64, vectorised with the same bits on every CPU (sum_exp.h); the truncated
+// paths take std::exp in f64 over their survivors.
 // Thread contract: RequestSeed and NewState on one thread (the engine's). Sample and
 // Distribution may run concurrently with each other for distinct states (a batch's rows are
 // sampled in parallel): each call borrows scratch buffers from a pool the sampler owns.
@@ -145,10 +148,11 @@ class Sampler {
   struct Scratch {
     std::vector<float> work;            // [vocab] f32 processed logits
     std::vector<Candidate> candidates;  // survivors of truncation
-    // Greedy: the processed logits (work, or the caller's row when nothing changes it) and the
-    // argmax in them.
+    // Greedy, and sampling that truncates nothing (whole_row): the processed logits (work, or
+    // the caller's row when nothing changes it) and the argmax in them; no candidate list.
     absl::Span<const float> processed;
     size_t best = 0;
+    bool whole_row = false;
   };
   // Scratch of one call: taken from spare_ (or new) and given back when the call ends.
   class ScratchLease;

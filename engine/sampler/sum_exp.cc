@@ -68,6 +68,31 @@ inline double SumExpShiftedBody(absl::Span<const float> x, float shift) {
   return total;
 }
 
+// The walk in ascending order; `exps` computes a block's terms (the vector bodies) or is skipped.
+template <int64_t kBlock, typename BlockExps>
+inline size_t FirstIndexPastMassBody(absl::Span<const float> x, float shift, double mass,
+                                     BlockExps&& exps) {
+  const float* p = x.data();
+  const size_t n = x.size();
+  double cumulative = 0.0;
+  size_t i = 0;
+  if constexpr (kBlock > 1) {
+    alignas(64) float e[kBlock];
+    for (; i + kBlock <= n; i += kBlock) {
+      exps(p + i, e);
+      for (int64_t j = 0; j < kBlock; ++j) {
+        cumulative += static_cast<double>(e[j]);
+        if (mass < cumulative) return i + static_cast<size_t>(j);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    cumulative += static_cast<double>(Exp(p[i] - shift));
+    if (mass < cumulative) return i;
+  }
+  return n;
+}
+
 inline bool ArgMaxBody(absl::Span<const float> x, size_t* first_max) {
   // Lane j walks i = j, j + 16, ... and keeps its first strictly greater element; the lowest
   // index among the lanes that hold the overall maximum is then the row's first.
@@ -223,6 +248,29 @@ MODSERVE_AVX2 double SumExpShiftedAvx2(absl::Span<const float> x, float shift) {
   return total;
 }
 
+struct ExpBlock16 {
+  float shift;
+  MODSERVE_AVX512 void operator()(const float* p, float* e) const {
+    _mm512_store_ps(e, Exp16(_mm512_sub_ps(_mm512_loadu_ps(p), _mm512_set1_ps(shift))));
+  }
+};
+
+struct ExpBlock8 {
+  float shift;
+  MODSERVE_AVX2 void operator()(const float* p, float* e) const {
+    _mm256_store_ps(e, Exp8(_mm256_sub_ps(_mm256_loadu_ps(p), _mm256_set1_ps(shift))));
+  }
+};
+
+MODSERVE_AVX512 size_t FirstIndexPastMassAvx512(absl::Span<const float> x, float shift,
+                                                double mass) {
+  return FirstIndexPastMassBody<16>(x, shift, mass, ExpBlock16{shift});
+}
+
+MODSERVE_AVX2 size_t FirstIndexPastMassAvx2(absl::Span<const float> x, float shift, double mass) {
+  return FirstIndexPastMassBody<8>(x, shift, mass, ExpBlock8{shift});
+}
+
 MODSERVE_AVX512 bool ArgMaxAvx512(absl::Span<const float> x, size_t* first_max) {
   return ArgMaxBody(x, first_max);
 }
@@ -276,8 +324,27 @@ bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max, RowPassIs
   return ArgMaxBody(x, first_max);
 }
 
+size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass, RowPassIsa isa) {
+#if defined(__x86_64__)
+  switch (isa) {
+    case RowPassIsa::kAvx512:
+      return FirstIndexPastMassAvx512(x, shift, mass);
+    case RowPassIsa::kAvx2:
+      return FirstIndexPastMassAvx2(x, shift, mass);
+    case RowPassIsa::kBaseline:
+      break;
+  }
+#endif
+  (void)isa;
+  return FirstIndexPastMassBody<1>(x, shift, mass, [](const float*, float*) {});
+}
+
 double SumExpShifted(absl::Span<const float> x, float shift) {
   return SumExpShifted(x, shift, kBest);
+}
+
+size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass) {
+  return FirstIndexPastMass(x, shift, mass, kBest);
 }
 
 bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max) {

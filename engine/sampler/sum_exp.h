@@ -1,5 +1,6 @@
 // Whole-row passes of the sampler over a vocabulary of logits: the normaliser of a softmax,
-// sum_i exp(x_i - shift), and the first position of its maximum for a greedy pick.
+// sum_i exp(x_i - shift), the first position of its maximum for a greedy pick, and the
+// position where the running sum of the exps passes a mass, for a draw.
 // A logprob for every sampled token needs the normaliser on every step; with std::exp(double) it
 // cost ~0.66 ms per 128k-entry row (~5 ns a term) on an AMD EPYC Zen 4, in SSE2 0.18 ms
 // (tests/bench/sum_exp_bench.cc). Each function has an AVX-512, an AVX2 and a baseline body,
@@ -29,11 +30,17 @@ double SumExpShifted(absl::Span<const float> x, float shift);
 // Precondition: x is not empty and has fewer than 2^31 elements.
 bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max);
 
+// The lowest i at which sum_{t <= i} ExpNonPositive(x_t - shift), summed in f64 in ascending t,
+// exceeds mass; x.size() when the whole row's sum does not. With shift = the maximum and
+// mass = u * SumExpShifted(x, shift), u in [0, 1), this is the inverse CDF of softmax(x) at u.
+size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass);
+
 // The bodies by name, for tests and benchmarks; an ISA the CPU lacks must not be asked for.
 enum class RowPassIsa { kBaseline, kAvx2, kAvx512 };
 RowPassIsa BestRowPassIsa();
 double SumExpShifted(absl::Span<const float> x, float shift, RowPassIsa isa);
 bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max, RowPassIsa isa);
+size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass, RowPassIsa isa);
 
 }  // namespace modserve
 

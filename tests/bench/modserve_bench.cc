@@ -73,6 +73,9 @@ ABSL_FLAG(std::string, graphs, "auto",
           "every backend but the CPU");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache storage: f32, f16 or bf16");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache page");
+ABSL_FLAG(double, temperature, 0.0,
+          "sampling temperature of the decode requests (0 = greedy; otherwise no truncation and "
+          "a fixed seed per request, as an OpenAI client's default request samples)");
 ABSL_FLAG(int32_t, prefill_tokens, 512, "prompt length of the prefill measurement");
 ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is reported)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "engine max_batch_tokens (the prefill chunk)");
@@ -648,7 +651,8 @@ std::vector<engine::TokenId> RandomPrompt(int64_t len, int64_t vocab, uint64_t s
 engine::Request MakeRequest(std::vector<engine::TokenId> prompt, int32_t max_new_tokens) {
   engine::Request r;
   r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
+  r.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  r.sampling.seed = 1234;
   r.sampling.ignore_eos = true;
   r.sampling.max_new_tokens = max_new_tokens;
   return r;

@@ -445,6 +445,45 @@ TEST(SamplerTest, BadLogitsAndTokenIdsAreErrors) {
   EXPECT_NE(status.message().find("token id 5"), std::string::npos) << status;
 }
 
+// With nothing truncated the draw walks the whole row; its token is the inverse CDF of the
+// softmax at UniformDraw(seed, step), computed here in double with std::exp (draws within 1e-9
+// of a boundary of that CDF are skipped: f32 exps may put them on either side).
+TEST(SamplerTest, UntruncatedDrawIsTheInverseCdfOfTheSoftmax) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> dist(0.0f, 2.5f);
+  std::vector<float> logits(50001);
+  for (float& x : logits) x = dist(rng);
+  for (size_t i = 5; i < logits.size(); i += 11) logits[i] = -INFINITY;
+  for (float temperature : {0.7f, 1.0f}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.seed = 4242;
+    params.top_logprobs = 3;
+    std::vector<double> cdf(logits.size());
+    double mx = -INFINITY, total = 0.0;
+    for (float x : logits) mx = std::max<double>(mx, x / temperature);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      cdf[i] = total += std::exp(static_cast<double>(logits[i] / temperature) - mx);
+    }
+    Sampler sampler(0);
+    SamplingState state = sampler.NewState(params, {});
+    int compared = 0;
+    for (int step = 0; step < 300; ++step) {
+      const double u = UniformDraw(4242, static_cast<uint64_t>(step)) * total;
+      const size_t want = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+      auto result = sampler.Sample(logits, params, &state);
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_EQ(result->top_logprobs.size(), 3u);
+      const double lo = want == 0 ? 0.0 : cdf[want - 1];
+      if (u - lo < 1e-9 * total || cdf[want] - u < 1e-9 * total) continue;
+      ++compared;
+      EXPECT_EQ(result->token, static_cast<TokenId>(want)) << "step " << step;
+      EXPECT_NEAR(result->logprob, logits[want] / temperature - mx - std::log(total), 1e-5);
+    }
+    EXPECT_GT(compared, 290);
+  }
+}
+
 TEST(SamplerTest, MaskedTokensAreNeverSampledAndTopLogprobsStopAtSupport) {
   const std::vector<float> logits = {-INFINITY, 0.3f, -INFINITY, 0.1f, -INFINITY};
   SamplingParams params;

@@ -150,5 +150,36 @@ TEST(SumExpTest, ArgMaxIsTheFirstMaximumOnEveryIsa) {
   EXPECT_GT(checked, 0);
 }
 
+TEST(SumExpTest, FirstIndexPastMassIsTheAscendingWalkOnEveryIsa) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(31);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  int checked = 0;
+  for (size_t n : {1u, 7u, 8u, 9u, 15u, 16u, 17u, 33u, 100u, 1000u, 32000u}) {
+    std::vector<float> row(n);
+    for (float& x : row) x = std::min(dist(rng), 0.0f);
+    for (size_t i = 1; i < n; i += 3) row[i] = -kInf;  // masked ids add nothing to the walk
+    // The scalar walk the contract names: ExpNonPositive terms summed in f64, ascending.
+    std::vector<double> running(n);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) running[i] = sum += ExpNonPositive(row[i] - 0.0f);
+    std::vector<double> masses = {-1.0, 0.0, sum, 2 * sum};
+    for (int t = 0; t < 50; ++t) masses.push_back(unit(rng) * sum);
+    for (size_t i = 0; i < n; i += std::max<size_t>(1, n / 20)) {
+      masses.push_back(running[i]);  // exactly at a running sum: the walk goes one past it
+    }
+    for (double mass : masses) {
+      const size_t want = std::upper_bound(running.begin(), running.end(), mass) - running.begin();
+      for (RowPassIsa isa : RunnableIsas()) {
+        EXPECT_EQ(FirstIndexPastMass(row, 0.0f, mass, isa), want)
+            << "isa " << static_cast<int>(isa) << " n " << n << " mass " << mass;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 }  // namespace
 }  // namespace modserve
