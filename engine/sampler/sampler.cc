@@ -55,7 +55,7 @@ double SortNucleusPrefix(std::vector<Candidate>& candidates, float top_p) {
   double prefix_weight = total;
   while (prefix < candidates.size()) {
     std::nth_element(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(prefix),
-                     candidates.end(), CandidateBefore);
+                     candidates.end(), kCandidateOrder);
     prefix_weight = 0.0;
     for (size_t i = 0; i < prefix; ++i) {
       prefix_weight += std::exp(static_cast<double>(candidates[i].logit) - max_logit);
@@ -65,7 +65,7 @@ double SortNucleusPrefix(std::vector<Candidate>& candidates, float top_p) {
   }
   const double tail_weight = prefix < candidates.size() ? total - prefix_weight : 0.0;
   candidates.resize(prefix);
-  std::sort(candidates.begin(), candidates.end(), CandidateBefore);
+  std::sort(candidates.begin(), candidates.end(), kCandidateOrder);
   return std::max(tail_weight, 0.0);
 }
 
@@ -397,7 +397,7 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
     if (!sorted) {
       const size_t n = std::min(num_alternatives, candidates.size());
       std::partial_sort(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(n),
-                        candidates.end(), CandidateBefore);
+                        candidates.end(), kCandidateOrder);
     }
     const size_t n = std::min(num_alternatives, candidates.size());
     for (size_t i = 0; i < n; ++i) {
