@@ -303,13 +303,44 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
     scratch.whole_row = true;
     return absl::OkStatus();
   }
-  FiniteCandidates(work, candidates);
-  if (candidates.empty()) {
+  const int64_t finite = CountAtLeast(work, -FLT_MAX);
+  if (finite == 0) {
     return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
   }
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates.size()) {
+  if (params.top_k > 0 && params.top_k < finite) {
+    // The k best lie at or above any threshold that at least k entries reach: only those become
+    // candidates for the selection, which then keeps the same k as over the whole row. The
+    // threshold steps down from the maximum by gaps growing 4x, then bisects until few more than
+    // k entries pass (counting passes are cheap; a selection over the whole vocabulary is not).
+    ArgMaxBelowInfinity(work, &scratch.best);
+    const float max = work[scratch.best];
+    const int64_t k = params.top_k, enough = std::max<int64_t>(4 * k, 256);
+    float threshold = max, above = max;  // count(threshold) >= k > count(above), once found
+    int64_t count = CountAtLeast(work, threshold);
+    for (float below = 1.0f; count < k; below *= 4.0f) {
+      above = threshold;
+      threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
+      count = CountAtLeast(work, threshold);
+    }
+    for (int step = 0; step < 24 && count > enough; ++step) {
+      const float mid = threshold + (above - threshold) * 0.5f;
+      if (mid <= threshold || mid >= above) break;
+      const int64_t c = CountAtLeast(work, mid);
+      if (c >= k) {
+        threshold = mid;
+        count = c;
+      } else {
+        above = mid;
+      }
+    }
+    candidates.clear();
+    for (TokenId id = 0; id < vocab; ++id) {
+      if (work[id] >= threshold) candidates.push_back({id, work[id]});
+    }
     KeepTopK(candidates, params.top_k);
     *sorted = true;
+  } else {
+    FiniteCandidates(work, candidates);
   }
   if (params.top_p < 1.0f) {
     double tail_weight = 0.0;

@@ -93,6 +93,20 @@ inline size_t FirstIndexPastMassBody(absl::Span<const float> x, float shift, dou
   return n;
 }
 
+inline int64_t CountAtLeastBody(absl::Span<const float> x, float t) {
+  constexpr size_t kLanes = 16;
+  int32_t lane[kLanes] = {};
+  const float* p = x.data();
+  size_t i = 0;
+  for (; i + kLanes <= x.size(); i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lane[j] += p[i + j] >= t ? 1 : 0;
+  }
+  int64_t count = 0;
+  for (; i < x.size(); ++i) count += p[i] >= t ? 1 : 0;
+  for (int32_t c : lane) count += c;
+  return count;
+}
+
 inline bool ArgMaxBody(absl::Span<const float> x, size_t* first_max) {
   // Lane j walks i = j, j + 16, ... and keeps its first strictly greater element; the lowest
   // index among the lanes that hold the overall maximum is then the row's first.
@@ -271,6 +285,13 @@ MODSERVE_AVX2 size_t FirstIndexPastMassAvx2(absl::Span<const float> x, float shi
   return FirstIndexPastMassBody<8>(x, shift, mass, ExpBlock8{shift});
 }
 
+MODSERVE_AVX512 int64_t CountAtLeastAvx512(absl::Span<const float> x, float t) {
+  return CountAtLeastBody(x, t);
+}
+MODSERVE_AVX2 int64_t CountAtLeastAvx2(absl::Span<const float> x, float t) {
+  return CountAtLeastBody(x, t);
+}
+
 MODSERVE_AVX512 bool ArgMaxAvx512(absl::Span<const float> x, size_t* first_max) {
   return ArgMaxBody(x, first_max);
 }
@@ -339,9 +360,26 @@ size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass, R
   return FirstIndexPastMassBody<1>(x, shift, mass, [](const float*, float*) {});
 }
 
+int64_t CountAtLeast(absl::Span<const float> x, float t, RowPassIsa isa) {
+#if defined(__x86_64__)
+  switch (isa) {
+    case RowPassIsa::kAvx512:
+      return CountAtLeastAvx512(x, t);
+    case RowPassIsa::kAvx2:
+      return CountAtLeastAvx2(x, t);
+    case RowPassIsa::kBaseline:
+      break;
+  }
+#endif
+  (void)isa;
+  return CountAtLeastBody(x, t);
+}
+
 double SumExpShifted(absl::Span<const float> x, float shift) {
   return SumExpShifted(x, shift, kBest);
 }
+
+int64_t CountAtLeast(absl::Span<const float> x, float t) { return CountAtLeast(x, t, kBest); }
 
 size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass) {
   return FirstIndexPastMass(x, shift, mass, kBest);

@@ -10,6 +10,7 @@
 #define MODSERVE_ENGINE_SAMPLER_SUM_EXP_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/types/span.h"
 
@@ -35,12 +36,16 @@ bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max);
 // mass = u * SumExpShifted(x, shift), u in [0, 1), this is the inverse CDF of softmax(x) at u.
 size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass);
 
+// How many elements of x are >= t (NaN never is; -inf is only for t = -inf).
+int64_t CountAtLeast(absl::Span<const float> x, float t);
+
 // The bodies by name, for tests and benchmarks; an ISA the CPU lacks must not be asked for.
 enum class RowPassIsa { kBaseline, kAvx2, kAvx512 };
 RowPassIsa BestRowPassIsa();
 double SumExpShifted(absl::Span<const float> x, float shift, RowPassIsa isa);
 bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max, RowPassIsa isa);
 size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass, RowPassIsa isa);
+int64_t CountAtLeast(absl::Span<const float> x, float t, RowPassIsa isa);
 
 }  // namespace modserve
 

@@ -284,6 +284,44 @@ TEST(SamplerTest, TopPOnLargeVocabularyMatchesFullSortReference) {
   }
 }
 
+// Top-k selects among the entries at or above a threshold found by counting passes; the k kept
+// must be those of a full sort whatever the row looks like: an outlier maximum far above the
+// rest, ties across the k-th place, masked ids, few finite entries.
+TEST(SamplerTest, TopKOnLargeVocabularyMatchesFullSortReference) {
+  constexpr int kVocab = 49152;
+  for (int shape = 0; shape < 4; ++shape) {
+    std::vector<float> logits = RandomLogits(kVocab, 40 + shape);
+    for (float& l : logits) l *= 3.0f;
+    if (shape == 1) logits[777] = 60.0f;  // one outlier: gaps of 1, 4, 16 from it find nothing
+    if (shape == 2) {
+      for (int i = 0; i < kVocab; i += 97) logits[i] = 30.0f;  // 507 ties at the top
+    }
+    if (shape == 3) {
+      for (int i = 0; i < kVocab; ++i) {
+        if (i % 1000 != 0) logits[i] = -INFINITY;  // 50 finite entries: top_k 40 of them
+      }
+    }
+    for (int32_t k : {1, 40, 50, 300}) {
+      SamplingParams params;
+      params.top_k = k;
+      params.seed = 9;
+      params.top_logprobs = 400;
+      const std::vector<double> ref = ReferenceProbs(logits, params);
+      Sampler sampler(0);
+      SamplingState state = sampler.NewState(params, {});
+      auto result = sampler.Sample(logits, params, &state);
+      ASSERT_TRUE(result.ok()) << result.status();
+      size_t support = 0;
+      for (double p : ref) support += p > 0.0;
+      ASSERT_EQ(result->top_logprobs.size(), support) << "shape " << shape << " k " << k;
+      for (const TokenLogprob& alt : result->top_logprobs) {
+        ASSERT_GT(ref[alt.id], 0.0) << "shape " << shape << " k " << k << " id " << alt.id;
+        ASSERT_NEAR(alt.logprob, std::log(ref[alt.id]), 1e-4);
+      }
+    }
+  }
+}
+
 TEST(SamplerTest, TopPTieAtBoundaryKeepsLowerIds) {
   // Four equally likely tokens, top_p = 0.5: exactly ids 0 and 1 survive, each with p = 0.5.
   const std::vector<float> logits = {0.0f, 0.0f, 0.0f, 0.0f};

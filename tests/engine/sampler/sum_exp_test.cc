@@ -181,5 +181,25 @@ TEST(SumExpTest, FirstIndexPastMassIsTheAscendingWalkOnEveryIsa) {
   EXPECT_GT(checked, 0);
 }
 
+TEST(SumExpTest, CountAtLeastCountsOnEveryIsa) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(37);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (size_t n : {0u, 1u, 15u, 16u, 17u, 100u, 32000u}) {
+    std::vector<float> row(n);
+    for (float& x : row) x = dist(rng);
+    for (size_t i = 0; i < n; i += 5) row[i] = -kInf;
+    if (n > 3) row[2] = std::numeric_limits<float>::quiet_NaN(), row[3] = 1.0f;
+    for (float t : {-kInf, -std::numeric_limits<float>::max(), -1.0f, 0.0f, 1.0f, 3.0f, kInf}) {
+      int64_t want = 0;
+      for (float x : row) want += x >= t;
+      for (RowPassIsa isa : RunnableIsas()) {
+        EXPECT_EQ(CountAtLeast(row, t, isa), want)
+            << "isa " << static_cast<int>(isa) << " n " << n << " t " << t;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace modserve
