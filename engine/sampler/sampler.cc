@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,42 @@ void FiniteCandidates(absl::Span<const float> row, std::vector<Candidate>& candi
   for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
     if (row[id] != -INFINITY) candidates.push_back({id, row[id]});
   }
+}
+
+// The k best entries of the row (-inf never; k > 0), sorted in canonical order: KeepTopK over
+// the entries at or above a threshold that at least k of them reach, which keeps the k a
+// selection over the whole row keeps. The threshold steps down from the row's maximum `max` by
+// gaps growing 4x, then bisects until few more than k entries pass: counting passes are cheap,
+// a selection over a whole vocabulary is not.
+void TopKOfRow(absl::Span<const float> row, float max, int64_t k, std::vector<Candidate>& out) {
+  float threshold = -FLT_MAX;  // every finite entry
+  if (k < CountAtLeast(row, -FLT_MAX)) {
+    const int64_t enough = std::max<int64_t>(4 * k, 256);
+    float above = max;  // count(threshold) >= k > count(above), once found
+    threshold = max;
+    int64_t count = CountAtLeast(row, threshold);
+    for (float below = 1.0f; count < k; below *= 4.0f) {
+      above = threshold;
+      threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
+      count = CountAtLeast(row, threshold);
+    }
+    for (int step = 0; step < 24 && count > enough; ++step) {
+      const float mid = threshold + (above - threshold) * 0.5f;
+      if (mid <= threshold || mid >= above) break;
+      const int64_t c = CountAtLeast(row, mid);
+      if (c >= k) {
+        threshold = mid;
+        count = c;
+      } else {
+        above = mid;
+      }
+    }
+  }
+  out.clear();
+  for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
+    if (row[id] >= threshold) out.push_back({id, row[id]});
+  }
+  KeepTopK(out, static_cast<int32_t>(std::min<int64_t>(k, INT32_MAX)));
 }
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -308,36 +345,8 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
     return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
   }
   if (params.top_k > 0 && params.top_k < finite) {
-    // The k best lie at or above any threshold that at least k entries reach: only those become
-    // candidates for the selection, which then keeps the same k as over the whole row. The
-    // threshold steps down from the maximum by gaps growing 4x, then bisects until few more than
-    // k entries pass (counting passes are cheap; a selection over the whole vocabulary is not).
     ArgMaxBelowInfinity(work, &scratch.best);
-    const float max = work[scratch.best];
-    const int64_t k = params.top_k, enough = std::max<int64_t>(4 * k, 256);
-    float threshold = max, above = max;  // count(threshold) >= k > count(above), once found
-    int64_t count = CountAtLeast(work, threshold);
-    for (float below = 1.0f; count < k; below *= 4.0f) {
-      above = threshold;
-      threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
-      count = CountAtLeast(work, threshold);
-    }
-    for (int step = 0; step < 24 && count > enough; ++step) {
-      const float mid = threshold + (above - threshold) * 0.5f;
-      if (mid <= threshold || mid >= above) break;
-      const int64_t c = CountAtLeast(work, mid);
-      if (c >= k) {
-        threshold = mid;
-        count = c;
-      } else {
-        above = mid;
-      }
-    }
-    candidates.clear();
-    for (TokenId id = 0; id < vocab; ++id) {
-      if (work[id] >= threshold) candidates.push_back({id, work[id]});
-    }
-    KeepTopK(candidates, params.top_k);
+    TopKOfRow(work, work[scratch.best], params.top_k, candidates);
     *sorted = true;
   } else {
     FiniteCandidates(work, candidates);
@@ -373,11 +382,7 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
     result.token = best;
     result.logprob = static_cast<float>(work[best] - lse);
     if (num_alternatives > 0) {
-      candidates.clear();
-      for (TokenId id = 0; id < vocab; ++id) {
-        if (work[id] != -INFINITY) candidates.push_back({id, work[id]});
-      }
-      KeepTopK(candidates, static_cast<int32_t>(num_alternatives));
+      TopKOfRow(work, work[best], static_cast<int64_t>(num_alternatives), candidates);
       for (const Candidate& c : candidates) {
         result.top_logprobs.push_back({c.id, static_cast<float>(c.logit - lse)});
       }
@@ -401,8 +406,7 @@ absl::StatusOr<SampleResult> Sampler::SampleImpl(const SamplingParams& params,
     result.token = static_cast<TokenId>(chosen);
     result.logprob = static_cast<float>(work[chosen] - lse);
     if (num_alternatives > 0) {
-      FiniteCandidates(work, candidates);
-      KeepTopK(candidates, static_cast<int32_t>(num_alternatives));
+      TopKOfRow(work, max, static_cast<int64_t>(num_alternatives), candidates);
       for (const Candidate& c : candidates) {
         result.top_logprobs.push_back({c.id, static_cast<float>(c.logit - lse)});
       }
