@@ -77,33 +77,45 @@ uint64_t SplitMix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// Sorts (canonical order) and keeps a prefix of `candidates` that holds at least top_p of the
-// softmax mass, so the top-p cut lies inside it; returns the weight of the dropped tail,
-// sum(exp(logit - max_logit)). Sorting a 128k vocabulary costs ~10x a selection pass, and the
-// nucleus is usually a few hundred tokens, so grow the prefix geometrically from
-// kNucleusPrefix instead of sorting everything.
-double SortNucleusPrefix(std::vector<Candidate>& candidates, float top_p) {
-  constexpr size_t kNucleusPrefix = 1024;
-  float max_logit = candidates[0].logit;
-  for (const Candidate& c : candidates) max_logit = std::max(max_logit, c.logit);
-  double total = 0.0;
-  for (const Candidate& c : candidates) total += std::exp(static_cast<double>(c.logit) - max_logit);
-  size_t prefix = std::min(candidates.size(), kNucleusPrefix);
-  double prefix_weight = total;
-  while (prefix < candidates.size()) {
-    std::nth_element(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(prefix),
-                     candidates.end(), kCandidateOrder);
-    prefix_weight = 0.0;
-    for (size_t i = 0; i < prefix; ++i) {
-      prefix_weight += std::exp(static_cast<double>(candidates[i].logit) - max_logit);
-    }
-    if (prefix_weight >= static_cast<double>(top_p) * total) break;
-    prefix = std::min(candidates.size(), prefix * 4);
+// The entries of the row at or above a threshold whose mass reaches top_p of the row's, sorted
+// in canonical order, into `out` (so the top-p cut lies inside them); returns the mass of the
+// rest, sum(exp(logit - max)). The masses are f32 exps summed in f64 (SumExpShiftedAtLeast, one
+// vector pass each), with a margin of 1e-6 over their relative error so that TopPCount's f64
+// sums over the prefix find the cut inside it too; the threshold steps down from the maximum by
+// gaps of 1/4, 1/2, 1, 2, ...: a peaked distribution keeps a handful of entries, a flat one
+// thousands (a selection over the whole vocabulary cost more than either).
+double NucleusPrefixOfRow(absl::Span<const float> row, float max, float top_p,
+                          std::vector<Candidate>& out) {
+  const double total = SumExpShifted(row, max);
+  const double want = static_cast<double>(top_p) * (1.0 + 1e-6) * total;
+  float threshold = max, above = max;  // mass(threshold) >= want > mass(above), once found
+  double mass = SumExpShiftedAtLeast(row, max, threshold);
+  for (float below = 0.25f; mass < want && threshold > -FLT_MAX; below *= 2.0f) {
+    above = threshold;
+    threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
+    mass = SumExpShiftedAtLeast(row, max, threshold);
   }
-  const double tail_weight = prefix < candidates.size() ? total - prefix_weight : 0.0;
-  candidates.resize(prefix);
-  std::sort(candidates.begin(), candidates.end(), kCandidateOrder);
-  return std::max(tail_weight, 0.0);
+  // A gap can take in far more entries than the cut needs (a maximum far above the rest, or a
+  // dense band of logits below it): bisect while the prefix would be over twice the entries
+  // above the last threshold that fell short (plus 1024).
+  for (int step = 0; step < 16; ++step) {
+    if (CountAtLeast(row, threshold) <= 2 * CountAtLeast(row, above) + 1024) break;
+    const float mid = threshold + (above - threshold) * 0.5f;
+    if (mid <= threshold || mid >= above) break;
+    const double m = SumExpShiftedAtLeast(row, max, mid);
+    if (m >= want) {
+      threshold = mid;
+      mass = m;
+    } else {
+      above = mid;
+    }
+  }
+  out.clear();
+  for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
+    if (row[id] >= threshold) out.push_back({id, row[id]});  // never -inf: threshold is finite
+  }
+  std::sort(out.begin(), out.end(), kCandidateOrder);
+  return std::max(total - mass, 0.0);
 }
 
 absl::Status FieldError(const std::string& field, auto value, const std::string& range) {
@@ -344,19 +356,19 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
   if (finite == 0) {
     return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
   }
+  double tail_weight = 0.0;  // of the entries top-p's prefix leaves out
+  ArgMaxBelowInfinity(work, &scratch.best);
+  const float max = work[scratch.best];
   if (params.top_k > 0 && params.top_k < finite) {
-    ArgMaxBelowInfinity(work, &scratch.best);
-    TopKOfRow(work, work[scratch.best], params.top_k, candidates);
+    TopKOfRow(work, max, params.top_k, candidates);
+    *sorted = true;
+  } else if (params.top_p < 1.0f) {
+    tail_weight = NucleusPrefixOfRow(work, max, params.top_p, candidates);
     *sorted = true;
   } else {
     FiniteCandidates(work, candidates);
   }
   if (params.top_p < 1.0f) {
-    double tail_weight = 0.0;
-    if (!*sorted) {
-      tail_weight = SortNucleusPrefix(candidates, params.top_p);
-      *sorted = true;
-    }
     candidates.resize(TopPCount(candidates, params.top_p, tail_weight));
   }
   KeepMinP(candidates, params.min_p);

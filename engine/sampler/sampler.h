@@ -117,7 +117,8 @@ struct SampleResult {
 // the seed and the request's own step count only, never on the batch. Greedy logprobs and, when
 // nothing truncates, the whole draw take their exps in f32 (ExpNonPositive, relative error under
 // 3e-7) summed in f64, vectorised with the same bits on every CPU (sum_exp.h); the truncated
-// paths take std::exp in f64 over their survivors.
+// paths take std::exp in f64 over their survivors (top-p weighs the entries below its sorted
+// prefix with the f32 exps).
 // Thread contract: RequestSeed and NewState on one thread (the engine's). Sample and
 // Distribution may run concurrently with each other for distinct states (a batch's rows are
 // sampled in parallel): each call borrows scratch buffers from a pool the sampler owns.

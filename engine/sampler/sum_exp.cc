@@ -51,7 +51,10 @@ namespace {
 // below) what GCC vectorises for AVX2 and AVX-512. -ffp-contract=off (CMakeLists.txt) keeps the
 // multiplies and adds apart where the target has FMA.
 
-inline double SumExpShiftedBody(absl::Span<const float> x, float shift) {
+// Terms of elements below t are 0 (t = -inf: every term; NaN's term is 0 either way).
+inline float ExpAtLeast(float v, float shift, float t) { return v >= t ? Exp(v - shift) : 0.0f; }
+
+inline double SumExpShiftedBody(absl::Span<const float> x, float shift, float t) {
   constexpr size_t kLanes = 8;
   double lane[kLanes] = {};
   const float* p = x.data();
@@ -59,11 +62,11 @@ inline double SumExpShiftedBody(absl::Span<const float> x, float shift) {
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     float e[kLanes];
-    for (size_t j = 0; j < kLanes; ++j) e[j] = Exp(p[i + j] - shift);
+    for (size_t j = 0; j < kLanes; ++j) e[j] = ExpAtLeast(p[i + j], shift, t);
     for (size_t j = 0; j < kLanes; ++j) lane[j] += static_cast<double>(e[j]);
   }
   double total = 0.0;
-  for (; i < n; ++i) total += static_cast<double>(Exp(p[i] - shift));
+  for (; i < n; ++i) total += static_cast<double>(ExpAtLeast(p[i], shift, t));
   for (size_t j = 0; j < kLanes; ++j) total += lane[j];
   return total;
 }
@@ -197,25 +200,30 @@ MODSERVE_AVX512 inline __m512 Exp16(__m512 v) {
   return _mm512_maskz_mul_ps(live, e, scale);
 }
 
-MODSERVE_AVX512 double SumExpShiftedAvx512(absl::Span<const float> x, float shift) {
+// Exp16 of v - s where v >= t, 0 elsewhere.
+MODSERVE_AVX512 inline __m512 Exp16AtLeast(__m512 v, __m512 s, __m512 t) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, t, _CMP_GE_OQ), Exp16(_mm512_sub_ps(v, s)));
+}
+
+MODSERVE_AVX512 double SumExpShiftedAvx512(absl::Span<const float> x, float shift, float t) {
   const float* p = x.data();
   const size_t n = x.size();
-  const __m512 s = _mm512_set1_ps(shift);
+  const __m512 s = _mm512_set1_ps(shift), vt = _mm512_set1_ps(t);
   __m512d lane = _mm512_setzero_pd();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(p + i), s));
+    const __m512 e = Exp16AtLeast(_mm512_loadu_ps(p + i), s, vt);
     lane = _mm512_add_pd(lane, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     lane = _mm512_add_pd(
         lane, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
   if (i + 8 <= n) {  // one more round of eight, from the low half of a masked vector
-    const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(0xff, p + i), s));
+    const __m512 e = Exp16AtLeast(_mm512_maskz_loadu_ps(0xff, p + i), s, vt);
     lane = _mm512_add_pd(lane, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     i += 8;
   }
   double total = 0.0;
-  for (; i < n; ++i) total += static_cast<double>(Exp(p[i] - shift));
+  for (; i < n; ++i) total += static_cast<double>(ExpAtLeast(p[i], shift, t));
   alignas(64) double l[8];
   _mm512_store_pd(l, lane);
   for (double v : l) total += v;
@@ -242,19 +250,20 @@ MODSERVE_AVX2 inline __m256 Exp8(__m256 v) {
   return _mm256_and_ps(live, _mm256_mul_ps(e, scale));
 }
 
-MODSERVE_AVX2 double SumExpShiftedAvx2(absl::Span<const float> x, float shift) {
+MODSERVE_AVX2 double SumExpShiftedAvx2(absl::Span<const float> x, float shift, float t) {
   const float* p = x.data();
   const size_t n = x.size();
-  const __m256 s = _mm256_set1_ps(shift);
+  const __m256 s = _mm256_set1_ps(shift), vt = _mm256_set1_ps(t);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3 and 4-7
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), s));
+    const __m256 v = _mm256_loadu_ps(p + i);
+    const __m256 e = _mm256_and_ps(_mm256_cmp_ps(v, vt, _CMP_GE_OQ), Exp8(_mm256_sub_ps(v, s)));
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
   }
   double total = 0.0;
-  for (; i < n; ++i) total += static_cast<double>(Exp(p[i] - shift));
+  for (; i < n; ++i) total += static_cast<double>(ExpAtLeast(p[i], shift, t));
   alignas(32) double l[8];
   _mm256_store_pd(l, lo);
   _mm256_store_pd(l + 4, hi);
@@ -315,19 +324,23 @@ const RowPassIsa kBest = Detect();
 
 RowPassIsa BestRowPassIsa() { return kBest; }
 
-double SumExpShifted(absl::Span<const float> x, float shift, RowPassIsa isa) {
+double SumExpShiftedAtLeast(absl::Span<const float> x, float shift, float t, RowPassIsa isa) {
 #if defined(__x86_64__)
   switch (isa) {
     case RowPassIsa::kAvx512:
-      return SumExpShiftedAvx512(x, shift);
+      return SumExpShiftedAvx512(x, shift, t);
     case RowPassIsa::kAvx2:
-      return SumExpShiftedAvx2(x, shift);
+      return SumExpShiftedAvx2(x, shift, t);
     case RowPassIsa::kBaseline:
       break;
   }
 #endif
   (void)isa;
-  return SumExpShiftedBody(x, shift);
+  return SumExpShiftedBody(x, shift, t);
+}
+
+double SumExpShifted(absl::Span<const float> x, float shift, RowPassIsa isa) {
+  return SumExpShiftedAtLeast(x, shift, -INFINITY, isa);
 }
 
 bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max, RowPassIsa isa) {
@@ -377,6 +390,10 @@ int64_t CountAtLeast(absl::Span<const float> x, float t, RowPassIsa isa) {
 
 double SumExpShifted(absl::Span<const float> x, float shift) {
   return SumExpShifted(x, shift, kBest);
+}
+
+double SumExpShiftedAtLeast(absl::Span<const float> x, float shift, float t) {
+  return SumExpShiftedAtLeast(x, shift, t, kBest);
 }
 
 int64_t CountAtLeast(absl::Span<const float> x, float t) { return CountAtLeast(x, t, kBest); }

@@ -25,6 +25,9 @@ float ExpNonPositive(float v);
 // and for any vector width the compiler picks. Relative error under 3e-7.
 double SumExpShifted(absl::Span<const float> x, float shift);
 
+// The same sum over the elements x_i >= t only (t = -inf: SumExpShifted, the same bits).
+double SumExpShiftedAtLeast(absl::Span<const float> x, float shift, float t);
+
 // The lowest i at which x holds its maximum (-0 and +0 count as equal; 0 when every element is
 // -inf) in *first_max, as a walk over ascending i keeping the first strictly greater element
 // would find it; false when some element is NaN or +inf (*first_max is then unspecified).
@@ -43,6 +46,7 @@ int64_t CountAtLeast(absl::Span<const float> x, float t);
 enum class RowPassIsa { kBaseline, kAvx2, kAvx512 };
 RowPassIsa BestRowPassIsa();
 double SumExpShifted(absl::Span<const float> x, float shift, RowPassIsa isa);
+double SumExpShiftedAtLeast(absl::Span<const float> x, float shift, float t, RowPassIsa isa);
 bool ArgMaxBelowInfinity(absl::Span<const float> x, size_t* first_max, RowPassIsa isa);
 size_t FirstIndexPastMass(absl::Span<const float> x, float shift, double mass, RowPassIsa isa);
 int64_t CountAtLeast(absl::Span<const float> x, float t, RowPassIsa isa);
