@@ -85,11 +85,23 @@ TEST(SumExpTest, EveryIsaBodyGivesTheBaselineBits) {
     // Terms at and around the cut-off of exp (-87 after the shift), -inf and NaN.
     for (size_t i = 0; i < n; i += 7) row[i] = 3.0f - 87.0f + 0.001f * static_cast<float>(i % 5);
     if (n > 4) row[n / 2] = -kInf, row[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    if (n > 3) row[3] = 1.0f;
     for (float shift : {3.0f, 60.0f}) {
       const double want = SumExpShifted(row, shift, RowPassIsa::kBaseline);
       for (RowPassIsa isa : RunnableIsas()) {
         EXPECT_EQ(SumExpShifted(row, shift, isa), want)
             << "isa " << static_cast<int>(isa) << " n " << n << " shift " << shift;
+        EXPECT_EQ(SumExpShiftedAtLeast(row, shift, -kInf, isa), want);
+      }
+      // Only the terms of elements >= t: against the sum over a copy with the rest at -inf.
+      for (float t : {-30.0f, 0.0f, 1.0f, 2.5f}) {  // row[3] is 1: a term at t counts
+        std::vector<float> kept = row;
+        for (float& x : kept) x = x >= t ? x : -kInf;
+        const double want_t = SumExpShifted(kept, shift, RowPassIsa::kBaseline);
+        for (RowPassIsa isa : RunnableIsas()) {
+          EXPECT_EQ(SumExpShiftedAtLeast(row, shift, t, isa), want_t)
+              << "isa " << static_cast<int>(isa) << " n " << n << " t " << t;
+        }
       }
     }
   }
