@@ -26,47 +26,53 @@ void ClampPositiveInfinity(std::vector<float>& logits) {
   }
 }
 
-// The row's entries other than -inf, in id order.
-void FiniteCandidates(absl::Span<const float> row, std::vector<Candidate>& candidates) {
-  candidates.clear();
-  for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
-    if (row[id] != -INFINITY) candidates.push_back({id, row[id]});
-  }
-}
-
-// The k best entries of the row (-inf never; k > 0), sorted in canonical order: KeepTopK over
-// the entries at or above a threshold that at least k of them reach, which keeps the k a
-// selection over the whole row keeps. The threshold steps down from the row's maximum `max` by
-// gaps growing 4x, then bisects until few more than k entries pass: counting passes are cheap,
-// a selection over a whole vocabulary is not.
-void TopKOfRow(absl::Span<const float> row, float max, int64_t k, std::vector<Candidate>& out) {
-  float threshold = -FLT_MAX;  // every finite entry
-  if (k < CountAtLeast(row, -FLT_MAX)) {
-    const int64_t enough = std::max<int64_t>(4 * k, 256);
-    float above = max;  // count(threshold) >= k > count(above), once found
-    threshold = max;
-    int64_t count = CountAtLeast(row, threshold);
-    for (float below = 1.0f; count < k; below *= 4.0f) {
-      above = threshold;
-      threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
-      count = CountAtLeast(row, threshold);
-    }
-    for (int step = 0; step < 24 && count > enough; ++step) {
-      const float mid = threshold + (above - threshold) * 0.5f;
-      if (mid <= threshold || mid >= above) break;
-      const int64_t c = CountAtLeast(row, mid);
-      if (c >= k) {
-        threshold = mid;
-        count = c;
-      } else {
-        above = mid;
-      }
-    }
-  }
+// The entries of the row at or above `threshold` (finite: never -inf), in id order.
+void CandidatesAtLeast(absl::Span<const float> row, float threshold, std::vector<Candidate>& out) {
   out.clear();
   for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
     if (row[id] >= threshold) out.push_back({id, row[id]});
   }
+}
+
+// The row's entries other than -inf (it holds no NaN or +inf), in id order.
+void FiniteCandidates(absl::Span<const float> row, std::vector<Candidate>& out) {
+  CandidatesAtLeast(row, -FLT_MAX, out);
+}
+
+// A threshold stepped down from `max` by gaps first_gap, first_gap * growth, ... until
+// reaches(threshold) (or it is -FLT_MAX, below every finite entry), then bisected between it and
+// the last one that fell short while too_loose(threshold, that one), so that a selection or a
+// sort runs over the entries at or above it rather than over the whole row. `reaches` must be
+// monotone (true at a threshold, true at every lower one).
+template <typename Reaches, typename TooLoose>
+float SearchThreshold(float max, float first_gap, float growth, Reaches&& reaches,
+                      TooLoose&& too_loose) {
+  float threshold = max, above = max;
+  for (float below = first_gap; threshold > -FLT_MAX && !reaches(threshold); below *= growth) {
+    above = threshold;
+    threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
+  }
+  for (int step = 0; step < 24 && too_loose(threshold, above); ++step) {
+    const float mid = threshold + (above - threshold) * 0.5f;
+    if (mid <= threshold || mid >= above) break;
+    (reaches(mid) ? threshold : above) = mid;
+  }
+  return threshold;
+}
+
+// The k best entries of the row (-inf never; k > 0), sorted in canonical order: KeepTopK over
+// the entries at or above a threshold that at least k of them reach, which keeps the k a
+// selection over the whole row keeps. Counting passes are cheap; a selection over a whole
+// vocabulary is not, so the threshold is bisected until at most max(4k, 256) entries pass.
+void TopKOfRow(absl::Span<const float> row, float max, int64_t k, std::vector<Candidate>& out) {
+  float threshold = -FLT_MAX;  // every finite entry
+  if (k < CountAtLeast(row, -FLT_MAX)) {
+    const int64_t enough = std::max<int64_t>(4 * k, 256);
+    threshold = SearchThreshold(
+        max, 1.0f, 4.0f, [&](float t) { return CountAtLeast(row, t) >= k; },
+        [&](float t, float) { return CountAtLeast(row, t) > enough; });
+  }
+  CandidatesAtLeast(row, threshold, out);
   KeepTopK(out, static_cast<int32_t>(std::min<int64_t>(k, INT32_MAX)));
 }
 
@@ -88,34 +94,17 @@ double NucleusPrefixOfRow(absl::Span<const float> row, float max, float top_p,
                           std::vector<Candidate>& out) {
   const double total = SumExpShifted(row, max);
   const double want = static_cast<double>(top_p) * (1.0 + 1e-6) * total;
-  float threshold = max, above = max;  // mass(threshold) >= want > mass(above), once found
-  double mass = SumExpShiftedAtLeast(row, max, threshold);
-  for (float below = 0.25f; mass < want && threshold > -FLT_MAX; below *= 2.0f) {
-    above = threshold;
-    threshold = max - below >= -FLT_MAX ? max - below : -FLT_MAX;
-    mass = SumExpShiftedAtLeast(row, max, threshold);
-  }
   // A gap can take in far more entries than the cut needs (a maximum far above the rest, or a
-  // dense band of logits below it): bisect while the prefix would be over twice the entries
-  // above the last threshold that fell short (plus 1024).
-  for (int step = 0; step < 16; ++step) {
-    if (CountAtLeast(row, threshold) <= 2 * CountAtLeast(row, above) + 1024) break;
-    const float mid = threshold + (above - threshold) * 0.5f;
-    if (mid <= threshold || mid >= above) break;
-    const double m = SumExpShiftedAtLeast(row, max, mid);
-    if (m >= want) {
-      threshold = mid;
-      mass = m;
-    } else {
-      above = mid;
-    }
-  }
-  out.clear();
-  for (TokenId id = 0; id < static_cast<TokenId>(row.size()); ++id) {
-    if (row[id] >= threshold) out.push_back({id, row[id]});  // never -inf: threshold is finite
-  }
+  // dense band of logits below it): bisected while the prefix would hold over twice the entries
+  // above the last threshold that fell short, plus 1024.
+  const float threshold = SearchThreshold(
+      max, 0.25f, 2.0f, [&](float t) { return SumExpShiftedAtLeast(row, max, t) >= want; },
+      [&](float t, float above) {
+        return CountAtLeast(row, t) > 2 * CountAtLeast(row, above) + 1024;
+      });
+  CandidatesAtLeast(row, threshold, out);
   std::sort(out.begin(), out.end(), kCandidateOrder);
-  return std::max(total - mass, 0.0);
+  return std::max(total - SumExpShiftedAtLeast(row, max, threshold), 0.0);
 }
 
 absl::Status FieldError(const std::string& field, auto value, const std::string& range) {
