@@ -60,17 +60,43 @@ float SearchThreshold(float max, float first_gap, float growth, Reaches&& reache
   return threshold;
 }
 
+// CountAtLeast of the row, remembering the last two thresholds asked about: the searches below
+// ask again about the threshold they just moved to.
+class RowCounts {
+ public:
+  explicit RowCounts(absl::Span<const float> row) : row_(row) {}
+  int64_t AtLeast(float t) {
+    for (const Entry& e : memo_) {
+      if (e.count >= 0 && e.t == t) return e.count;
+    }
+    memo_[next_] = {t, CountAtLeast(row_, t)};
+    const int64_t count = memo_[next_].count;
+    next_ ^= 1;
+    return count;
+  }
+
+ private:
+  struct Entry {
+    float t = 0.0f;
+    int64_t count = -1;
+  };
+  absl::Span<const float> row_;
+  Entry memo_[2];
+  int next_ = 0;
+};
+
 // The k best entries of the row (-inf never; k > 0), sorted in canonical order: KeepTopK over
 // the entries at or above a threshold that at least k of them reach, which keeps the k a
 // selection over the whole row keeps. Counting passes are cheap; a selection over a whole
 // vocabulary is not, so the threshold is bisected until at most max(4k, 256) entries pass.
 void TopKOfRow(absl::Span<const float> row, float max, int64_t k, std::vector<Candidate>& out) {
   float threshold = -FLT_MAX;  // every finite entry
-  if (k < CountAtLeast(row, -FLT_MAX)) {
+  RowCounts counts(row);
+  if (k < counts.AtLeast(-FLT_MAX)) {
     const int64_t enough = std::max<int64_t>(4 * k, 256);
     threshold = SearchThreshold(
-        max, 1.0f, 4.0f, [&](float t) { return CountAtLeast(row, t) >= k; },
-        [&](float t, float) { return CountAtLeast(row, t) > enough; });
+        max, 1.0f, 4.0f, [&](float t) { return counts.AtLeast(t) >= k; },
+        [&](float t, float) { return counts.AtLeast(t) > enough; });
   }
   CandidatesAtLeast(row, threshold, out);
   KeepTopK(out, static_cast<int32_t>(std::min<int64_t>(k, INT32_MAX)));
@@ -97,11 +123,10 @@ double NucleusPrefixOfRow(absl::Span<const float> row, float max, float top_p,
   // A gap can take in far more entries than the cut needs (a maximum far above the rest, or a
   // dense band of logits below it): bisected while the prefix would hold over twice the entries
   // above the last threshold that fell short, plus 1024.
+  RowCounts counts(row);
   const float threshold = SearchThreshold(
       max, 0.25f, 2.0f, [&](float t) { return SumExpShiftedAtLeast(row, max, t) >= want; },
-      [&](float t, float above) {
-        return CountAtLeast(row, t) > 2 * CountAtLeast(row, above) + 1024;
-      });
+      [&](float t, float above) { return counts.AtLeast(t) > 2 * counts.AtLeast(above) + 1024; });
   CandidatesAtLeast(row, threshold, out);
   std::sort(out.begin(), out.end(), kCandidateOrder);
   return std::max(total - SumExpShiftedAtLeast(row, max, threshold), 0.0);
