@@ -347,33 +347,27 @@ absl::Status Sampler::Process(absl::Span<const float> logits, const SamplingPara
     ApplyPresenceFrequencyPenalties(absl::MakeSpan(work), state.output_counts(),
                                     params.presence_penalty, params.frequency_penalty);
   }
-  if (greedy) {
-    ClampPositiveInfinity(work);
-    scratch.processed = work;
-    ArgMaxBelowInfinity(work, &scratch.best);  // no NaN or +inf left: always true
-    return absl::OkStatus();  // the argmax needs no temperature and no candidate list
-  }
-  ApplyTemperature(absl::MakeSpan(work), params.temperature);
+  if (!greedy) ApplyTemperature(absl::MakeSpan(work), params.temperature);
   ClampPositiveInfinity(work);
+  // Dividing by a positive temperature and the clamp both round monotonically, so they keep the
+  // entries' order: the position the check found still holds the maximum, unless a penalty
+  // moved it (greedy with a penalty lands here too, and needs the first maximum anyway).
+  if (penalised) ArgMaxBelowInfinity(work, &best);  // no NaN or +inf left: always true
+  scratch.processed = work;
+  scratch.best = best;
+  if (greedy) return absl::OkStatus();  // the argmax needs no temperature and no candidates
+  const float max = work[best];
+  if (max == -INFINITY) {
+    return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
+  }
   // Nothing truncates (the OpenAI API's default): the draw walks the row itself.
   if ((params.top_k <= 0 || params.top_k >= vocab) && params.top_p >= 1.0f &&
       params.min_p <= 0.0f) {
-    ArgMaxBelowInfinity(work, &scratch.best);  // no NaN or +inf left: always true
-    if (work[scratch.best] == -INFINITY) {
-      return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
-    }
-    scratch.processed = work;
     scratch.whole_row = true;
     return absl::OkStatus();
   }
-  const int64_t finite = CountAtLeast(work, -FLT_MAX);
-  if (finite == 0) {
-    return absl::InternalError(absl::StrCat("sampler: all ", vocab, " logits are -inf"));
-  }
   double tail_weight = 0.0;  // of the entries top-p's prefix leaves out
-  ArgMaxBelowInfinity(work, &scratch.best);
-  const float max = work[scratch.best];
-  if (params.top_k > 0 && params.top_k < finite) {
+  if (params.top_k > 0 && params.top_k < CountAtLeast(work, -FLT_MAX)) {  // finite entries
     TopKOfRow(work, max, params.top_k, candidates);
     *sorted = true;
   } else if (params.top_p < 1.0f) {

@@ -149,8 +149,9 @@ class Sampler {
   struct Scratch {
     std::vector<float> work;            // [vocab] f32 processed logits
     std::vector<Candidate> candidates;  // survivors of truncation
-    // Greedy, and sampling that truncates nothing (whole_row): the processed logits (work, or
-    // the caller's row when nothing changes it) and the argmax in them; no candidate list.
+    // The processed logits (work, or the caller's row when greedy and unpenalised) and a
+    // position of their maximum (for greedy, the first one). Greedy and whole_row sampling
+    // (nothing truncated) draw from these, with no candidate list.
     absl::Span<const float> processed;
     size_t best = 0;
     bool whole_row = false;
