@@ -52,6 +52,8 @@ uint32_t FileType(DType t) {
       return 7;
     case DType::kQ4_K:
       return 14;  // Q4_K_S: every matrix Q4_K
+    case DType::kQ5_K:
+      return 16;  // Q5_K_S
     case DType::kQ6_K:
       return 18;
     case DType::kBF16:
@@ -254,8 +256,8 @@ absl::Status AddTokenizerMetadata(const std::string& model_dir, const ModelConfi
 std::optional<DType> ParseWeightType(std::string_view name) {
   std::string n(name);
   for (char& ch : n) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
-                  DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     if (n == DTypeName(t)) return t;
   }
   return std::nullopt;

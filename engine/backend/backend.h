@@ -182,7 +182,7 @@ struct GemmOperand {
 // - Tensor arguments are non-owning views into memory from this backend's Allocate() (or, for the
 //   CPU backend, any host memory). They must stay alive until Synchronize() returns.
 // - Activations are F32; weights may be F32, F16 or BF16, and the Embed table and Gemm weight
-//   also block-quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K in the GGML layouts of common/quant.h,
+//   also block-quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K in the GGML layouts of common/quant.h,
 //   rows of whole blocks); query Supports(). Index tensors are I32.
 // - Index values (token ids, slots, page ids, kv lens, row indices) were validated by the caller;
 //   out-of-range values are caller bugs and CHECK-fail on the CPU backend.

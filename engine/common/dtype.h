@@ -12,10 +12,10 @@
 namespace modserve {
 
 // kI32 is for indices (token ids, positions, page tables, slot maps), never for weights.
-// kQ8_0 .. kQ6_K are block-quantized weight storage as GGUF files hold it: each run of
+// kQ8_0 .. kQ5_K are block-quantized weight storage as GGUF files hold it: each run of
 // DTypeBlockElems(t) consecutive elements of a row is one block of DTypeBlockBytes(t) bytes, so
 // a quantized row's length must be a multiple of the block.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ6_K };
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ6_K, kQ5_K };
 
 constexpr bool DTypeIsQuantized(DType t) {
   switch (t) {
@@ -29,6 +29,7 @@ constexpr bool DTypeIsQuantized(DType t) {
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       return true;
   }
   return false;
@@ -47,6 +48,7 @@ constexpr int64_t DTypeBlockElems(DType t) {
     case DType::kQ4_1:
       return 32;
     case DType::kQ4_K:
+    case DType::kQ5_K:
     case DType::kQ6_K:
       return 256;
   }
@@ -74,6 +76,8 @@ constexpr size_t DTypeBlockBytes(DType t) {
       return 144;  // f16 super-scale and super-minimum, 12 bytes of 6-bit scales, 256 x 4 bits
     case DType::kQ6_K:
       return 210;  // 256 x 6 bits, 16 x int8 scales, f16 super-scale
+    case DType::kQ5_K:
+      return 176;  // as Q4_K, plus 256 high bits
   }
   return 0;
 }
@@ -108,6 +112,8 @@ constexpr std::string_view DTypeName(DType t) {
       return "Q4_K";
     case DType::kQ6_K:
       return "Q6_K";
+    case DType::kQ5_K:
+      return "Q5_K";
   }
   return "?";
 }

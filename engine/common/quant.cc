@@ -75,6 +75,23 @@ void DequantQ4_K(const BlockQ4_K* b, int64_t num_blocks, float* y) {
   }
 }
 
+void DequantQ5_K(const BlockQ5_K* b, int64_t num_blocks, float* y) {
+  for (int64_t i = 0; i < num_blocks; ++i, y += kSuperBlockElems) {
+    const float d = F16ToF32(b[i].d), dmin = F16ToF32(b[i].dmin);
+    for (int s = 0; s < 8; ++s) {
+      uint8_t sc, mn;
+      Q4KScaleMin(b[i].scales, s, &sc, &mn);
+      const float ds = d * sc, ms = dmin * mn;
+      const uint8_t* q = b[i].qs + 32 * (s / 2);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = s % 2 == 0 ? (q[l] & 0x0f) : (q[l] >> 4);
+        const int hi = (b[i].qh[l] >> s) & 1;
+        y[32 * s + l] = ds * static_cast<float>(lo | (hi << 4)) - ms;
+      }
+    }
+  }
+}
+
 void DequantQ6_K(const BlockQ6_K* b, int64_t num_blocks, float* y) {
   for (int64_t i = 0; i < num_blocks; ++i, y += kSuperBlockElems) {
     const float d = F16ToF32(b[i].d);
@@ -241,57 +258,87 @@ float FitScaleSymmetric(const float* x, const float* w, int n, int nmax) {
   return best_scale;
 }
 
+// The super-block part of Q4_K and Q5_K: fits each 32-element sub-block of x to levels 0..nmax,
+// stores the 6-bit scales and minimums and the f16 d and dmin at `head` (the two types' first 16
+// bytes are laid out alike), and writes each element's level, fitted against the stored (rounded)
+// scales, to q.
+absl::Status QuantScaledMinSuperBlock(const float* x, int nmax, int64_t first_elem, BlockQ4_K* head,
+                                      uint8_t q[kSuperBlockElems]) {
+  float scales[8], offsets[8], w[32];
+  for (int s = 0; s < 8; ++s) {
+    const float* xs = x + 32 * s;
+    // Weigh each element by its magnitude plus the sub-block's RMS: large weights matter most,
+    // but small ones are not ignored.
+    float sum_x2 = 0.0f;
+    for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+    const float rms = std::sqrt(sum_x2 / 32.0f);
+    for (int l = 0; l < 32; ++l) w[l] = rms + std::fabs(xs[l]);
+    scales[s] = FitScaleOffset(xs, w, 32, nmax, &offsets[s]);
+  }
+  float max_scale = 0.0f, max_offset = 0.0f;
+  for (int s = 0; s < 8; ++s) {
+    max_scale = std::max(max_scale, scales[s]);
+    max_offset = std::max(max_offset, offsets[s]);
+  }
+  MODSERVE_RETURN_IF_ERROR(ScaleFits(max_scale / 63.0f, first_elem));
+  MODSERVE_RETURN_IF_ERROR(ScaleFits(max_offset / 63.0f, first_elem));
+  const float inv_scale = max_scale > 0.0f ? 63.0f / max_scale : 0.0f;
+  const float inv_offset = max_offset > 0.0f ? 63.0f / max_offset : 0.0f;
+  uint8_t sc[8], mn[8];
+  for (int s = 0; s < 8; ++s) {
+    sc[s] = static_cast<uint8_t>(std::min(63, RoundToInt(inv_scale * scales[s])));
+    mn[s] = static_cast<uint8_t>(std::min(63, RoundToInt(inv_offset * offsets[s])));
+  }
+  std::memset(head->scales, 0, sizeof(head->scales));
+  for (int s = 0; s < 4; ++s) {
+    head->scales[s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
+    head->scales[s + 4] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
+    head->scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 0x0f) | ((mn[s + 4] & 0x0f) << 4));
+  }
+  head->d = F32ToF16(max_scale / 63.0f);
+  head->dmin = F32ToF16(max_offset / 63.0f);
+  // Requantize against the stored (rounded) scales, so q is the best choice for what the
+  // dequantizer will actually compute.
+  const float d = F16ToF32(head->d), dmin = F16ToF32(head->dmin);
+  for (int s = 0; s < 8; ++s) {
+    const float ds = d * sc[s], ms = dmin * mn[s];
+    for (int l = 0; l < 32; ++l) {
+      q[32 * s + l] =
+          ds > 0.0f
+              ? static_cast<uint8_t>(std::clamp(RoundToInt((x[32 * s + l] + ms) / ds), 0, nmax))
+              : 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status QuantQ4_K(const float* x, int64_t num_blocks, BlockQ4_K* b) {
   for (int64_t i = 0; i < num_blocks; ++i, x += kSuperBlockElems) {
-    float scales[8], offsets[8], w[32];
-    for (int s = 0; s < 8; ++s) {
-      const float* xs = x + 32 * s;
-      // Weigh each element by its magnitude plus the sub-block's RMS: large weights matter most,
-      // but small ones are not ignored.
-      float sum_x2 = 0.0f;
-      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-      const float rms = std::sqrt(sum_x2 / 32.0f);
-      for (int l = 0; l < 32; ++l) w[l] = rms + std::fabs(xs[l]);
-      scales[s] = FitScaleOffset(xs, w, 32, 15, &offsets[s]);
-    }
-    float max_scale = 0.0f, max_offset = 0.0f;
-    for (int s = 0; s < 8; ++s) {
-      max_scale = std::max(max_scale, scales[s]);
-      max_offset = std::max(max_offset, offsets[s]);
-    }
-    MODSERVE_RETURN_IF_ERROR(ScaleFits(max_scale / 63.0f, i * kSuperBlockElems));
-    MODSERVE_RETURN_IF_ERROR(ScaleFits(max_offset / 63.0f, i * kSuperBlockElems));
-    const float inv_scale = max_scale > 0.0f ? 63.0f / max_scale : 0.0f;
-    const float inv_offset = max_offset > 0.0f ? 63.0f / max_offset : 0.0f;
-    uint8_t sc[8], mn[8];
-    for (int s = 0; s < 8; ++s) {
-      sc[s] = static_cast<uint8_t>(std::min(63, RoundToInt(inv_scale * scales[s])));
-      mn[s] = static_cast<uint8_t>(std::min(63, RoundToInt(inv_offset * offsets[s])));
-    }
-    std::memset(b[i].scales, 0, sizeof(b[i].scales));
-    for (int s = 0; s < 4; ++s) {
-      b[i].scales[s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
-      b[i].scales[s + 4] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
-      b[i].scales[s + 8] = static_cast<uint8_t>((sc[s + 4] & 0x0f) | ((mn[s + 4] & 0x0f) << 4));
-    }
-    b[i].d = F32ToF16(max_scale / 63.0f);
-    b[i].dmin = F32ToF16(max_offset / 63.0f);
-    // Requantize against the stored (rounded) scales, so q is the best choice for what the
-    // dequantizer will actually compute.
-    const float d = F16ToF32(b[i].d), dmin = F16ToF32(b[i].dmin);
     uint8_t q[kSuperBlockElems];
-    for (int s = 0; s < 8; ++s) {
-      const float ds = d * sc[s], ms = dmin * mn[s];
-      for (int l = 0; l < 32; ++l) {
-        q[32 * s + l] =
-            ds > 0.0f
-                ? static_cast<uint8_t>(std::clamp(RoundToInt((x[32 * s + l] + ms) / ds), 0, 15))
-                : 0;
-      }
-    }
+    MODSERVE_RETURN_IF_ERROR(QuantScaledMinSuperBlock(x, 15, i * kSuperBlockElems, &b[i], q));
     for (int g = 0; g < 4; ++g) {
       for (int l = 0; l < 32; ++l) {
         b[i].qs[32 * g + l] = static_cast<uint8_t>(q[64 * g + l] | (q[64 * g + 32 + l] << 4));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantQ5_K(const float* x, int64_t num_blocks, BlockQ5_K* b) {
+  for (int64_t i = 0; i < num_blocks; ++i, x += kSuperBlockElems) {
+    BlockQ4_K head = {};
+    uint8_t q[kSuperBlockElems];
+    MODSERVE_RETURN_IF_ERROR(QuantScaledMinSuperBlock(x, 31, i * kSuperBlockElems, &head, q));
+    b[i].d = head.d;
+    b[i].dmin = head.dmin;
+    std::memcpy(b[i].scales, head.scales, sizeof(b[i].scales));
+    std::memset(b[i].qh, 0, sizeof(b[i].qh));
+    for (int g = 0; g < 4; ++g) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t q0 = q[64 * g + l], q1 = q[64 * g + 32 + l];
+        b[i].qs[32 * g + l] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+        b[i].qh[l] |= static_cast<uint8_t>(((q0 >> 4) << (2 * g)) | ((q1 >> 4) << (2 * g + 1)));
       }
     }
   }
@@ -369,6 +416,8 @@ void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst) {
       return DequantQ4_K(static_cast<const BlockQ4_K*>(src), num_blocks, dst);
     case DType::kQ6_K:
       return DequantQ6_K(static_cast<const BlockQ6_K*>(src), num_blocks, dst);
+    case DType::kQ5_K:
+      return DequantQ5_K(static_cast<const BlockQ5_K*>(src), num_blocks, dst);
     case DType::kI32:
       break;
   }
@@ -430,6 +479,8 @@ absl::Status QuantizeRow(DType t, const float* src, int64_t num_elems, void* dst
       return QuantQ4_K(src, num_blocks, static_cast<BlockQ4_K*>(dst));
     case DType::kQ6_K:
       return QuantQ6_K(src, num_blocks, static_cast<BlockQ6_K*>(dst));
+    case DType::kQ5_K:
+      return QuantQ5_K(src, num_blocks, static_cast<BlockQ5_K*>(dst));
     case DType::kI32:
       break;
   }

@@ -1,6 +1,6 @@
-// The GGML block-quantized weight layouts (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) exactly as GGUF files
-// store them, and plain scalar reference quantizers and dequantizers. No SIMD and no threads: the
-// CPU backend's kernels read these layouts directly; this file is their definition and oracle.
+// The GGML block-quantized weight layouts (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) exactly as GGUF
+// files store them, and plain scalar reference quantizers and dequantizers. No SIMD and no threads:
+// the CPU backend's kernels read these layouts directly; this file is their definition and oracle.
 #ifndef MODSERVE_ENGINE_COMMON_QUANT_H_
 #define MODSERVE_ENGINE_COMMON_QUANT_H_
 
@@ -62,11 +62,24 @@ struct BlockQ6_K {
   f16_t d;
 };
 
+// Q5_K: Q4_K with a fifth bit: x = d * sc[s] * q - dmin * mn[s] with q in 0..31 for element l of
+// sub-block s; d, dmin and scales as Q4_K's (same offsets), the low 4 bits of q in qs as Q4_K
+// keeps its levels, and the high bit in bit s of qh[l].
+struct BlockQ5_K {
+  f16_t d;
+  f16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+
 static_assert(sizeof(BlockQ8_0) == DTypeBlockBytes(DType::kQ8_0));
 static_assert(sizeof(BlockQ4_0) == DTypeBlockBytes(DType::kQ4_0));
 static_assert(sizeof(BlockQ4_1) == DTypeBlockBytes(DType::kQ4_1));
 static_assert(sizeof(BlockQ4_K) == DTypeBlockBytes(DType::kQ4_K));
 static_assert(sizeof(BlockQ6_K) == DTypeBlockBytes(DType::kQ6_K));
+static_assert(sizeof(BlockQ5_K) == DTypeBlockBytes(DType::kQ5_K));
+static_assert(offsetof(BlockQ5_K, scales) == offsetof(BlockQ4_K, scales));
 static_assert(alignof(BlockQ8_0) == 2 && alignof(BlockQ4_K) == 2 && alignof(BlockQ6_K) == 2);
 
 // The 6-bit scale and minimum of sub-block s (< 8) of a Q4_K block. Bytes 0..3 hold the low 6 bits
@@ -92,7 +105,7 @@ void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst);
 
 // Writes the blocks (or plain elements) of `t` for src[0 .. num_elems) to dst, which must hold
 // DTypeRowBytes(t, num_elems) bytes. Q8_0, Q4_0 and Q4_1 use GGML's reference rounding (byte for
-// byte what its quantize_row_*_ref and the `gguf` package write); Q4_K and Q6_K search each
+// byte what its quantize_row_*_ref and the `gguf` package write); Q4_K, Q5_K and Q6_K search each
 // sub-block's scale (and minimum) for the least weighted squared error, as GGML's reference
 // K-quantizers do, so their round-trip error is comparable. F32/F16/BF16 convert with round to
 // nearest even. Errors (nothing useful is in dst then):

@@ -216,6 +216,8 @@ std::optional<DType> DTypeFromGgmlType(uint32_t id) {
       return DType::kQ8_0;
     case 12:
       return DType::kQ4_K;
+    case 13:
+      return DType::kQ5_K;
     case 14:
       return DType::kQ6_K;
     case 30:
@@ -241,6 +243,8 @@ std::optional<uint32_t> GgmlTypeFromDType(DType t) {
       return 3;
     case DType::kQ4_K:
       return 12;
+    case DType::kQ5_K:
+      return 13;
     case DType::kQ6_K:
       return 14;
     case DType::kI32:

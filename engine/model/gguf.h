@@ -52,7 +52,7 @@ struct GgmlTypeInfo {
 // The ggml type with this id, or nullptr for an id ggml never assigned (or has retired).
 const GgmlTypeInfo* FindGgmlType(uint32_t id);
 // The DType the engine holds a ggml type in, when it has one (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-// Q4_K, Q6_K); nullopt for every other type.
+// Q4_K, Q5_K, Q6_K); nullopt for every other type.
 std::optional<DType> DTypeFromGgmlType(uint32_t id);
 // The ggml type id of a weight DType (every DType but kI32, which is not a weight type).
 std::optional<uint32_t> GgmlTypeFromDType(DType t);

@@ -130,6 +130,7 @@ absl::Status CheckFinite(const TensorView& v, absl::string_view name) {
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   const std::string_view dtype_name = DTypeName(v.dtype);

@@ -549,7 +549,8 @@ int Main(int argc, char** argv) {
   if (only == "quant-compute") {
     // Q4_K and Q8_0 twice: as the file stores them, then as the engine runs them (the
     // interleaved copies, on tables that read them).
-    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+    for (DType t :
+         {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n, false);
     }
     for (DType t : {DType::kQ4_K, DType::kQ8_0}) {
@@ -558,7 +559,8 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (only.rfind("quant", 0) == 0) {
-    const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K};
+    const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
     const std::pair<int64_t, int64_t> tiny[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
     if (only != "quant-prefill") {
       for (DType t : types) {
@@ -599,7 +601,7 @@ int Main(int argc, char** argv) {
     std::printf("f32 FMA peak probe, one thread, CPU time: %.1f GFLOP/s per core-second\n",
                 core_peak);
     for (DType t : {DType::kBF16, DType::kF32, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                    DType::kQ4_K, DType::kQ6_K}) {
+                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (auto [m, k] : shapes) BenchPrefillCompute(backend, t, m, k, 512, core_peak);
     }
     return 0;

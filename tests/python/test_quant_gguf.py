@@ -19,7 +19,8 @@ gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TYPES = {"Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1, "Q4_K": QT.Q4_K, "Q6_K": QT.Q6_K}
+TYPES = {"Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1, "Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K,
+         "Q6_K": QT.Q6_K}
 ROW = 512  # elements per row in quant_dump
 
 
@@ -81,7 +82,8 @@ def test_round_trip_error_is_small_on_gaussian_rows(dumped, name):
     # for the noisier 512-element rows).
     src, blocks, _ = dumped[name]
     theirs = gguf_quants.dequantize(blocks, TYPES[name])
-    bound = {"Q8_0": 7e-5, "Q4_0": 1.8e-2, "Q4_1": 1.5e-2, "Q4_K": 1.3e-2, "Q6_K": 8e-4}
+    bound = {"Q8_0": 7e-5, "Q4_0": 1.8e-2, "Q4_1": 1.5e-2, "Q4_K": 1.3e-2, "Q5_K": 3.2e-3,
+             "Q6_K": 8e-4}
     for r in range(0, src.shape[0], 8):
         x, y = src[r].astype(np.float64), theirs[r].astype(np.float64)
         if np.sqrt((x ** 2).mean()) < 1e-2:

@@ -158,8 +158,8 @@ TEST(GgufExportTest, EveryReferenceCheckpointRoundTripsExactlyAsF32) {
 
 TEST(GgufExportTest, QuantizedExportsHoldTheQuantizedSourceRows) {
   for (const std::string& dir : ReferenceCheckpoints()) {
-    for (DType t : {DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1, DType::kQ6_K,
-                    DType::kF16, DType::kBF16}) {
+    for (DType t : {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ4_0, DType::kQ4_1,
+                    DType::kQ6_K, DType::kF16, DType::kBF16}) {
       CheckRoundTrip(dir, t);
     }
   }
@@ -254,7 +254,8 @@ TEST(GgufExportTest, Refusals) {
               StatusIs(absl::StatusCode::kInvalidArgument, "I32 is not a weight type"));
   EXPECT_EQ(ParseWeightType("q4_k"), DType::kQ4_K);
   EXPECT_EQ(ParseWeightType("Q8_0"), DType::kQ8_0);
-  EXPECT_EQ(ParseWeightType("q5_k"), std::nullopt);
+  EXPECT_EQ(ParseWeightType("q5_k"), DType::kQ5_K);
+  EXPECT_EQ(ParseWeightType("q3_k"), std::nullopt);
 }
 
 }  // namespace

@@ -344,6 +344,7 @@ void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const Ten
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       return EmbedQuantized(ids, table, out);
     case DType::kI32:
       break;
@@ -403,6 +404,7 @@ void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
@@ -467,6 +469,8 @@ QuantGemmFn CpuBackend::QuantKernel(DType dtype) const {
       return kernels_.gemm_q4_k;
     case DType::kQ6_K:
       return kernels_.gemm_q6_k;
+    case DType::kQ5_K:
+      return kernels_.gemm_q5_k;
     default:
       break;
   }
@@ -739,6 +743,7 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
@@ -958,6 +963,7 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);

@@ -147,6 +147,7 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q4_1 = q.gemm_q4_1;
     t.gemm_q4_k = q.gemm_q4_k;
     t.gemm_q6_k = q.gemm_q6_k;
+    t.gemm_q5_k = q.gemm_q5_k;
     t.gemm_q4_k_x16 = q.gemm_q4_k_x16;
     t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
     return t;

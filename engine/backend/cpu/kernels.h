@@ -121,6 +121,7 @@ struct KernelTable {
   QuantGemmFn gemm_q4_1;
   QuantGemmFn gemm_q4_k;
   QuantGemmFn gemm_q6_k;
+  QuantGemmFn gemm_q5_k;
   // Q4_K weights in the interleaved layout of RepackQ4_KX16 (below), for every row count (one
   // kernel, so each x row's result is the same whatever rows share the call); row_begin and
   // row_end multiples of kQ4KX16Rows. Null in tables without one: Q4_K weights then stay as

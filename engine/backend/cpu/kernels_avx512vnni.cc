@@ -37,7 +37,7 @@ inline __m256i Broadcast4(const int8_t* p) {
 // its slot: qavx2::PanelDot with vpdpbusd for the integer sums. Each block's integer sum is the
 // same as there, and its f32 update is qavx2::BlockUpdate, so the bits are qavx2::PanelDot's (and
 // so the decode kernels').
-// kKind 0, 3: levels 0..15: 8 vpdpbusd per block and x row.
+// kKind 0, 3, 4: levels 0..15 (0..31 for 4): 8 vpdpbusd per block and x row.
 // kKind 1: signed levels (Q8_0). vpdpbusd wants the weight bytes unsigned: w + 128 (w ^ 0x80,
 //   once per panel vector for all x rows), and the 128 * sum(a) that adds is taken back from the
 //   activation block sums in one vpdpwssd: (sum16[2b], sum16[2b + 1]) . (-128, -128).
@@ -172,6 +172,11 @@ struct Q4_KV : qavx2::Q4_KK {
     return qavx2::HaddSmall(_mm256_dpbusd_epi32(zero, w.lo, LoadI(a)),
                             _mm256_dpbusd_epi32(zero, w.hi, LoadI(a + 32)));
   }
+};
+
+// Q5_K: Q4_KV's dot over Q5_KK's levels (0..31: a vpdpbusd lane holds 4 products, < 2^14).
+struct Q5_KV : qavx2::Q5_KK {
+  static __m256i PairDot(const Pair& w, const int8_t* a) { return Q4_KV::PairDot(w, a); }
 };
 
 // x rows per RowDot call: qavx2 stops at 4 for its 16 registers; with 32, 8 rows keep their
@@ -443,6 +448,7 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q4_1 = &qvnni::Gemm<qvnni::Q4K32V<true>, qavx2::Q4Pack<true>, 0>,
     .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
+    .gemm_q5_k = &qvnni::Gemm<qvnni::Q5_KV, qavx2::Q5_KPack, 4>,
     .gemm_q4_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTiles, 256, kQ4KX16UnitBytes>,
     .gemm_q8_0_x16 =
         &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,

@@ -19,6 +19,7 @@ namespace qavx2 {
 using quant::BlockQ4_0;
 using quant::BlockQ4_1;
 using quant::BlockQ4_K;
+using quant::BlockQ5_K;
 using quant::BlockQ6_K;
 using quant::BlockQ8_0;
 
@@ -351,6 +352,56 @@ struct Q4_KK {
   }
 };
 
+// Bit `s` (< 8) of each byte of qh moved to bit 4 (0x10), the fifth bit of a Q5_K level. The
+// 16-bit shifts bring bit 4 of each byte from the same byte for every s: left by 4 - s or right by
+// s - 4, at most 4 places. (A switch: the shift count must be a literal.)
+inline __m256i Q5HighBits(__m256i qh, int s) {
+  __m256i v;
+  switch (s) {
+    case 0:
+      v = _mm256_slli_epi16(qh, 4);
+      break;
+    case 1:
+      v = _mm256_slli_epi16(qh, 3);
+      break;
+    case 2:
+      v = _mm256_slli_epi16(qh, 2);
+      break;
+    case 3:
+      v = _mm256_slli_epi16(qh, 1);
+      break;
+    case 4:
+      v = qh;
+      break;
+    case 5:
+      v = _mm256_srli_epi16(qh, 1);
+      break;
+    case 6:
+      v = _mm256_srli_epi16(qh, 2);
+      break;
+    default:
+      v = _mm256_srli_epi16(qh, 3);
+      break;
+  }
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+// Q5_K: Q4_K's pairs with the fifth bit of each level from qh, bit 2p for sub-block 2p and 2p + 1
+// for 2p + 1. Levels 0..31: PairDot's lanes hold 8 products (< 2^15, so its HaddSmall fits), and
+// Merge's HaddSmall packs those before it adds them in i32. d, dmin and the scales lie where
+// Q4_K's do, so LoadScales and Apply are Q4_K's.
+struct Q5_KK : Q4_KK {
+  static constexpr int64_t kChunkBytes = sizeof(BlockQ5_K);
+  static Pair LoadPair(const uint8_t* chunk, int p) {
+    const __m256i raw = LoadI(chunk + offsetof(BlockQ5_K, qs) + 32 * p);
+    const __m256i qh = LoadI(chunk + offsetof(BlockQ5_K, qh));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    return {_mm256_or_si256(_mm256_and_si256(raw, m4), Q5HighBits(qh, 2 * p)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
+                            Q5HighBits(qh, 2 * p + 1))};
+  }
+};
+
 // Q6_K: pair p is 32-element chunks 2p, 2p + 1 = r, r + 1 of half h = p / 2 (quant.h's element
 // numbering). Levels stay unsigned (0..63; 63 * 127 * 2 < 2^15) and vpmaddwd multiplies the i16
 // pair sums by the 16-element sub-block scales directly, so each 32-element chunk ends as one
@@ -542,6 +593,16 @@ struct Q4_KPack {
     isc[0] = isc[1] = _mm256_setzero_si256();
   }
 };
+struct Q5_KPack : Q4_KPack {
+  static constexpr int64_t kUnitBytes = sizeof(BlockQ5_K);
+  static __m256i Levels(const uint8_t* unit, int sub) {
+    const BlockQ5_K* blk = reinterpret_cast<const BlockQ5_K*>(unit);
+    const __m256i raw = LoadI(blk->qs + 32 * (sub / 2));
+    const __m256i lo =
+        _mm256_and_si256(sub % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));
+    return _mm256_or_si256(lo, Q5HighBits(LoadI(blk->qh), sub));
+  }
+};
 struct Q6_KPack {
   static constexpr int64_t kBlocksPerUnit = 8, kUnitBytes = sizeof(BlockQ6_K);
   static constexpr bool kOffset = false, kIntScales = true;
@@ -668,6 +729,7 @@ inline __m256i Broadcast4(const int8_t* p) {
 //   iscale[h] * (dot_h - 32 * asum16_h) (exact, as Q6_KK's madd and correction); acc =
 //   fma(scale * da, isum, acc) with scale = d.
 // kKind 3 (Q4_0): levels 0..15; acc = fma(scale, da * isum - 8 * ds, acc).
+// kKind 4 (Q5_K): levels 0..31; the update is kKind 0's.
 template <int kKind>
 inline __m256 BlockUpdate(const Panel& p, int64_t bi, __m256i isum, float da, float ds,
                           __m256 acc) {
@@ -679,7 +741,7 @@ inline __m256 BlockUpdate(const Panel& p, int64_t bi, __m256i isum, float da, fl
                            acc);
   } else {
     acc = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da)), s, acc);
-    if constexpr (kKind == 0) {
+    if constexpr (kKind == 0 || kKind == 4) {
       acc = _mm256_fmadd_ps(_mm256_load_ps(p.offset[bi]), _mm256_set1_ps(ds), acc);
     }
     return acc;
@@ -754,8 +816,8 @@ inline void Opaque(__m256i& v) { __asm__("" : "+x"(v)); }
 // acc[x] += the blocks b0 .. b0 + count - 1 of panel rows against activation row x0 + x, each
 // into its slot (PanelSlots). Integer sums: kKind 0 and 3, a lane's 16 products summed in i16 stay
 // below 8 * 2 * 15 * 127 < 2^15; kKind 1, |w| times the activation with w's sign, each
-// vpmaddubsw to i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second); kKind 2, two
-// vpmaddubsw per i16 sum (4 * 63 * 127 < 2^15).
+// vpmaddubsw to i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second); kKind 2 and 4,
+// two vpmaddubsw per i16 sum (4 * 63 * 127 < 2^15).
 template <int kKind, int NX>
 void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
               int64_t nb_main, __m256 (*acc)[kAccSlots]) {
@@ -778,6 +840,20 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
         }
       }
       for (int x = 0; x < NX; ++x) isum[x] = _mm256_madd_epi16(s16[x], ones);
+    } else if constexpr (kKind == 4) {
+      for (int x = 0; x < NX; ++x) isum[x] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int j = 0; j < 8; j += 2) {
+        const __m256i w0 = LoadI(p.lv[bi][j]), w1 = LoadI(p.lv[bi][j + 1]);
+#pragma GCC unroll 4
+        for (int x = 0; x < NX; ++x) {
+          const int8_t* qx = q[x] + 32 * bi + 4 * j;
+          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, Broadcast4(qx)),
+                                             _mm256_maddubs_epi16(w1, Broadcast4(qx + 4)));
+          isum[x] = _mm256_add_epi32(isum[x], _mm256_madd_epi16(t, ones));
+          Opaque(isum[x]);
+        }
+      }
     } else if constexpr (kKind == 1) {
       for (int x = 0; x < NX; ++x) isum[x] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -1024,5 +1100,6 @@ constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.gemm_q4_1 = &qavx2::Gemm<qavx2::Q4K32<true>, qavx2::Q4Pack<true>, 0>;
   t.gemm_q4_k = &qavx2::Gemm<qavx2::Q4_KK, qavx2::Q4_KPack, 0>;
   t.gemm_q6_k = &qavx2::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>;
+  t.gemm_q5_k = &qavx2::Gemm<qavx2::Q5_KK, qavx2::Q5_KPack, 4>;
   return t;
 }

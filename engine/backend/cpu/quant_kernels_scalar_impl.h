@@ -9,6 +9,7 @@ namespace qscalar {
 using quant::BlockQ4_0;
 using quant::BlockQ4_1;
 using quant::BlockQ4_K;
+using quant::BlockQ5_K;
 using quant::BlockQ6_K;
 using quant::BlockQ8_0;
 
@@ -123,6 +124,31 @@ float DotQ4_K(const QuantizedActs& a, int64_t i, const void* w) {
   return acc;
 }
 
+// Q5_K: Q4_K's sums with the fifth bit of each level from qh.
+float DotQ5_K(const QuantizedActs& a, int64_t i, const void* w) {
+  const int64_t nsb = a.k / 256, nb = a.k / 32;
+  const BlockQ5_K* blk = static_cast<const BlockQ5_K*>(w);
+  const int8_t* q = a.q + i * a.k;
+  float acc = 0.0f;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const float d = F16ToF32(blk[sb].d), dmin = F16ToF32(blk[sb].dmin);
+    for (int s = 0; s < 8; ++s) {
+      uint8_t sc, mn;
+      quant::Q4KScaleMin(blk[sb].scales, s, &sc, &mn);
+      int32_t isum = 0;
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t byte = blk[sb].qs[32 * (s / 2) + l];
+        const int level = (s % 2 == 0 ? byte & 15 : byte >> 4) | (((blk[sb].qh[l] >> s) & 1) << 4);
+        isum += level * q[256 * sb + 32 * s + l];
+      }
+      const int64_t b = 8 * sb + s;
+      acc += d * static_cast<float>(sc) * a.d[i * nb + b] * static_cast<float>(isum) -
+             dmin * static_cast<float>(mn) * a.ds[i * nb + b];
+    }
+  }
+  return acc;
+}
+
 // Q6_K: 6-bit levels stay unsigned (0..63) in the sums; the -32 comes back through the 16-element
 // activation sums, weighted by the same sub-block scales.
 float DotQ6_K(const QuantizedActs& a, int64_t i, const void* w) {
@@ -177,5 +203,6 @@ constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.gemm_q4_1 = &qscalar::Gemm<&qscalar::DotQ4<true>, 8 * sizeof(quant::BlockQ4_1)>;
   t.gemm_q4_k = &qscalar::Gemm<&qscalar::DotQ4_K, sizeof(quant::BlockQ4_K)>;
   t.gemm_q6_k = &qscalar::Gemm<&qscalar::DotQ6_K, sizeof(quant::BlockQ6_K)>;
+  t.gemm_q5_k = &qscalar::Gemm<&qscalar::DotQ5_K, sizeof(quant::BlockQ5_K)>;
   return t;
 }

@@ -218,6 +218,7 @@ void Embed(const TensorView& ids, const TensorView& table, const TensorView& out
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       return EmbedQuantized(ids, table, out);
     case DType::kI32:
       break;
@@ -241,6 +242,7 @@ void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView&
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
@@ -260,6 +262,7 @@ void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias, cons
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       return GemmQuantized(x, w, bias, out);
     case DType::kI32:
       break;
@@ -284,6 +287,7 @@ void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const Tensor
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
@@ -306,6 +310,7 @@ void Attention(const AttentionParams& params, const TensorView& q, const TensorV
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);

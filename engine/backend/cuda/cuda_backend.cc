@@ -596,6 +596,7 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);

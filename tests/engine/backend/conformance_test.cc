@@ -569,8 +569,8 @@ TEST_P(BackendConformanceTest, RouteSelectMatchesReferenceDecisionsAndCompaction
 }
 
 // ---- block-quantized weights ----------------------------------------------------------------
-constexpr DType kQuantDTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K,
-                                  DType::kQ6_K};
+constexpr DType kQuantDTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Overwrites the f16 at p with a random finite value of magnitude ~10^[lo, hi], sign random.
 void PutRandomHalf(std::mt19937& rng, uint8_t* p, float lo, float hi, bool allow_negative) {
@@ -584,7 +584,8 @@ void PutRandomHalf(std::mt19937& rng, uint8_t* p, float lo, float hi, bool allow
 // A [m, k] quantized matrix whose rows cover the cases the kernels must get right: rows
 // quantized from Gaussian floats at scales 1e-4 .. 1e3, all-zero rows, all-negative rows (the
 // Q4_1/Q4_K minimums carry them), single spikes, and rows of random bytes with random f16 scales
-// (every level, Q6_K scale -128, Q8_0 level -128, Q4_K 6-bit scales up to 63, negative minimums).
+// (every level, Q6_K scale -128, Q8_0 level -128, Q4_K/Q5_K 6-bit scales up to 63, negative
+// minimums).
 HostTensor RandomQuantized(std::mt19937& rng, DType t, int64_t m, int64_t k) {
   HostTensor w(t, {m, k});
   const size_t row_bytes = DTypeRowBytes(t, k), block_bytes = DTypeBlockBytes(t);
@@ -607,6 +608,7 @@ HostTensor RandomQuantized(std::mt19937& rng, DType t, int64_t m, int64_t k) {
             PutRandomHalf(rng, blk + 2, -3.0f, 1.0f, true);
             break;
           case DType::kQ4_K:
+          case DType::kQ5_K:  // every level 0..31 among the random bytes of qh and qs
             PutRandomHalf(rng, blk, -5.0f, -1.0f, false);
             PutRandomHalf(rng, blk + 2, -5.0f, -1.0f, true);  // negative dmin: a valid file may
             break;

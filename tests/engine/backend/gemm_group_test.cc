@@ -200,7 +200,8 @@ TEST_P(GemmGroupTest, FloatMembersGetTheBitsOfTheirOwnGemm) {
 }
 
 TEST_P(GemmGroupTest, QuantizedMembersGetTheBitsOfTheirOwnGemm) {
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t :
+       {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const std::vector<MemberSpec> specs = {{t, 37}, {t, 5}, {t, 70}};
     if (!Runs(specs)) continue;
     // k = 288: an odd number of 32-element blocks after the first 256 (a lone block in the

@@ -73,6 +73,7 @@ struct HostTensor {
       case DType::kQ4_1:
       case DType::kQ4_K:
       case DType::kQ6_K:
+      case DType::kQ5_K:
         break;  // block-quantized: no per-element access here
     }
     return 0.0f;
@@ -105,6 +106,7 @@ inline HostTensor Random(std::mt19937& rng, DType dtype, std::vector<int64_t> di
       case DType::kQ4_1:
       case DType::kQ4_K:
       case DType::kQ6_K:
+      case DType::kQ5_K:
         ADD_FAILURE() << "Random() is for plain float tensors";
         break;
     }

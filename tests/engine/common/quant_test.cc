@@ -23,8 +23,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K,
-                                 DType::kQ6_K};
+constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                                 DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 std::string Name(DType t) { return std::string(DTypeName(t)); }
 
@@ -56,6 +56,10 @@ TEST(QuantLayoutTest, RowBytesFollowTheBlockSizes) {
   EXPECT_EQ(DTypeRowBytes(DType::kQ6_K, 512), 2u * 210);
   EXPECT_EQ(offsetof(BlockQ4_K, scales), 4u);
   EXPECT_EQ(offsetof(BlockQ4_K, qs), 16u);
+  EXPECT_EQ(DTypeRowBytes(DType::kQ5_K, 768), 3u * 176);
+  EXPECT_EQ(offsetof(BlockQ5_K, scales), 4u);
+  EXPECT_EQ(offsetof(BlockQ5_K, qh), 16u);
+  EXPECT_EQ(offsetof(BlockQ5_K, qs), 48u);
   EXPECT_EQ(offsetof(BlockQ6_K, qh), 128u);
   EXPECT_EQ(offsetof(BlockQ6_K, scales), 192u);
   EXPECT_EQ(offsetof(BlockQ6_K, d), 208u);
@@ -130,6 +134,37 @@ TEST(QuantLayoutTest, Q4_KUnpacksSixBitScalesAndMinimums) {
   }
 }
 
+TEST(QuantLayoutTest, Q5_KTakesTheFifthBitOfSubBlockSFromBitSOfQh) {
+  // Q4_K's header (d, dmin, packed 6-bit scales and minimums at bytes 0..15), then qh[32]: bit s
+  // of qh[l] is the high bit of element l of sub-block s; then qs[128] as Q4_K's qs.
+  const int sc[8] = {3, 9, 17, 33, 40, 50, 61, 63};
+  const int mn[8] = {0, 5, 10, 20, 30, 40, 50, 63};
+  std::vector<uint8_t> block(176, 0);
+  PutF16(block.data(), 0.25f);
+  PutF16(block.data() + 2, 0.5f);
+  for (int s = 0; s < 4; ++s) {
+    block[4 + s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
+    block[4 + 4 + s] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
+    block[4 + 8 + s] = static_cast<uint8_t>((sc[s + 4] & 15) | ((mn[s + 4] & 15) << 4));
+  }
+  auto q_of = [](int s, int l) { return (7 * l + 13 * s + 5) % 32; };
+  for (int s = 0; s < 8; ++s) {
+    for (int l = 0; l < 32; ++l) {
+      const int q = q_of(s, l);
+      block[48 + 32 * (s / 2) + l] |= static_cast<uint8_t>(s % 2 == 0 ? (q & 15) : (q & 15) << 4);
+      block[16 + l] |= static_cast<uint8_t>((q >> 4) << s);
+    }
+  }
+  const std::vector<float> y = Dequantize(DType::kQ5_K, block, 256);
+  for (int s = 0; s < 8; ++s) {
+    for (int l = 0; l < 32; ++l) {
+      // GGML's order: d * sc first, then times q, then the minimum's dmin * mn subtracted.
+      const float ds = 0.25f * static_cast<float>(sc[s]), ms = 0.5f * static_cast<float>(mn[s]);
+      EXPECT_EQ(y[32 * s + l], ds * static_cast<float>(q_of(s, l)) - ms) << s << " " << l;
+    }
+  }
+}
+
 TEST(QuantLayoutTest, Q6_KSplitsSixBitsIntoNibblesAndCrumbs) {
   std::vector<uint8_t> block(210, 0);
   // Element e = 128 h + 32 r + l: low 4 bits in ql[64 h + 32 (r & 1) + l] (low nibble for
@@ -161,7 +196,8 @@ double Nmse(const std::vector<float>& x, const std::vector<float>& y) {
 }
 
 // Upper bounds on the NMSE of N(0, 1) rows. Measured (seed 1): 2.93e-5 (Q8_0), 7.52e-3 (Q4_0),
-// 6.16e-3 (Q4_1), 5.18e-3 (Q4_K), 3.20e-4 (Q6_K); the bounds leave ~20% margin, so a rounding or
+// 6.16e-3 (Q4_1), 5.18e-3 (Q4_K), 1.30e-3 (Q5_K: a quarter of Q4_K's, one more bit per level),
+// 3.20e-4 (Q6_K); the bounds leave ~20% margin, so a rounding or
 // packing slip (which at least doubles the error) fails.
 double NmseBound(DType t) {
   switch (t) {
@@ -173,6 +209,8 @@ double NmseBound(DType t) {
       return 7.4e-3;
     case DType::kQ4_K:
       return 6.2e-3;
+    case DType::kQ5_K:
+      return 1.6e-3;
     case DType::kQ6_K:
       return 3.9e-4;
     case DType::kF32:

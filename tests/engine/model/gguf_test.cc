@@ -399,10 +399,10 @@ TEST(GgufTypesTest, GgmlTypeTable) {
   EXPECT_EQ(FindGgmlType(12)->block_bytes, DTypeBlockBytes(DType::kQ4_K));
   EXPECT_EQ(FindGgmlType(13)->name, "Q5_K");
   EXPECT_EQ(FindGgmlType(4), nullptr);
-  EXPECT_EQ(DTypeFromGgmlType(13), std::nullopt);
+  EXPECT_EQ(DTypeFromGgmlType(11), std::nullopt);  // Q3_K: known to ggml, not run here
   // Every weight DType maps to a ggml type with the same block layout, and back.
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
-                  DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     SCOPED_TRACE(DTypeName(t));
     const std::optional<uint32_t> id = GgmlTypeFromDType(t);
     ASSERT_TRUE(id.has_value());

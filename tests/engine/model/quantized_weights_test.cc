@@ -175,7 +175,8 @@ class QuantizedWeightsTest : public ::testing::Test {
 
 TEST_F(QuantizedWeightsTest, BackendWithoutQuantizedKernelsIsRefusedNamingTensorAndType) {
   std::unique_ptr<Backend> be = NoQuant();
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType type :
+       {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     SCOPED_TRACE(DTypeName(type));
     // Everything quantized: the embedding table is the first tensor checked. (The demo's rows
     // of 192 are no multiple of 256: its K-quant export stores them as Q8_0.)

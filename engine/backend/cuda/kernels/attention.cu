@@ -533,6 +533,7 @@ cudaError_t Attention(cudaStream_t stream, const AttentionArgs& args, const Atte
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   if (err != cudaSuccess || plan.splits == 1) return err;

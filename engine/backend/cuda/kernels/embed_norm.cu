@@ -79,6 +79,7 @@ cudaError_t Embed(cudaStream_t stream, const int32_t* ids, int64_t n, const void
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;
@@ -100,6 +101,7 @@ cudaError_t RmsNorm(cudaStream_t stream, const float* x, const void* w, DType dt
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;

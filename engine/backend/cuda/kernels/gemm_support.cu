@@ -109,6 +109,7 @@ cudaError_t CombinePlanes(cudaStream_t stream, const float* p, const void* bias,
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;
@@ -129,6 +130,7 @@ cudaError_t WidenToF32(cudaStream_t stream, const void* src, DType dt, int64_t c
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;
@@ -150,6 +152,7 @@ cudaError_t AddBias(cudaStream_t stream, const void* bias, DType dt, int64_t n, 
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;

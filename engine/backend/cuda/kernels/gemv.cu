@@ -225,6 +225,7 @@ cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void*
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;

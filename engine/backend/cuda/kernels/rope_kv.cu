@@ -95,6 +95,7 @@ cudaError_t RopeAndAppendKv(cudaStream_t stream, const RopeKvArgs& args) {
     case DType::kQ4_1:
     case DType::kQ4_K:
     case DType::kQ6_K:
+    case DType::kQ5_K:
       break;
   }
   return cudaErrorInvalidValue;
