@@ -166,6 +166,9 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   if (w.dtype == DType::kQ4_K) {
     repack = &RepackQ4_KX16;
     group_bytes = k / 256 * kQ4KX16UnitBytes;
+  } else if (w.dtype == DType::kQ5_K) {
+    repack = &RepackQ5_KX16;
+    group_bytes = k / 256 * kQ5KX16UnitBytes;
   } else if (w.dtype == DType::kQ8_0 && k % kQ8_0X16UnitElems == 0) {
     repack = &RepackQ8_0X16;
     group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
@@ -481,6 +484,8 @@ QuantGemmFn CpuBackend::InterleavedKernel(DType dtype) const {
   switch (dtype) {
     case DType::kQ4_K:
       return kernels_.gemm_q4_k_x16;
+    case DType::kQ5_K:
+      return kernels_.gemm_q5_k_x16;
     case DType::kQ8_0:
       return kernels_.gemm_q8_0_x16;
     default:

@@ -149,6 +149,7 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q6_k = q.gemm_q6_k;
     t.gemm_q5_k = q.gemm_q5_k;
     t.gemm_q4_k_x16 = q.gemm_q4_k_x16;
+    t.gemm_q5_k_x16 = q.gemm_q5_k_x16;
     t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
     return t;
   }();
@@ -269,16 +270,22 @@ QuantizedActs QuantizedActs::In(void* scratch, int64_t n, int64_t k, ActLayout l
   return a;
 }
 
-void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end,
-                   void* dst) {
+namespace {
+
+// Q4_K's (B = BlockQ4_K) and Q5_K's (BlockQ5_K: the same fields, plus qh) interleaved units.
+template <class B, int64_t kUnitBytes>
+void RepackKX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
   const int64_t nsb = k / 256;
-  const auto* in = static_cast<const quant::BlockQ4_K*>(src);
+  const auto* in = static_cast<const B*>(src);
   auto* out = static_cast<uint8_t*>(dst);
   for (int64_t g = group_begin; g < group_end; ++g) {
     for (int64_t c = 0; c < nsb; ++c) {
-      uint8_t* unit = out + (g * nsb + c) * kQ4KX16UnitBytes;
+      uint8_t* unit = out + (g * nsb + c) * kUnitBytes;
       for (int r = 0; r < kQ4KX16Rows; ++r) {
-        const quant::BlockQ4_K& b = in[(g * kQ4KX16Rows + r) * nsb + c];
+        const B& b = in[(g * kQ4KX16Rows + r) * nsb + c];
+        if constexpr (kUnitBytes == kQ5KX16UnitBytes) {
+          for (int j = 0; j < 8; ++j) std::memcpy(unit + 2304 + 64 * j + 4 * r, b.qh + 4 * j, 4);
+        }
         for (int p = 0; p < 4; ++p) {
           for (int j = 0; j < 8; ++j) {
             std::memcpy(unit + 256 + (8 * p + j) * 64 + 4 * r, b.qs + 32 * p + 4 * j, 4);
@@ -298,6 +305,16 @@ void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t grou
       }
     }
   }
+}
+
+}  // namespace
+
+void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
+  RepackKX16<quant::BlockQ4_K, kQ4KX16UnitBytes>(src, k, group_begin, group_end, dst);
+}
+
+void RepackQ5_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
+  RepackKX16<quant::BlockQ5_K, kQ5KX16UnitBytes>(src, k, group_begin, group_end, dst);
 }
 
 void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t group_end,

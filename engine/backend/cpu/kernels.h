@@ -127,6 +127,8 @@ struct KernelTable {
   // row_end multiples of kQ4KX16Rows. Null in tables without one: Q4_K weights then stay as
   // GGUF stores them (CpuBackend::PrepareGemmWeight).
   QuantGemmFn gemm_q4_k_x16;
+  // Q5_K weights in the interleaved layout of RepackQ5_KX16 (below), the same way.
+  QuantGemmFn gemm_q5_k_x16;
   // Q8_0 weights in the interleaved layout of RepackQ8_0X16 (below), the same way.
   QuantGemmFn gemm_q8_0_x16;
 
@@ -259,6 +261,16 @@ inline constexpr int64_t kQ4KX16UnitBytes = 2304;
 // multiple of kQ4KX16Rows, k of 256) in the interleaved layout into `dst` (the whole tensor's
 // copy, m * k / 256 * 144 bytes). Groups are independent, so callers may split them.
 void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
+
+// The interleaved Q5_K layout (KernelTable::gemm_q5_k_x16): Q4_K's unit for the same super-block
+// of the 16 rows (the low 4 bits of each level in its level vectors), then the fifth bits:
+//   [2304, 2816)  64-byte vector j (j < 8) at 2304 + 64 j holds, for row r < 16, bytes
+//                 4 r .. 4 r + 3 = qh[4 j .. 4 j + 3] of row r's block: bit s of each is the
+//                 fifth bit of that element of sub-block s, so vector j serves the level vectors
+//                 (p, j) of every p.
+// 2816 bytes a unit, the 16 blocks' size.
+inline constexpr int64_t kQ5KX16UnitBytes = 2816;
+void RepackQ5_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
 
 // The interleaved Q8_0 layout (KernelTable::gemm_q8_0_x16), on the same plan: weight rows in
 // groups of kQ4KX16Rows, and per group and 64-element pair of blocks c (so k a multiple of 64)

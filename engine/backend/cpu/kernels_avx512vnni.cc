@@ -239,7 +239,9 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 // beside it (CpuBackend::MaxRowInvariantRows).
 namespace x16 {
 
-inline constexpr int64_t kUnit = kQ4KX16UnitBytes;
+// Unit bytes of the two K-quant layouts (kernels.h).
+template <bool kQ5>
+inline constexpr int64_t kUnit = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
 
 // A thread's units lie back to back, one sequential stream that the hardware prefetchers follow.
 // Q4_K tiles of 2 or more x rows also prefetch each unit's lines into L2 (prefetcht1) 2 units
@@ -249,10 +251,11 @@ inline constexpr int64_t kUnit = kQ4KX16UnitBytes;
 // DRAM from 26 to 22 GB/s, and into L2 TinyLlama-shape batch-1 decode from 53-56 to 43-44 tok/s.
 // Q8_0 units gained nothing from it at batch 4 (two alternating pairs), so they go without.
 // Prefetches never fault: reaching past the end of the copy from the last units is harmless.
-template <int NX>
+template <int NX, int64_t kBytes>
 inline void PrefetchAhead(const uint8_t* unit) {
   if constexpr (NX > 1) {
-    for (int64_t off = 0; off < kUnit; off += 64) __builtin_prefetch(unit + 2 * kUnit + off, 0, 2);
+    for (int64_t off = 0; off < kBytes; off += 64)
+      __builtin_prefetch(unit + 2 * kBytes + off, 0, 2);
   }
 }
 
@@ -286,8 +289,33 @@ inline __m512i Broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// out[x0 + x, r0 .. r0 + 16) for x < NX, from the group's nsb units at wg.
-template <int NX>
+// Bit s (< 8) of every byte of v moved to bit t (4 or 7) by a 16-bit shift: bit t of each byte
+// then comes from the same byte for every s (the shift is at most 7 places, toward t).
+template <int kS, int kT>
+inline __m512i BitTo(__m512i v) {
+  if constexpr (kS < kT) {
+    return _mm512_slli_epi16(v, kT - kS);
+  } else if constexpr (kS > kT) {
+    return _mm512_srli_epi16(v, kS - kT);
+  } else {
+    return v;
+  }
+}
+
+// Q5_K's levels of vector (p, j): for sub-block 2p, (v & 15) + 16 * bit 2p of h, as bytes; for
+// 2p + 1, eight times (v >> 4) + 16 * bit 2p + 1 of h (bytes up to 248; the sub-block's scale
+// carries the 1/8). vpternlogd 0xf8 is a | (b & c).
+template <int P>
+inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
+  const __m512i m0f = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+  const __m512i m78 = _mm512_set1_epi8(0x78), m80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  *lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m0f), BitTo<2 * P, 4>(h), m10, 0xf8);
+  *hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 1), m78),
+                                  BitTo<2 * P + 1, 7>(h), m80, 0xf8);
+}
+
+// out[x0 + x, r0 .. r0 + 16) for x < NX, from the group's nsb units at wg (Q5_K's when kQ5).
+template <int NX, bool kQ5>
 void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
           float* out, int64_t ldo, int64_t r0) {
   const int64_t k = a.k, nb = k / 32;
@@ -304,21 +332,28 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
   const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
   alignas(64) uint8_t scales[256];
   for (int64_t c = 0; c < nsb; ++c) {
-    const uint8_t* unit = wg + c * kUnit;
-    PrefetchAhead<NX>(unit);
+    const uint8_t* unit = wg + c * kUnit<kQ5>;
+    PrefetchAhead<NX, kUnit<kQ5>>(unit);
     UnpackScales(unit, scales);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
-    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(0.0625f));
+    // The high sub-blocks' levels come 16 (Q4_K) or 8 (Q5_K) times their value: exact powers of
+    // two, so their products round as the levels' own would.
+    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(kQ5 ? 0.125f : 0.0625f));
     const __m512 dmin =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
+    auto pass = [&]<int p>() {
       __m512i lo[NX], hi[NX];
       for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const __m512i v = Load512(unit + 256 + (8 * p + j) * 64);
-        const __m512i wl = _mm512_and_si512(v, m0f), wh = _mm512_and_si512(v, mf0);
+        __m512i wl, wh;
+        if constexpr (kQ5) {
+          Q5Levels<p>(v, Load512(unit + 2304 + 64 * j), &wl, &wh);
+        } else {
+          wl = _mm512_and_si512(v, m0f);
+          wh = _mm512_and_si512(v, mf0);
+        }
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
           const int8_t* qa = q[x] + 256 * c + 64 * p + 4 * j;
@@ -340,7 +375,11 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
                                  _mm512_cvtepi32_ps(hi[x]), acc[x]);
         acc_min[x] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(ds[x][b + 1]), acc_min[x]);
       }
-    }
+    };
+    pass.template operator()<0>();
+    pass.template operator()<1>();
+    pass.template operator()<2>();
+    pass.template operator()<3>();
   }
   for (int x = 0; x < NX; ++x) {
     _mm512_storeu_ps(out + (x0 + x) * ldo + r0,
@@ -352,8 +391,10 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
 inline constexpr int kTileRows = 5;
 using TileFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, int64_t, __m512, float*,
                         int64_t, int64_t);
-inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr,  &Tile<1>, &Tile<2>,
-                                                 &Tile<3>, &Tile<4>, &Tile<5>};
+inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr,         &Tile<1, false>, &Tile<2, false>,
+                                                 &Tile<3, false>, &Tile<4, false>, &Tile<5, false>};
+inline constexpr TileFn kTilesQ5_K[kTileRows + 1] = {
+    nullptr, &Tile<1, true>, &Tile<2, true>, &Tile<3, true>, &Tile<4, true>, &Tile<5, true>};
 
 // ---- Q8_0 in the interleaved 16-row layout (kernels.h, RepackQ8_0X16) -------------------------
 // The same plan as Q4_K's: one vpdpbusd of a level vector against 4 broadcast activation bytes
@@ -450,6 +491,7 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
     .gemm_q5_k = &qvnni::Gemm<qvnni::Q5_KV, qavx2::Q5_KPack, 4>,
     .gemm_q4_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTiles, 256, kQ4KX16UnitBytes>,
+    .gemm_q5_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ5_K, 256, kQ5KX16UnitBytes>,
     .gemm_q8_0_x16 =
         &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,
 };
