@@ -272,9 +272,9 @@ class Backend {
   // as a Gemm/GemmGroup weight, whole or as a slice of whole row groups (the backend CHECKs);
   // every other reader (Embed of a tied table, say) keeps the original. The result is the same
   // Gemm within the op's conformance tolerance, and a row's bits still do not depend on the
-  // rows beside it (MaxRowInvariantRows). The CPU backend copies Q4_K and Q8_0 weights whose rows
-  // come in groups of 16 into its interleaved layouts when its kernels read one (cpu/kernels.h);
-  // ResourceExhausted when there is no memory for the copy.
+  // rows beside it (MaxRowInvariantRows). The CPU backend copies Q4_K, Q5_K and Q8_0 weights
+  // whose rows come in groups of 16 into its interleaved layouts when its kernels read one
+  // (cpu/kernels.h); ResourceExhausted when there is no memory for the copy.
   virtual absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) { return w; }
 
   // Copies host_src (Device::kCpu) into dst (this backend's device); same byte size.

@@ -283,12 +283,14 @@ void RepackKX16(const void* src, int64_t k, int64_t group_begin, int64_t group_e
       uint8_t* unit = out + (g * nsb + c) * kUnitBytes;
       for (int r = 0; r < kQ4KX16Rows; ++r) {
         const B& b = in[(g * kQ4KX16Rows + r) * nsb + c];
+        // Q5_K's fifth bits between the scales and the levels (kernels.h).
+        constexpr int64_t kLevels = kUnitBytes == kQ5KX16UnitBytes ? 768 : 256;
         if constexpr (kUnitBytes == kQ5KX16UnitBytes) {
-          for (int j = 0; j < 8; ++j) std::memcpy(unit + 2304 + 64 * j + 4 * r, b.qh + 4 * j, 4);
+          for (int j = 0; j < 8; ++j) std::memcpy(unit + 256 + 64 * j + 4 * r, b.qh + 4 * j, 4);
         }
         for (int p = 0; p < 4; ++p) {
           for (int j = 0; j < 8; ++j) {
-            std::memcpy(unit + 256 + (8 * p + j) * 64 + 4 * r, b.qs + 32 * p + 4 * j, 4);
+            std::memcpy(unit + kLevels + (8 * p + j) * 64 + 4 * r, b.qs + 32 * p + 4 * j, 4);
           }
         }
         std::memcpy(unit + 2 * r, &b.d.bits, 2);

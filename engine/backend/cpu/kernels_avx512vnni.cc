@@ -346,10 +346,10 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
       for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const __m512i v = Load512(unit + 256 + (8 * p + j) * 64);
+        const __m512i v = Load512(unit + (kQ5 ? 768 : 256) + (8 * p + j) * 64);
         __m512i wl, wh;
         if constexpr (kQ5) {
-          Q5Levels<p>(v, Load512(unit + 2304 + 64 * j), &wl, &wh);
+          Q5Levels<p>(v, Load512(unit + 256 + 64 * j), &wl, &wh);
         } else {
           wl = _mm512_and_si512(v, m0f);
           wh = _mm512_and_si512(v, mf0);
