@@ -1,8 +1,8 @@
 """models/demo (MoD, predictor routing) through the built modserve-quantize and back through the
 built engine and server, compared with the safetensors original.
 
-Three files are made from models/demo: F32 and Q8_0 GGUF files (modserve-quantize), and a
-directory holding the Q8_0 file's weights dequantized to F32 by the `gguf` package, an
+Files are made from models/demo: F32, Q8_0 and Q5_K GGUF files (modserve-quantize), and
+directories holding the Q8_0 and Q5_K files' weights dequantized to F32 by the `gguf` package, an
 independent dequantizer (Q/K rows un-permuted and names mapped back here, in numpy). Greedy runs
 of modserve-generate (token ids from the `tokenizers` package, top-2 logprobs) then compare:
 
@@ -161,8 +161,10 @@ def compare(a, b, tol):
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("roundtrip")
     q8 = quantize(str(d / "demo-q8_0.gguf"), "q8_0")
+    q5 = quantize(str(d / "demo-q5_k.gguf"), "q5_k")
     return {"f32": quantize(str(d / "demo-f32.gguf"), "f32"), "q8_0": q8,
-            "q8_0_dequantized": dequantized_dir(q8, str(d / "q8_0-dequantized"))}
+            "q8_0_dequantized": dequantized_dir(q8, str(d / "q8_0-dequantized")),
+            "q5_k": q5, "q5_k_dequantized": dequantized_dir(q5, str(d / "q5_k-dequantized"))}
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +188,21 @@ def test_q8_0_gguf_matches_its_dequantized_weights(runs):
         steps, w = compare(a, b, TOL)
         total, worst = total + steps, max(worst, w)
     print(f"Q8_0 file vs its dequantized weights: {total} steps, max |dlogprob| {worst:.4f}")
+    assert worst < TOL
+    assert total >= len(PROMPTS) * NEW_TOKENS // 2
+
+
+def test_q5_k_gguf_matches_its_dequantized_weights(files, runs):
+    # models/demo's 192-wide rows take Q8_0 (Q5_K's block is 256); its ffn_down rows (512) are
+    # Q5_K, 192 of them: a multiple of 16, so the CPU backend runs its interleaved Q5_K copy.
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files["q5_k"]).tensors}
+    assert {n for n, t in types.items() if t == "Q5_K"} == {
+        f"blk.{i}.ffn_down.weight" for i in range(6)}, types
+    total, worst = 0, 0.0
+    for a, b in zip(runs["q5_k"], runs["q5_k_dequantized"]):
+        steps, w = compare(a, b, TOL)
+        total, worst = total + steps, max(worst, w)
+    print(f"Q5_K file vs its dequantized weights: {total} steps, max |dlogprob| {worst:.4f}")
     assert worst < TOL
     assert total >= len(PROMPTS) * NEW_TOKENS // 2
 
