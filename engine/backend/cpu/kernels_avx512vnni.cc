@@ -222,7 +222,7 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
   }
 }
 
-// ---- Q4_K in the interleaved 16-row layout (kernels.h, RepackQ4_KX16) --------------------------
+// ---- Q4_K and Q5_K in the interleaved 16-row layouts (kernels.h, RepackQ4_KX16, RepackQ5_KX16) -
 // A 64-byte level vector holds 4 levels of each of 16 weight rows, one row per 32-bit lane, so one
 // vpdpbusd against 4 activation bytes broadcast to every lane adds 4 products to all 16 rows, and
 // a sub-block's integer sums for the 16 rows end in the 16 lanes of one vector: no per-row
@@ -236,7 +236,8 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 // Per x row and sub-block s, in order: acc += (d * sc[s] * da[s]) * isum[s] (f32 FMA) and
 // acc_min -= (dmin * mn[s]) * ds[s]; the row's output is acc + acc_min + bias. Every x row takes
 // the same operations whatever the tile it shares, so its result does not depend on the rows
-// beside it (CpuBackend::MaxRowInvariantRows).
+// beside it (CpuBackend::MaxRowInvariantRows). Q5_K's units (RepackQ5_KX16) run the same kernel
+// with their fifth bits merged into the levels (Q5Levels), the high sub-blocks' at 8 times.
 namespace x16 {
 
 // Unit bytes of the two K-quant layouts (kernels.h).
@@ -338,7 +339,7 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
     // The high sub-blocks' levels come 16 (Q4_K) or 8 (Q5_K) times their value: exact powers of
     // two, so their products round as the levels' own would.
-    const __m512 d16 = _mm512_mul_ps(d, _mm512_set1_ps(kQ5 ? 0.125f : 0.0625f));
+    const __m512 d_hi = _mm512_mul_ps(d, _mm512_set1_ps(kQ5 ? 0.125f : 0.0625f));
     const __m512 dmin =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
     auto pass = [&]<int p>() {
@@ -363,7 +364,7 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
       }
       const int64_t b = 8 * c + 2 * p;
       const __m512 s0 = BytesTimes(scales + 16 * (2 * p), d);
-      const __m512 s1 = BytesTimes(scales + 16 * (2 * p + 1), d16);
+      const __m512 s1 = BytesTimes(scales + 16 * (2 * p + 1), d_hi);
       const __m512 m0 = BytesTimes(scales + 128 + 16 * (2 * p), dmin);
       const __m512 m1 = BytesTimes(scales + 128 + 16 * (2 * p + 1), dmin);
 #pragma GCC unroll 8
