@@ -13,6 +13,7 @@
 #
 #   tests/bench/llamacpp/check_same_tokens.sh [CKPT_DIR] [N_NEW] [OUTTYPE]
 #   CONVERTER=quantize tests/bench/llamacpp/check_same_tokens.sh models/demo-dense 32 q4_k
+#   CONVERTER=llama tests/bench/llamacpp/check_same_tokens.sh /tmp/modserve-bench/110m-dense 16 q5_k_m
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../../.." && pwd)"
@@ -38,11 +39,24 @@ fi
 # CONVERTER=quantize makes the GGUF with modserve-quantize (any of its --type values, the
 # tokenizer.json included) instead of to_gguf.py, and modserve runs that same GGUF file: the
 # check then proves the quantizer's output and modserve's GGUF loading against llama.cpp.
+# CONVERTER=llama has llama.cpp's own quantizer write it (llama_quantize.cc, from an F16 file of
+# modserve-quantize; OUTTYPE q4_k_m, q5_k_m, ...): modserve's kernels on blocks and tensor mixes
+# it did not write.
 CONVERTER="${CONVERTER:-to_gguf}"
 GGUF="$WORK/$(basename "$CKPT")-$OUTTYPE-$CONVERTER.gguf"
 if [[ "$CONVERTER" == quantize ]]; then
   "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$GGUF" --type "$OUTTYPE" \
     --allow_no_tokenizer
+elif [[ "$CONVERTER" == llama ]]; then
+  QUANTIZE="$LLAMACPP_BUILD/bin/llama_quantize"
+  if [[ ! -x "$QUANTIZE" || "$HERE/llama_quantize.cc" -nt "$QUANTIZE" ]]; then
+    nice -n 19 g++ -O2 -std=c++17 -o "$QUANTIZE" "$HERE/llama_quantize.cc" \
+      -I"$LLAMACPP_SRC/include" -I"$LLAMACPP_SRC/ggml/include" \
+      -L"$LLAMACPP_BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$LLAMACPP_BUILD/bin"
+  fi
+  "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$WORK/f16.gguf" --type f16 \
+    --allow_no_tokenizer
+  "$QUANTIZE" "$WORK/f16.gguf" "$GGUF" "$OUTTYPE" "$THREADS" > /dev/null
 elif [[ ! -f "$GGUF" || "$CKPT/config.json" -nt "$GGUF" || "$HERE/to_gguf.py" -nt "$GGUF" ]]; then
   nice -n 19 "$GGUF_PY" "$HERE/to_gguf.py" "$CKPT" "$GGUF" --outtype "$OUTTYPE"
 fi
@@ -51,7 +65,7 @@ LC_OUT="$WORK/check.llamacpp.txt"
 MS_OUT="$WORK/check.modserve.json"
 "$GREEDY" "$GGUF" "$PROMPT" "$N_NEW" "$THREADS" > "$LC_OUT"
 MS_MODEL="$CKPT"
-[[ "$CONVERTER" == quantize ]] && MS_MODEL="$GGUF"
+[[ "$CONVERTER" == quantize || "$CONVERTER" == llama ]] && MS_MODEL="$GGUF"
 "$MODSERVE_BIN_DIR/modserve-generate" --model "$MS_MODEL" --prompt_ids "$PROMPT" \
   --max_new_tokens "$N_NEW" --temperature 0 --ignore_eos --top_logprobs 2 --json \
   --threads "$THREADS" > "$MS_OUT"

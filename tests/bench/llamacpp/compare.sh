@@ -12,8 +12,9 @@
 # Both engines use $THREADS threads and an F16 KV cache.
 # (f) GGUF rows ($GGUF_ROWS, default "smollm2 tinyllama:q8_0 tinyllama:q4_k"): both engines run
 # the very same GGUF file: the real SmolLM2-135M Q4_1 (tools/fetch_models.sh) and the TinyLlama
-# shape's dense checkpoint quantized by modserve-quantize (--type q8_0 / q4_k; it is written
-# by modserve-bench first when missing). modserve-bench --model and llama-bench take the same
+# shape's dense checkpoint quantized by modserve-quantize (--type q8_0 / q4_k / q5_k; it is written
+# by modserve-bench first when missing), or by llama.cpp's own quantizer for the mixes
+# (tinyllama:q4_k_m, tinyllama:q5_k_m; llama_quantize.cc). modserve-bench --model and llama-bench take the same
 # context, steps, threads and KV type as above. SHAPES= runs only these rows:
 #   SHAPES= tests/bench/llamacpp/compare.sh
 #
@@ -165,9 +166,28 @@ for row in $GGUF_ROWS; do
       fi
       gguf="$LLAMACPP_DIR/gguf/tinyllama-dense-$wt.gguf"
       if [[ ! -f "$gguf" || "$ckpt/config.json" -nt "$gguf" ]]; then
-        log "modserve-quantize tinyllama --type $wt"
-        nice -n 10 "$MODSERVE_BIN_DIR/modserve-quantize" --model "$ckpt" --out "$gguf.tmp" \
-          --type "$wt" --allow_no_tokenizer
+        case "$wt" in
+          *_k_m|*_k_s)
+            # The mixes (q4_k_m, q5_k_m, ...) come from llama.cpp's own quantizer, from an F16 file.
+            SRC="$(ls -d "$LLAMACPP_DIR"/*/vendor/llama.cpp | head -1)"
+            QUANTIZE="$BUILD/bin/llama_quantize"
+            if [[ ! -x "$QUANTIZE" || "$HERE/llama_quantize.cc" -nt "$QUANTIZE" ]]; then
+              g++ -O2 -std=c++17 -o "$QUANTIZE" "$HERE/llama_quantize.cc" -I"$SRC/include" \
+                -I"$SRC/ggml/include" -L"$BUILD/bin" -lllama -lggml -lggml-base \
+                -Wl,-rpath,"$BUILD/bin"
+            fi
+            f16="$LLAMACPP_DIR/gguf/tinyllama-dense-f16.gguf"
+            if [[ ! -f "$f16" || "$ckpt/config.json" -nt "$f16" ]]; then
+              nice -n 10 "$MODSERVE_BIN_DIR/modserve-quantize" --model "$ckpt" --out "$f16" \
+                --type f16 --allow_no_tokenizer
+            fi
+            log "llama.cpp's quantizer: tinyllama $wt"
+            "$QUANTIZE" "$f16" "$gguf.tmp" "$wt" "$THREADS" > /dev/null ;;
+          *)
+            log "modserve-quantize tinyllama --type $wt"
+            nice -n 10 "$MODSERVE_BIN_DIR/modserve-quantize" --model "$ckpt" --out "$gguf.tmp" \
+              --type "$wt" --allow_no_tokenizer ;;
+        esac
         mv "$gguf.tmp" "$gguf"
       fi ;;
     *) log "GGUF_ROWS: unknown row '$row' (smollm2, tinyllama:TYPE)"; exit 1 ;;
