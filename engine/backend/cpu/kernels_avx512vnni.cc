@@ -310,9 +310,13 @@ template <int P>
 inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
   const __m512i m0f = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
   const __m512i m78 = _mm512_set1_epi8(0x78), m80 = _mm512_set1_epi8(static_cast<char>(0x80));
-  *lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m0f), BitTo<2 * P, 4>(h), m10, 0xf8);
-  *hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 1), m78),
-                                  BitTo<2 * P + 1, 7>(h), m80, 0xf8);
+  // (Operands named first: some compilers define the intrinsic as a macro, and a template
+  // argument list's comma would split its arguments.)
+  const __m512i lo_bits = BitTo<2 * P, 4>(h), hi_bits = BitTo<2 * P + 1, 7>(h);
+  const __m512i lo4 = _mm512_and_si512(v, m0f);
+  const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 1), m78);
+  *lo = _mm512_ternarylogic_epi32(lo4, lo_bits, m10, 0xf8);
+  *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m80, 0xf8);
 }
 
 // out[x0 + x, r0 .. r0 + 16) for x < NX, from the group's nsb units at wg (Q5_K's when kQ5).
