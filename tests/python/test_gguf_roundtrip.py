@@ -182,14 +182,20 @@ def test_f32_gguf_matches_the_original(runs):
         assert a["routing"] == b["routing"]
 
 
-def test_q8_0_gguf_matches_its_dequantized_weights(runs):
+def expect_close_runs(runs_a, runs_b, what):
+    """Every prompt's runs within TOL up to a near-tie, over at least half the steps."""
     total, worst = 0, 0.0
-    for a, b in zip(runs["q8_0"], runs["q8_0_dequantized"]):
+    for a, b in zip(runs_a, runs_b):
         steps, w = compare(a, b, TOL)
         total, worst = total + steps, max(worst, w)
-    print(f"Q8_0 file vs its dequantized weights: {total} steps, max |dlogprob| {worst:.4f}")
+    print(f"{what}: {total} steps, max |dlogprob| {worst:.4f}")
     assert worst < TOL
     assert total >= len(PROMPTS) * NEW_TOKENS // 2
+
+
+def test_q8_0_gguf_matches_its_dequantized_weights(runs):
+    expect_close_runs(runs["q8_0"], runs["q8_0_dequantized"],
+                      "Q8_0 file vs its dequantized weights")
 
 
 def test_q5_k_gguf_matches_its_dequantized_weights(files, runs):
@@ -198,23 +204,12 @@ def test_q5_k_gguf_matches_its_dequantized_weights(files, runs):
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files["q5_k"]).tensors}
     assert {n for n, t in types.items() if t == "Q5_K"} == {
         f"blk.{i}.ffn_down.weight" for i in range(6)}, types
-    total, worst = 0, 0.0
-    for a, b in zip(runs["q5_k"], runs["q5_k_dequantized"]):
-        steps, w = compare(a, b, TOL)
-        total, worst = total + steps, max(worst, w)
-    print(f"Q5_K file vs its dequantized weights: {total} steps, max |dlogprob| {worst:.4f}")
-    assert worst < TOL
-    assert total >= len(PROMPTS) * NEW_TOKENS // 2
+    expect_close_runs(runs["q5_k"], runs["q5_k_dequantized"],
+                      "Q5_K file vs its dequantized weights")
 
 
 def test_q8_0_gguf_round_trips_the_original(runs):
-    total, worst = 0, 0.0
-    for a, b in zip(runs["q8_0"], runs["original"]):
-        steps, w = compare(a, b, TOL)
-        total, worst = total + steps, max(worst, w)
-    print(f"Q8_0 file vs the original: {total} steps, max |dlogprob| {worst:.4f}")
-    assert worst < TOL
-    assert total >= len(PROMPTS) * NEW_TOKENS // 2
+    expect_close_runs(runs["q8_0"], runs["original"], "Q8_0 file vs the original")
 
 
 @pytest.mark.skipif(not os.access(SERVER, os.X_OK), reason=f"{SERVER} is not built")

@@ -2,10 +2,11 @@
 // flags: the fallback for CPUs without AVX2, and the third leg of the dispatch tests.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/backend/cpu/kernels.h"
-#include "engine/common/quant.h"
 #include "engine/common/dtype.h"
+#include "engine/common/quant.h"
 
 namespace modserve::backend::cpu {
 namespace {

@@ -354,35 +354,11 @@ struct Q4_KK {
 
 // Bit `s` (< 8) of each byte of qh moved to bit 4 (0x10), the fifth bit of a Q5_K level. The
 // 16-bit shifts bring bit 4 of each byte from the same byte for every s: left by 4 - s or right by
-// s - 4, at most 4 places. (A switch: the shift count must be a literal.)
+// s - 4, at most 4 places. (Counts in a register: callers' s is a constant once their loops are
+// unrolled, and the compiler then uses the immediate forms.)
 inline __m256i Q5HighBits(__m256i qh, int s) {
-  __m256i v;
-  switch (s) {
-    case 0:
-      v = _mm256_slli_epi16(qh, 4);
-      break;
-    case 1:
-      v = _mm256_slli_epi16(qh, 3);
-      break;
-    case 2:
-      v = _mm256_slli_epi16(qh, 2);
-      break;
-    case 3:
-      v = _mm256_slli_epi16(qh, 1);
-      break;
-    case 4:
-      v = qh;
-      break;
-    case 5:
-      v = _mm256_srli_epi16(qh, 1);
-      break;
-    case 6:
-      v = _mm256_srli_epi16(qh, 2);
-      break;
-    default:
-      v = _mm256_srli_epi16(qh, 3);
-      break;
-  }
+  const __m256i v = s < 4 ? _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - s))
+                          : _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s - 4));
   return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
@@ -813,6 +789,23 @@ inline void PanelSlots(const Panel& p, int64_t count, int64_t b0, int64_t nb_mai
 // into a tree, which would hold every product live at once and spill them.
 inline void Opaque(__m256i& v) { __asm__("" : "+x"(v)); }
 
+// sums[x] += the products of panel vectors j and j + 1 of block bi with activation row x's bytes
+// (q[x] at the panel's first block): two vpmaddubsw per i16 sum, for levels up to 63
+// (4 * 63 * 127 < 2^15), then to i32.
+template <int NX>
+inline void AddLevelPair(const Panel& p, int64_t bi, int j, const int8_t* const* q,
+                         __m256i* sums) {
+  const __m256i w0 = LoadI(p.lv[bi][j]), w1 = LoadI(p.lv[bi][j + 1]);
+#pragma GCC unroll 4
+  for (int x = 0; x < NX; ++x) {
+    const int8_t* qx = q[x] + 32 * bi + 4 * j;
+    const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, Broadcast4(qx)),
+                                       _mm256_maddubs_epi16(w1, Broadcast4(qx + 4)));
+    sums[x] = _mm256_add_epi32(sums[x], _mm256_madd_epi16(t, Ones16()));
+    Opaque(sums[x]);
+  }
+}
+
 // acc[x] += the blocks b0 .. b0 + count - 1 of panel rows against activation row x0 + x, each
 // into its slot (PanelSlots). Integer sums: kKind 0 and 3, a lane's 16 products summed in i16 stay
 // below 8 * 2 * 15 * 127 < 2^15; kKind 1, |w| times the activation with w's sign, each
@@ -843,17 +836,7 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
     } else if constexpr (kKind == 4) {
       for (int x = 0; x < NX; ++x) isum[x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-      for (int j = 0; j < 8; j += 2) {
-        const __m256i w0 = LoadI(p.lv[bi][j]), w1 = LoadI(p.lv[bi][j + 1]);
-#pragma GCC unroll 4
-        for (int x = 0; x < NX; ++x) {
-          const int8_t* qx = q[x] + 32 * bi + 4 * j;
-          const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, Broadcast4(qx)),
-                                             _mm256_maddubs_epi16(w1, Broadcast4(qx + 4)));
-          isum[x] = _mm256_add_epi32(isum[x], _mm256_madd_epi16(t, ones));
-          Opaque(isum[x]);
-        }
-      }
+      for (int j = 0; j < 8; j += 2) AddLevelPair<NX>(p, bi, j, q, isum);
     } else if constexpr (kKind == 1) {
       for (int x = 0; x < NX; ++x) isum[x] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -874,17 +857,7 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
       for (int h = 0; h < 2; ++h) {
         for (int x = 0; x < NX; ++x) dot[h][x] = _mm256_setzero_si256();
 #pragma GCC unroll 2
-        for (int j = 4 * h; j < 4 * h + 4; j += 2) {
-          const __m256i w0 = LoadI(p.lv[bi][j]), w1 = LoadI(p.lv[bi][j + 1]);
-#pragma GCC unroll 4
-          for (int x = 0; x < NX; ++x) {
-            const int8_t* qx = q[x] + 32 * bi + 4 * j;
-            const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, Broadcast4(qx)),
-                                               _mm256_maddubs_epi16(w1, Broadcast4(qx + 4)));
-            dot[h][x] = _mm256_add_epi32(dot[h][x], _mm256_madd_epi16(t, ones));
-            Opaque(dot[h][x]);
-          }
-        }
+        for (int j = 4 * h; j < 4 * h + 4; j += 2) AddLevelPair<NX>(p, bi, j, q, dot[h]);
       }
       for (int x = 0; x < NX; ++x) {
         isum[x] = Q6KBlockSum(p, bi, dot[0][x], dot[1][x], sum16[x] + 2 * bi);

@@ -2,7 +2,8 @@
 // integer dot products per weight block, then the blocks' f32 scales; one element at a time.
 // They define the arithmetic the SIMD versions (quant_kernels_avx2_impl.h) reproduce, up to the
 // order of the f32 additions. No include guard and no includes: kernels_scalar.cc includes this
-// inside its anonymous namespace (see simd_kernels_impl.h for why), after <cmath> and quant.h.
+// inside its anonymous namespace (see simd_kernels_impl.h for why), after <cmath>, <type_traits>
+// and quant.h.
 
 namespace qscalar {
 
@@ -101,9 +102,12 @@ float DotQ4(const QuantizedActs& a, int64_t i, const void* w) {
   return acc;
 }
 
-float DotQ4_K(const QuantizedActs& a, int64_t i, const void* w) {
+// Q4_K, and Q5_K (kQ5: the same sums with the fifth bit of each level from qh).
+template <bool kQ5>
+float DotQ4_5K(const QuantizedActs& a, int64_t i, const void* w) {
+  using Block = std::conditional_t<kQ5, BlockQ5_K, BlockQ4_K>;
   const int64_t nsb = a.k / 256, nb = a.k / 32;
-  const BlockQ4_K* blk = static_cast<const BlockQ4_K*>(w);
+  const Block* blk = static_cast<const Block*>(w);
   const int8_t* q = a.q + i * a.k;
   float acc = 0.0f;
   for (int64_t sb = 0; sb < nsb; ++sb) {
@@ -114,31 +118,8 @@ float DotQ4_K(const QuantizedActs& a, int64_t i, const void* w) {
       int32_t isum = 0;
       for (int l = 0; l < 32; ++l) {
         const uint8_t byte = blk[sb].qs[32 * (s / 2) + l];
-        isum += (s % 2 == 0 ? byte & 15 : byte >> 4) * q[256 * sb + 32 * s + l];
-      }
-      const int64_t b = 8 * sb + s;
-      acc += d * static_cast<float>(sc) * a.d[i * nb + b] * static_cast<float>(isum) -
-             dmin * static_cast<float>(mn) * a.ds[i * nb + b];
-    }
-  }
-  return acc;
-}
-
-// Q5_K: Q4_K's sums with the fifth bit of each level from qh.
-float DotQ5_K(const QuantizedActs& a, int64_t i, const void* w) {
-  const int64_t nsb = a.k / 256, nb = a.k / 32;
-  const BlockQ5_K* blk = static_cast<const BlockQ5_K*>(w);
-  const int8_t* q = a.q + i * a.k;
-  float acc = 0.0f;
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const float d = F16ToF32(blk[sb].d), dmin = F16ToF32(blk[sb].dmin);
-    for (int s = 0; s < 8; ++s) {
-      uint8_t sc, mn;
-      quant::Q4KScaleMin(blk[sb].scales, s, &sc, &mn);
-      int32_t isum = 0;
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t byte = blk[sb].qs[32 * (s / 2) + l];
-        const int level = (s % 2 == 0 ? byte & 15 : byte >> 4) | (((blk[sb].qh[l] >> s) & 1) << 4);
+        int level = s % 2 == 0 ? byte & 15 : byte >> 4;
+        if constexpr (kQ5) level |= ((blk[sb].qh[l] >> s) & 1) << 4;
         isum += level * q[256 * sb + 32 * s + l];
       }
       const int64_t b = 8 * sb + s;
@@ -201,8 +182,8 @@ constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.gemm_q8_0 = &qscalar::Gemm<&qscalar::DotQ8_0, 8 * sizeof(quant::BlockQ8_0)>;
   t.gemm_q4_0 = &qscalar::Gemm<&qscalar::DotQ4<false>, 8 * sizeof(quant::BlockQ4_0)>;
   t.gemm_q4_1 = &qscalar::Gemm<&qscalar::DotQ4<true>, 8 * sizeof(quant::BlockQ4_1)>;
-  t.gemm_q4_k = &qscalar::Gemm<&qscalar::DotQ4_K, sizeof(quant::BlockQ4_K)>;
+  t.gemm_q4_k = &qscalar::Gemm<&qscalar::DotQ4_5K<false>, sizeof(quant::BlockQ4_K)>;
   t.gemm_q6_k = &qscalar::Gemm<&qscalar::DotQ6_K, sizeof(quant::BlockQ6_K)>;
-  t.gemm_q5_k = &qscalar::Gemm<&qscalar::DotQ5_K, sizeof(quant::BlockQ5_K)>;
+  t.gemm_q5_k = &qscalar::Gemm<&qscalar::DotQ4_5K<true>, sizeof(quant::BlockQ5_K)>;
   return t;
 }
