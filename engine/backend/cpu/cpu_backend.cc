@@ -169,6 +169,9 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   } else if (w.dtype == DType::kQ5_K) {
     repack = &RepackQ5_KX16;
     group_bytes = k / 256 * kQ5KX16UnitBytes;
+  } else if (w.dtype == DType::kQ6_K) {
+    repack = &RepackQ6_KX16;
+    group_bytes = k / 256 * kQ6KX16UnitBytes;
   } else if (w.dtype == DType::kQ8_0 && k % kQ8_0X16UnitElems == 0) {
     repack = &RepackQ8_0X16;
     group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
@@ -486,6 +489,8 @@ QuantGemmFn CpuBackend::InterleavedKernel(DType dtype) const {
       return kernels_.gemm_q4_k_x16;
     case DType::kQ5_K:
       return kernels_.gemm_q5_k_x16;
+    case DType::kQ6_K:
+      return kernels_.gemm_q6_k_x16;
     case DType::kQ8_0:
       return kernels_.gemm_q8_0_x16;
     default:

@@ -76,8 +76,8 @@ class CpuBackend final : public Backend {
   // Ops run when called, so the count is read when the op is called.
   void SetDeviceRowCount(const TensorView& count) override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
-  // Q4_K (Q5_K) weights of a multiple of kQ4KX16Rows rows, when the table has gemm_q4_k_x16
-  // (gemm_q5_k_x16), and Q8_0 weights of such rows and k a multiple of 64, when it has
+  // Q4_K (Q5_K, Q6_K) weights of a multiple of kQ4KX16Rows rows, when the table has
+  // gemm_q4_k_x16 (gemm_q5_k_x16, gemm_q6_k_x16), and Q8_0 weights of such rows and k a multiple of 64, when it has
   // gemm_q8_0_x16: a copy in the interleaved layout (kernels.h), kept until the backend is
   // destroyed. Anything else: `w`.
   absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) override;

@@ -150,6 +150,7 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q5_k = q.gemm_q5_k;
     t.gemm_q4_k_x16 = q.gemm_q4_k_x16;
     t.gemm_q5_k_x16 = q.gemm_q5_k_x16;
+    t.gemm_q6_k_x16 = q.gemm_q6_k_x16;
     t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
     return t;
   }();
@@ -317,6 +318,34 @@ void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t grou
 
 void RepackQ5_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
   RepackKX16<quant::BlockQ5_K, kQ5KX16UnitBytes>(src, k, group_begin, group_end, dst);
+}
+
+void RepackQ6_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
+  const int64_t nsb = k / 256;
+  const auto* in = static_cast<const quant::BlockQ6_K*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t c = 0; c < nsb; ++c) {
+      uint8_t* unit = out + (g * nsb + c) * kQ6KX16UnitBytes;
+      const bool d_first = Q6KX16DFirst(unit);
+      uint8_t* body = unit + (d_first ? 32 : 0);
+      uint8_t* d = d_first ? unit : unit + kQ6KX16BodyBytes;
+      for (int r = 0; r < kQ4KX16Rows; ++r) {
+        const quant::BlockQ6_K& b = in[(g * kQ4KX16Rows + r) * nsb + c];
+        std::memcpy(d + 2 * r, &b.d.bits, 2);
+        for (int s = 0; s < 16; ++s) body[16 * s + r] = static_cast<uint8_t>(b.scales[s]);
+        for (int h = 0; h < 2; ++h) {
+          for (int j = 0; j < 8; ++j) {
+            std::memcpy(body + 256 + 64 * (8 * h + j) + 4 * r, b.qh + 32 * h + 4 * j, 4);
+            for (int i = 0; i < 2; ++i) {
+              std::memcpy(body + 1280 + 64 * (16 * h + 8 * i + j) + 4 * r,
+                          b.ql + 64 * h + 32 * i + 4 * j, 4);
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t group_end,

@@ -129,6 +129,8 @@ struct KernelTable {
   QuantGemmFn gemm_q4_k_x16;
   // Q5_K weights in the interleaved layout of RepackQ5_KX16 (below), the same way.
   QuantGemmFn gemm_q5_k_x16;
+  // Q6_K weights in the interleaved layout of RepackQ6_KX16 (below), the same way.
+  QuantGemmFn gemm_q6_k_x16;
   // Q8_0 weights in the interleaved layout of RepackQ8_0X16 (below), the same way.
   QuantGemmFn gemm_q8_0_x16;
 
@@ -234,8 +236,9 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
 // on every type (up to 1.8x at 16 rows); at 4 rows ahead on some types, behind on others; at 2
 // the per-call packing still costs more than it saves. The bits are the same either way
-// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K, Q5_K and Q8_0
-// weights (gemm_q4_k_x16, gemm_q5_k_x16, gemm_q8_0_x16) have one kernel for every row count; for
+// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K, Q5_K, Q6_K and Q8_0
+// weights (gemm_q4_k_x16, gemm_q5_k_x16, gemm_q6_k_x16, gemm_q8_0_x16) have one kernel for every
+// row count; for
 // them the threshold only picks how CpuBackend splits the work between threads (weight rows, or 2-D
 // tiles).
 inline constexpr int64_t kQuantSmallNMax = 4;
@@ -277,6 +280,34 @@ void RepackQ4_KX16(const void* src, int64_t k, int64_t group_begin, int64_t grou
 // 19 GB/s from DRAM against 2 threads' 55, Zen 4).
 inline constexpr int64_t kQ5KX16UnitBytes = 2816;
 void RepackQ5_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
+
+// The interleaved Q6_K layout (KernelTable::gemm_q6_k_x16): weight rows in groups of kQ4KX16Rows,
+// and per group and super-block c one 3360-byte unit (the 16 blocks' size) at
+// (group * (k / 256) + c) * 3360. 3360 is 52.5 cache lines, so where the unit lies decides the
+// order of its two parts, keeping the 52 lines of vectors aligned in a 64-byte aligned copy:
+// a unit whose address has bit 5 clear holds its body at [0, 3328) and the 16 rows' d (f16) at
+// [3328, 3360); a unit with bit 5 set holds d at [0, 32) and its body at [32, 3360). So two
+// neighbouring units share the line of their d. The body:
+//   [0, 256)      byte 16 s + r: scales[s] of row r (int8), sub-block s < 16.
+//   [256, 1280)   64-byte vector (h, j) (h < 2, j < 8) at 256 + 64 (8 h + j) holds, for row r < 16,
+//                 bytes 4 r .. 4 r + 3 = qh[32 h + 4 j .. 32 h + 4 j + 3] of row r's block.
+//   [1280, 3328)  64-byte vector (h, i, j) (i < 2) at 1280 + 64 (16 h + 8 i + j) holds, for row r,
+//                 bytes 4 r .. 4 r + 3 = ql[64 h + 32 i + 4 j .. + 3]: the low 4 bits of elements
+//                 e = 128 h + 32 i + 4 j + t (low nibbles) and e + 64 (high nibbles), t < 4, whose
+//                 high 2 bits are bits 2 i, 2 i + 1 and 2 i + 4, 2 i + 5 of vector (h, j)'s byte.
+// The scales and high bits come before the low bits they complete (one ascending stream, as in
+// the K-quant units above).
+inline constexpr int64_t kQ6KX16UnitBytes = 3360;
+// Bytes of a Q6_K unit's body, and where its d lies when the body comes first.
+inline constexpr int64_t kQ6KX16BodyBytes = 3328;
+// Writes row groups [group_begin, group_end) of the [m, k] Q6_K matrix `src` in the interleaved
+// layout into `dst` (the whole tensor's copy, m * k / 256 * 210 bytes, where it will be read:
+// the layout depends on the address).
+void RepackQ6_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
+// Whether the Q6_K unit at `unit` holds its d first (bit 5 of the address set).
+inline bool Q6KX16DFirst(const void* unit) {
+  return (reinterpret_cast<uintptr_t>(unit) & 32) != 0;
+}
 
 // The interleaved Q8_0 layout (KernelTable::gemm_q8_0_x16), on the same plan: weight rows in
 // groups of kQ4KX16Rows, and per group and 64-element pair of blocks c (so k a multiple of 64)

@@ -401,6 +401,112 @@ inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr,         &Tile<1, false
 inline constexpr TileFn kTilesQ5_K[kTileRows + 1] = {
     nullptr, &Tile<1, true>, &Tile<2, true>, &Tile<3, true>, &Tile<4, true>, &Tile<5, true>};
 
+// ---- Q6_K in the interleaved 16-row layout (kernels.h, RepackQ6_KX16) -------------------------
+// Q4_K's plan with Q6_K's sub-blocks of 16 and signed 8-bit scales. Level vectors are built from a
+// low-bits vector and its high-bits vector (Q6Levels): q in 0..63, unsigned for vpdpbusd. Per x
+// row and 16-element sub-block s the integer sum is exact: sum(q * a) - 32 * sum(a) (vpdpwssd of
+// the activations' 16-element sum against -32), |sum| < 2^16. Per x row and unit, in order:
+// u += (sc[s] * da[b]) * isum[s] (f32 FMA, sub-blocks in the order the passes take them), then
+// acc += d * u; the row's output is acc + bias. Each x row takes the same operations whatever the
+// tile it shares (row invariance, as above).
+
+// Levels of vector (h, i, j) from its low bits v and high bits u (vector (h, j)): low nibbles with
+// bits 2 i, 2 i + 1 of u above them, high nibbles with bits 2 i + 4, 2 i + 5. vpternlogd 0xf8 is
+// a | (b & c).
+template <int I>
+inline void Q6Levels(__m512i v, __m512i u, __m512i* lo, __m512i* hi) {
+  const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+  // The high bits of the low nibbles to bits 4-5 (i = 0: from 0-1, i = 1: from 2-3), those of the
+  // high nibbles likewise (from 4-5, or 6-7); 16-bit shifts, the mask keeps each byte's own.
+  const __m512i lo_bits = _mm512_slli_epi16(u, I == 0 ? 4 : 2);
+  const __m512i hi_bits = I == 0 ? u : _mm512_srli_epi16(u, 2);
+  const __m512i lo4 = _mm512_and_si512(v, m0f);
+  const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+  *lo = _mm512_ternarylogic_epi32(lo4, lo_bits, m30, 0xf8);
+  *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m30, 0xf8);
+}
+
+inline __m512 ScalesQ6(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+template <int NX>
+void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
+              float* out, int64_t ldo, int64_t r0) {
+  const int64_t k = a.k, nb = k / 32;
+  const int8_t* q[NX];
+  const float* da[NX];
+  const int16_t* sum16[NX];
+  __m512 acc[NX];
+  for (int x = 0; x < NX; ++x) {
+    q[x] = a.q + (x0 + x) * k;
+    da[x] = a.d + (x0 + x) * nb;
+    sum16[x] = a.sum16 + (x0 + x) * 2 * nb;
+    acc[x] = _mm512_setzero_ps();
+  }
+  // vpdpwssd's 16-bit factor -32 against the first (low half) or second 16-element sum of a block.
+  const __m512i minus32[2] = {_mm512_set1_epi32(0x0000ffe0),
+                              _mm512_set1_epi32(static_cast<int32_t>(0xffe00000u))};
+  for (int64_t c = 0; c < nsb; ++c) {
+    const uint8_t* unit = wg + c * kQ6KX16UnitBytes;
+    PrefetchAhead<NX, kQ6KX16UnitBytes>(unit);
+    const bool d_first = Q6KX16DFirst(unit);
+    const uint8_t* body = unit + (d_first ? 32 : 0);
+    __m512 u[NX];
+    for (int x = 0; x < NX; ++x) u[x] = _mm512_setzero_ps();
+    // Elements 128 h + 32 i + [0, 32) (low nibbles, activation block 4 h + i) and 64 more (high
+    // nibbles, block 4 h + i + 2); sub-block half f < 2 of each from vectors j = 4 f .. 4 f + 3.
+    auto pass = [&]<int h, int i>() {
+#pragma GCC unroll 2
+      for (int f = 0; f < 2; ++f) {
+        __m512i lo[NX], hi[NX];
+        for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 4 * f; j < 4 * f + 4; ++j) {
+          __m512i wl, wh;
+          Q6Levels<i>(Load512(body + 1280 + 64 * (16 * h + 8 * i + j)),
+                      Load512(body + 256 + 64 * (8 * h + j)), &wl, &wh);
+#pragma GCC unroll 8
+          for (int x = 0; x < NX; ++x) {
+            const int8_t* qa = q[x] + 256 * c + 128 * h + 32 * i + 4 * j;
+            lo[x] = _mm512_dpbusd_epi32(lo[x], wl, Broadcast4(qa));
+            hi[x] = _mm512_dpbusd_epi32(hi[x], wh, Broadcast4(qa + 64));
+          }
+        }
+        const int s = 8 * h + 2 * i + f;
+        const __m512 sc_lo = ScalesQ6(body + 16 * s), sc_hi = ScalesQ6(body + 16 * (s + 4));
+        const int64_t b = 8 * c + 4 * h + i;
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          int32_t pair_lo, pair_hi;
+          __builtin_memcpy(&pair_lo, sum16[x] + 2 * b, 4);
+          __builtin_memcpy(&pair_hi, sum16[x] + 2 * (b + 2), 4);
+          const __m512i il = _mm512_dpwssd_epi32(lo[x], _mm512_set1_epi32(pair_lo), minus32[f]);
+          const __m512i ih = _mm512_dpwssd_epi32(hi[x], _mm512_set1_epi32(pair_hi), minus32[f]);
+          u[x] = _mm512_fmadd_ps(_mm512_mul_ps(sc_lo, _mm512_set1_ps(da[x][b])),
+                                 _mm512_cvtepi32_ps(il), u[x]);
+          u[x] = _mm512_fmadd_ps(_mm512_mul_ps(sc_hi, _mm512_set1_ps(da[x][b + 2])),
+                                 _mm512_cvtepi32_ps(ih), u[x]);
+        }
+      }
+    };
+    pass.template operator()<0, 0>();
+    pass.template operator()<0, 1>();
+    pass.template operator()<1, 0>();
+    pass.template operator()<1, 1>();
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(d_first ? unit : unit + kQ6KX16BodyBytes)));
+    for (int x = 0; x < NX; ++x) acc[x] = _mm512_fmadd_ps(d, u[x], acc[x]);
+  }
+  for (int x = 0; x < NX; ++x) {
+    _mm512_storeu_ps(out + (x0 + x) * ldo + r0, _mm512_add_ps(acc[x], bias));
+  }
+}
+
+inline constexpr TileFn kTilesQ6_K[kTileRows + 1] = {nullptr,      &TileQ6_K<1>, &TileQ6_K<2>,
+                                                     &TileQ6_K<3>, &TileQ6_K<4>, &TileQ6_K<5>};
+
 // ---- Q8_0 in the interleaved 16-row layout (kernels.h, RepackQ8_0X16) -------------------------
 // The same plan as Q4_K's: one vpdpbusd of a level vector against 4 broadcast activation bytes
 // adds 4 products to each of the 16 rows. The levels are stored plus 128 (unsigned), and the
@@ -497,6 +603,7 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q5_k = &qvnni::Gemm<qvnni::Q5_KV, qavx2::Q5_KPack, 4>,
     .gemm_q4_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTiles, 256, kQ4KX16UnitBytes>,
     .gemm_q5_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ5_K, 256, kQ5KX16UnitBytes>,
+    .gemm_q6_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ6_K, 256, kQ6KX16UnitBytes>,
     .gemm_q8_0_x16 =
         &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,
 };

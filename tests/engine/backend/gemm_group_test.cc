@@ -227,14 +227,16 @@ TEST_P(GemmGroupTest, MixedDtypeGroupsGetTheBitsOfSeparateGemms) {
 }
 
 TEST_P(GemmGroupTest, PreparedMembersGetTheBitsOfTheirOwnGemm) {
-  // Prepared Q4_K and Q8_0 weights (the CPU's 16-row interleaved copies) are split between
-  // threads in whole row groups: here they follow members whose row counts leave the pass off a
-  // multiple of 16, beside unprepared members of the same dtypes, a float one, and a bias.
+  // Prepared Q4_K, Q6_K and Q8_0 weights (the CPU's 16-row interleaved copies) are split
+  // between threads in whole row groups: here they follow members whose row counts leave the pass
+  // off a multiple of 16, beside unprepared members of the same dtypes, a float one, and a bias.
   const std::vector<MemberSpec> specs = {{DType::kQ4_K, 37},
                                          {DType::kQ4_K, 48, DType::kF32, true},
                                          {DType::kBF16, 23},
                                          {DType::kQ8_0, 32, DType::kI32, true},
                                          {DType::kQ4_K, 160, DType::kI32, true},
+                                         {DType::kQ6_K, 11},
+                                         {DType::kQ6_K, 64, DType::kF32, true},
                                          {DType::kQ8_0, 5},
                                          {DType::kQ8_0, 80, DType::kF32, true}};
   if (!Runs(specs)) GTEST_SKIP() << "the backend lacks one of the dtypes";
