@@ -1,8 +1,8 @@
 """models/demo (MoD, predictor routing) through the built modserve-quantize and back through the
 built engine and server, compared with the safetensors original.
 
-Files are made from models/demo: F32, Q8_0 and Q5_K GGUF files (modserve-quantize), and
-directories holding the Q8_0 and Q5_K files' weights dequantized to F32 by the `gguf` package, an
+Files are made from models/demo: F32, Q8_0, Q5_K and Q6_K GGUF files (modserve-quantize), and
+directories holding the Q8_0, Q5_K and Q6_K files' weights dequantized to F32 by the `gguf` package, an
 independent dequantizer (Q/K rows un-permuted and names mapped back here, in numpy). Greedy runs
 of modserve-generate (token ids from the `tokenizers` package, top-2 logprobs) then compare:
 
@@ -162,9 +162,11 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("roundtrip")
     q8 = quantize(str(d / "demo-q8_0.gguf"), "q8_0")
     q5 = quantize(str(d / "demo-q5_k.gguf"), "q5_k")
+    q6 = quantize(str(d / "demo-q6_k.gguf"), "q6_k")
     return {"f32": quantize(str(d / "demo-f32.gguf"), "f32"), "q8_0": q8,
             "q8_0_dequantized": dequantized_dir(q8, str(d / "q8_0-dequantized")),
-            "q5_k": q5, "q5_k_dequantized": dequantized_dir(q5, str(d / "q5_k-dequantized"))}
+            "q5_k": q5, "q5_k_dequantized": dequantized_dir(q5, str(d / "q5_k-dequantized")),
+            "q6_k": q6, "q6_k_dequantized": dequantized_dir(q6, str(d / "q6_k-dequantized"))}
 
 
 @pytest.fixture(scope="module")
@@ -198,14 +200,22 @@ def test_q8_0_gguf_matches_its_dequantized_weights(runs):
                       "Q8_0 file vs its dequantized weights")
 
 
-def test_q5_k_gguf_matches_its_dequantized_weights(files, runs):
-    # models/demo's 192-wide rows take Q8_0 (Q5_K's block is 256); its ffn_down rows (512) are
-    # Q5_K, 192 of them: a multiple of 16, so the CPU backend runs its interleaved Q5_K copy.
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files["q5_k"]).tensors}
-    assert {n for n, t in types.items() if t == "Q5_K"} == {
+def expect_k_quant_ffn_down(files, runs, name):
+    # models/demo's 192-wide rows take Q8_0 (the K-quants' block is 256); its ffn_down rows (512)
+    # are of the type, 192 of them: a multiple of 16, so the CPU backend runs its interleaved copy.
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files[name]).tensors}
+    assert {n for n, t in types.items() if t == name.upper()} == {
         f"blk.{i}.ffn_down.weight" for i in range(6)}, types
-    expect_close_runs(runs["q5_k"], runs["q5_k_dequantized"],
-                      "Q5_K file vs its dequantized weights")
+    expect_close_runs(runs[name], runs[name + "_dequantized"],
+                      f"{name.upper()} file vs its dequantized weights")
+
+
+def test_q5_k_gguf_matches_its_dequantized_weights(files, runs):
+    expect_k_quant_ffn_down(files, runs, "q5_k")
+
+
+def test_q6_k_gguf_matches_its_dequantized_weights(files, runs):
+    expect_k_quant_ffn_down(files, runs, "q6_k")
 
 
 def test_q8_0_gguf_round_trips_the_original(runs):

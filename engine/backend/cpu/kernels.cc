@@ -333,14 +333,13 @@ void RepackQ6_KX16(const void* src, int64_t k, int64_t group_begin, int64_t grou
       for (int r = 0; r < kQ4KX16Rows; ++r) {
         const quant::BlockQ6_K& b = in[(g * kQ4KX16Rows + r) * nsb + c];
         std::memcpy(d + 2 * r, &b.d.bits, 2);
-        for (int s = 0; s < 16; ++s) body[16 * s + r] = static_cast<uint8_t>(b.scales[s]);
         for (int h = 0; h < 2; ++h) {
+          uint8_t* half = body + h * kQ6KX16HalfBytes;
+          for (int s = 0; s < 8; ++s) half[16 * s + r] = static_cast<uint8_t>(b.scales[8 * h + s]);
           for (int j = 0; j < 8; ++j) {
-            std::memcpy(body + 256 + 64 * (8 * h + j) + 4 * r, b.qh + 32 * h + 4 * j, 4);
-            for (int i = 0; i < 2; ++i) {
-              std::memcpy(body + 1280 + 64 * (16 * h + 8 * i + j) + 4 * r,
-                          b.ql + 64 * h + 32 * i + 4 * j, 4);
-            }
+            std::memcpy(half + 128 + 128 * j + 4 * r, b.qh + 32 * h + 4 * j, 4);
+            std::memcpy(half + 192 + 128 * j + 4 * r, b.ql + 64 * h + 4 * j, 4);
+            std::memcpy(half + 1152 + 64 * j + 4 * r, b.ql + 64 * h + 32 + 4 * j, 4);
           }
         }
       }

@@ -458,15 +458,19 @@ void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb
     // Elements 128 h + 32 i + [0, 32) (low nibbles, activation block 4 h + i) and 64 more (high
     // nibbles, block 4 h + i + 2); sub-block half f < 2 of each from vectors j = 4 f .. 4 f + 3.
     auto pass = [&]<int h, int i>() {
+      const uint8_t* half = body + h * kQ6KX16HalfBytes;
 #pragma GCC unroll 2
       for (int f = 0; f < 2; ++f) {
+        // The scales first: on the first pass of a half they are its first lines.
+        const __m512 sc_lo = ScalesQ6(half + 16 * (2 * i + f));
+        const __m512 sc_hi = ScalesQ6(half + 16 * (2 * i + f + 4));
         __m512i lo[NX], hi[NX];
         for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int j = 4 * f; j < 4 * f + 4; ++j) {
           __m512i wl, wh;
-          Q6Levels<i>(Load512(body + 1280 + 64 * (16 * h + 8 * i + j)),
-                      Load512(body + 256 + 64 * (8 * h + j)), &wl, &wh);
+          Q6Levels<i>(Load512(half + (i == 0 ? 192 + 128 * j : 1152 + 64 * j)),
+                      Load512(half + 128 + 128 * j), &wl, &wh);
 #pragma GCC unroll 8
           for (int x = 0; x < NX; ++x) {
             const int8_t* qa = q[x] + 256 * c + 128 * h + 32 * i + 4 * j;
@@ -474,8 +478,6 @@ void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb
             hi[x] = _mm512_dpbusd_epi32(hi[x], wh, Broadcast4(qa + 64));
           }
         }
-        const int s = 8 * h + 2 * i + f;
-        const __m512 sc_lo = ScalesQ6(body + 16 * s), sc_hi = ScalesQ6(body + 16 * (s + 4));
         const int64_t b = 8 * c + 4 * h + i;
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
