@@ -308,9 +308,7 @@ inline constexpr int64_t kQ6KX16HalfBytes = 1664;
 // the layout depends on the address).
 void RepackQ6_KX16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
 // Whether the Q6_K unit at `unit` holds its d first (bit 5 of the address set).
-inline bool Q6KX16DFirst(const void* unit) {
-  return (reinterpret_cast<uintptr_t>(unit) & 32) != 0;
-}
+inline bool Q6KX16DFirst(const void* unit) { return (reinterpret_cast<uintptr_t>(unit) & 32) != 0; }
 
 // The interleaved Q8_0 layout (KernelTable::gemm_q8_0_x16), on the same plan: weight rows in
 // groups of kQ4KX16Rows, and per group and 64-element pair of blocks c (so k a multiple of 64)

@@ -319,21 +319,31 @@ inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
   *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m80, 0xf8);
 }
 
+// The quantized activations of x rows x0 .. x0 + NX - 1 of a tile, row by row.
+template <int NX>
+struct TileRows {
+  const int8_t* q[NX];
+  const float* da[NX];
+  const float* ds[NX];
+  const int16_t* sum16[NX];
+  TileRows(const QuantizedActs& a, int64_t x0) {
+    const int64_t k = a.k, nb = k / 32;
+    for (int x = 0; x < NX; ++x) {
+      q[x] = a.q + (x0 + x) * k;
+      da[x] = a.d + (x0 + x) * nb;
+      ds[x] = a.ds + (x0 + x) * nb;
+      sum16[x] = a.sum16 + (x0 + x) * 2 * nb;
+    }
+  }
+};
+
 // out[x0 + x, r0 .. r0 + 16) for x < NX, from the group's nsb units at wg (Q5_K's when kQ5).
 template <int NX, bool kQ5>
 void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
           float* out, int64_t ldo, int64_t r0) {
-  const int64_t k = a.k, nb = k / 32;
-  const int8_t* q[NX];
-  const float* da[NX];
-  const float* ds[NX];
+  const TileRows<NX> rows(a, x0);
   __m512 acc[NX], acc_min[NX];
-  for (int x = 0; x < NX; ++x) {
-    q[x] = a.q + (x0 + x) * k;
-    da[x] = a.d + (x0 + x) * nb;
-    ds[x] = a.ds + (x0 + x) * nb;
-    acc[x] = acc_min[x] = _mm512_setzero_ps();
-  }
+  for (int x = 0; x < NX; ++x) acc[x] = acc_min[x] = _mm512_setzero_ps();
   const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
   alignas(64) uint8_t scales[256];
   for (int64_t c = 0; c < nsb; ++c) {
@@ -361,7 +371,7 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
         }
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
-          const int8_t* qa = q[x] + 256 * c + 64 * p + 4 * j;
+          const int8_t* qa = rows.q[x] + 256 * c + 64 * p + 4 * j;
           lo[x] = _mm512_dpbusd_epi32(lo[x], wl, Broadcast4(qa));
           hi[x] = _mm512_dpbusd_epi32(hi[x], wh, Broadcast4(qa + 32));
         }
@@ -373,12 +383,12 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
       const __m512 m1 = BytesTimes(scales + 128 + 16 * (2 * p + 1), dmin);
 #pragma GCC unroll 8
       for (int x = 0; x < NX; ++x) {
-        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(da[x][b])),
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(rows.da[x][b])),
                                  _mm512_cvtepi32_ps(lo[x]), acc[x]);
-        acc_min[x] = _mm512_fnmadd_ps(m0, _mm512_set1_ps(ds[x][b]), acc_min[x]);
-        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(s1, _mm512_set1_ps(da[x][b + 1])),
+        acc_min[x] = _mm512_fnmadd_ps(m0, _mm512_set1_ps(rows.ds[x][b]), acc_min[x]);
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(s1, _mm512_set1_ps(rows.da[x][b + 1])),
                                  _mm512_cvtepi32_ps(hi[x]), acc[x]);
-        acc_min[x] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(ds[x][b + 1]), acc_min[x]);
+        acc_min[x] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(rows.ds[x][b + 1]), acc_min[x]);
       }
     };
     pass.template operator()<0>();
@@ -434,17 +444,9 @@ inline __m512 ScalesQ6(const uint8_t* p) {
 template <int NX>
 void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
               float* out, int64_t ldo, int64_t r0) {
-  const int64_t k = a.k, nb = k / 32;
-  const int8_t* q[NX];
-  const float* da[NX];
-  const int16_t* sum16[NX];
+  const TileRows<NX> rows(a, x0);
   __m512 acc[NX];
-  for (int x = 0; x < NX; ++x) {
-    q[x] = a.q + (x0 + x) * k;
-    da[x] = a.d + (x0 + x) * nb;
-    sum16[x] = a.sum16 + (x0 + x) * 2 * nb;
-    acc[x] = _mm512_setzero_ps();
-  }
+  for (int x = 0; x < NX; ++x) acc[x] = _mm512_setzero_ps();
   // vpdpwssd's 16-bit factor -32 against the first (low half) or second 16-element sum of a block.
   const __m512i minus32[2] = {_mm512_set1_epi32(0x0000ffe0),
                               _mm512_set1_epi32(static_cast<int32_t>(0xffe00000u))};
@@ -473,7 +475,7 @@ void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb
                       Load512(half + 128 + 128 * j), &wl, &wh);
 #pragma GCC unroll 8
           for (int x = 0; x < NX; ++x) {
-            const int8_t* qa = q[x] + 256 * c + 128 * h + 32 * i + 4 * j;
+            const int8_t* qa = rows.q[x] + 256 * c + 128 * h + 32 * i + 4 * j;
             lo[x] = _mm512_dpbusd_epi32(lo[x], wl, Broadcast4(qa));
             hi[x] = _mm512_dpbusd_epi32(hi[x], wh, Broadcast4(qa + 64));
           }
@@ -482,13 +484,13 @@ void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
           int32_t pair_lo, pair_hi;
-          __builtin_memcpy(&pair_lo, sum16[x] + 2 * b, 4);
-          __builtin_memcpy(&pair_hi, sum16[x] + 2 * (b + 2), 4);
+          __builtin_memcpy(&pair_lo, rows.sum16[x] + 2 * b, 4);
+          __builtin_memcpy(&pair_hi, rows.sum16[x] + 2 * (b + 2), 4);
           const __m512i il = _mm512_dpwssd_epi32(lo[x], _mm512_set1_epi32(pair_lo), minus32[f]);
           const __m512i ih = _mm512_dpwssd_epi32(hi[x], _mm512_set1_epi32(pair_hi), minus32[f]);
-          u[x] = _mm512_fmadd_ps(_mm512_mul_ps(sc_lo, _mm512_set1_ps(da[x][b])),
+          u[x] = _mm512_fmadd_ps(_mm512_mul_ps(sc_lo, _mm512_set1_ps(rows.da[x][b])),
                                  _mm512_cvtepi32_ps(il), u[x]);
-          u[x] = _mm512_fmadd_ps(_mm512_mul_ps(sc_hi, _mm512_set1_ps(da[x][b + 2])),
+          u[x] = _mm512_fmadd_ps(_mm512_mul_ps(sc_hi, _mm512_set1_ps(rows.da[x][b + 2])),
                                  _mm512_cvtepi32_ps(ih), u[x]);
         }
       }
@@ -520,17 +522,9 @@ inline constexpr TileFn kTilesQ6_K[kTileRows + 1] = {nullptr,      &TileQ6_K<1>,
 template <int NX>
 void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu, __m512 bias,
               float* out, int64_t ldo, int64_t r0) {
-  const int64_t k = a.k, nb = k / 32;
-  const int8_t* q[NX];
-  const float* da[NX];
-  const int16_t* sum16[NX];
+  const TileRows<NX> rows(a, x0);
   __m512 acc[NX];
-  for (int x = 0; x < NX; ++x) {
-    q[x] = a.q + (x0 + x) * k;
-    da[x] = a.d + (x0 + x) * nb;
-    sum16[x] = a.sum16 + (x0 + x) * 2 * nb;
-    acc[x] = _mm512_setzero_ps();
-  }
+  for (int x = 0; x < NX; ++x) acc[x] = _mm512_setzero_ps();
   const __m512i minus128 = _mm512_set1_epi16(-128);
   for (int64_t c = 0; c < nu; ++c) {
     const uint8_t* unit = wg + c * kQ8_0X16UnitBytes;
@@ -546,7 +540,7 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
         const __m512i v = Load512(unit + 64 + (8 * h + j) * 64);
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
-          const int8_t* qa = q[x] + 64 * c + 32 * h + 4 * j;
+          const int8_t* qa = rows.q[x] + 64 * c + 32 * h + 4 * j;
           if (j % 2 == 0) {
             s0[x] = _mm512_dpbusd_epi32(s0[x], v, Broadcast4(qa));
           } else {
@@ -558,10 +552,10 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
 #pragma GCC unroll 8
       for (int x = 0; x < NX; ++x) {
         int32_t pair;
-        __builtin_memcpy(&pair, sum16[x] + 2 * b, 4);
+        __builtin_memcpy(&pair, rows.sum16[x] + 2 * b, 4);
         const __m512i isum =
             _mm512_dpwssd_epi32(_mm512_add_epi32(s0[x], s1[x]), _mm512_set1_epi32(pair), minus128);
-        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[x][b])),
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(rows.da[x][b])),
                                  _mm512_cvtepi32_ps(isum), acc[x]);
       }
     }

@@ -837,10 +837,10 @@ TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvari
 
 TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
   // Backend::PrepareGemmWeight may return a copy in the backend's own layout (the CPU backend:
-  // Q4_K, Q5_K, Q6_K and Q8_0 in groups of 16 rows, where its kernels read that layout). Whatever it
-  // returns must be a Gemm weight within the quantized Gemm's bound of the reference, for every row
-  // count (the decode and prefill row ranges, partial x tiles), with and without bias; a slice of
-  // whole row groups must give those rows; and each row of x must get the bits of a one-row call
+  // Q4_K, Q5_K, Q6_K and Q8_0 in groups of 16 rows, where its kernels read that layout). Whatever
+  // it returns must be a Gemm weight within the quantized Gemm's bound of the reference, for every
+  // row count (the decode and prefill row ranges, partial x tiles), with and without bias; a slice
+  // of whole row groups must give those rows; and each row of x must get the bits of a one-row call
   // within MaxRowInvariantRows. m: one group, several, and a count that is no multiple of 16 (left
   // as it is); every quantized dtype passes through.
   std::vector<int64_t> ns;
@@ -866,8 +866,7 @@ TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
         EXPECT_EQ(prepared->bytes(), w_d.bytes());
         if ((dt != DType::kQ4_K && dt != DType::kQ5_K && dt != DType::kQ6_K &&
              dt != DType::kQ8_0) ||
-            m % 16 != 0 ||
-            (dt == DType::kQ8_0 && k % 64 != 0)) {
+            m % 16 != 0 || (dt == DType::kQ8_0 && k % 64 != 0)) {
           EXPECT_EQ(prepared->data, w_d.data) << DTypeName(dt) << " m=" << m << " was copied";
         }
         std::vector<float> w_f32(m * k);
