@@ -238,9 +238,8 @@ inline constexpr int64_t kGemmSmallNMax = 16;
 // the per-call packing still costs more than it saves. The bits are the same either way
 // (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K, Q5_K, Q6_K and Q8_0
 // weights (gemm_q4_k_x16, gemm_q5_k_x16, gemm_q6_k_x16, gemm_q8_0_x16) have one kernel for every
-// row count; for
-// them the threshold only picks how CpuBackend splits the work between threads (weight rows, or 2-D
-// tiles).
+// row count; for them the threshold only picks how CpuBackend splits the work between threads
+// (weight rows, or 2-D tiles).
 inline constexpr int64_t kQuantSmallNMax = 4;
 
 // The interleaved Q4_K layout (KernelTable::gemm_q4_k_x16): weight rows in groups of
