@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/logging.h"
@@ -58,24 +59,10 @@ void DequantQ4_1(const BlockQ4_1* b, int64_t num_blocks, float* y) {
   }
 }
 
-void DequantQ4_K(const BlockQ4_K* b, int64_t num_blocks, float* y) {
-  for (int64_t i = 0; i < num_blocks; ++i, y += kSuperBlockElems) {
-    const float d = F16ToF32(b[i].d), dmin = F16ToF32(b[i].dmin);
-    for (int g = 0; g < 4; ++g) {
-      uint8_t sc0, mn0, sc1, mn1;
-      Q4KScaleMin(b[i].scales, 2 * g, &sc0, &mn0);
-      Q4KScaleMin(b[i].scales, 2 * g + 1, &sc1, &mn1);
-      const float d0 = d * sc0, m0 = dmin * mn0, d1 = d * sc1, m1 = dmin * mn1;
-      const uint8_t* q = b[i].qs + 32 * g;
-      for (int l = 0; l < 32; ++l) {
-        y[64 * g + l] = d0 * static_cast<float>(q[l] & 0x0f) - m0;
-        y[64 * g + 32 + l] = d1 * static_cast<float>(q[l] >> 4) - m1;
-      }
-    }
-  }
-}
-
-void DequantQ5_K(const BlockQ5_K* b, int64_t num_blocks, float* y) {
+// Q4_K, and Q5_K (B = BlockQ5_K: the fifth bit of each level from qh), in GGML's order of f32
+// operations: d * sc, then times the level, minus dmin * mn.
+template <class B>
+void DequantQ4_5K(const B* b, int64_t num_blocks, float* y) {
   for (int64_t i = 0; i < num_blocks; ++i, y += kSuperBlockElems) {
     const float d = F16ToF32(b[i].d), dmin = F16ToF32(b[i].dmin);
     for (int s = 0; s < 8; ++s) {
@@ -84,9 +71,9 @@ void DequantQ5_K(const BlockQ5_K* b, int64_t num_blocks, float* y) {
       const float ds = d * sc, ms = dmin * mn;
       const uint8_t* q = b[i].qs + 32 * (s / 2);
       for (int l = 0; l < 32; ++l) {
-        const int lo = s % 2 == 0 ? (q[l] & 0x0f) : (q[l] >> 4);
-        const int hi = (b[i].qh[l] >> s) & 1;
-        y[32 * s + l] = ds * static_cast<float>(lo | (hi << 4)) - ms;
+        int level = s % 2 == 0 ? (q[l] & 0x0f) : (q[l] >> 4);
+        if constexpr (std::is_same_v<B, BlockQ5_K>) level |= ((b[i].qh[l] >> s) & 1) << 4;
+        y[32 * s + l] = ds * static_cast<float>(level) - ms;
       }
     }
   }
@@ -258,11 +245,11 @@ float FitScaleSymmetric(const float* x, const float* w, int n, int nmax) {
   return best_scale;
 }
 
-// The super-block part of Q4_K and Q5_K: fits each 32-element sub-block of x to levels 0..nmax,
-// stores the 6-bit scales and minimums and the f16 d and dmin at `head` (the two types' first 16
-// bytes are laid out alike), and writes each element's level, fitted against the stored (rounded)
-// scales, to q.
-absl::Status QuantScaledMinSuperBlock(const float* x, int nmax, int64_t first_elem, BlockQ4_K* head,
+// The super-block part of Q4_K and Q5_K (B): fits each 32-element sub-block of x to levels
+// 0..nmax, stores the 6-bit scales and minimums and the f16 d and dmin in `head`, and writes each
+// element's level, fitted against the stored (rounded) scales, to q.
+template <class B>
+absl::Status QuantScaledMinSuperBlock(const float* x, int nmax, int64_t first_elem, B* head,
                                       uint8_t q[kSuperBlockElems]) {
   float scales[8], offsets[8], w[32];
   for (int s = 0; s < 8; ++s) {
@@ -327,12 +314,8 @@ absl::Status QuantQ4_K(const float* x, int64_t num_blocks, BlockQ4_K* b) {
 
 absl::Status QuantQ5_K(const float* x, int64_t num_blocks, BlockQ5_K* b) {
   for (int64_t i = 0; i < num_blocks; ++i, x += kSuperBlockElems) {
-    BlockQ4_K head = {};
     uint8_t q[kSuperBlockElems];
-    MODSERVE_RETURN_IF_ERROR(QuantScaledMinSuperBlock(x, 31, i * kSuperBlockElems, &head, q));
-    b[i].d = head.d;
-    b[i].dmin = head.dmin;
-    std::memcpy(b[i].scales, head.scales, sizeof(b[i].scales));
+    MODSERVE_RETURN_IF_ERROR(QuantScaledMinSuperBlock(x, 31, i * kSuperBlockElems, &b[i], q));
     std::memset(b[i].qh, 0, sizeof(b[i].qh));
     for (int g = 0; g < 4; ++g) {
       for (int l = 0; l < 32; ++l) {
@@ -413,11 +396,11 @@ void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst) {
     case DType::kQ4_1:
       return DequantQ4_1(static_cast<const BlockQ4_1*>(src), num_blocks, dst);
     case DType::kQ4_K:
-      return DequantQ4_K(static_cast<const BlockQ4_K*>(src), num_blocks, dst);
+      return DequantQ4_5K(static_cast<const BlockQ4_K*>(src), num_blocks, dst);
     case DType::kQ6_K:
       return DequantQ6_K(static_cast<const BlockQ6_K*>(src), num_blocks, dst);
     case DType::kQ5_K:
-      return DequantQ5_K(static_cast<const BlockQ5_K*>(src), num_blocks, dst);
+      return DequantQ4_5K(static_cast<const BlockQ5_K*>(src), num_blocks, dst);
     case DType::kI32:
       break;
   }

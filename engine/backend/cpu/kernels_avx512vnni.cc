@@ -245,13 +245,14 @@ template <bool kQ5>
 inline constexpr int64_t kUnit = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
 
 // A thread's units lie back to back, one sequential stream that the hardware prefetchers follow.
-// Q4_K tiles of 2 or more x rows also prefetch each unit's lines into L2 (prefetcht1) 2 units
-// ahead: 4 x rows 25-30% faster from DRAM on Zen 4 (kernel_bench quant-decode, 2 threads,
-// alternating runs), TinyLlama-shape batch-4 decode end to end 130-139 -> 167-177 tok/s. One x
-// row goes without: into L1 (prefetcht0, as the row kernels do) the prefetch cut its decode from
-// DRAM from 26 to 22 GB/s, and into L2 TinyLlama-shape batch-1 decode from 53-56 to 43-44 tok/s.
-// Q8_0 units gained nothing from it at batch 4 (two alternating pairs), so they go without.
-// Prefetches never fault: reaching past the end of the copy from the last units is harmless.
+// K-quant tiles of 2 or more x rows also prefetch each unit's lines into L2 (prefetcht1) 2 units
+// ahead (measured on Q4_K's; Q5_K's and Q6_K's do the same, not timed without it): 4 x rows 25-30%
+// faster from DRAM on Zen 4 (kernel_bench quant-decode, 2 threads, alternating runs),
+// TinyLlama-shape batch-4 decode end to end 130-139 -> 167-177 tok/s. One x row goes without: into
+// L1 (prefetcht0, as the row kernels do) the prefetch cut its decode from DRAM from 26 to 22 GB/s,
+// and into L2 TinyLlama-shape batch-1 decode from 53-56 to 43-44 tok/s. Q8_0 units gained nothing
+// from it at batch 4 (two alternating pairs), so they go without. Prefetches never fault: reaching
+// past the end of the copy from the last units is harmless.
 template <int NX, int64_t kBytes>
 inline void PrefetchAhead(const uint8_t* unit) {
   if constexpr (NX > 1) {

@@ -97,21 +97,26 @@ TEST(QuantLayoutTest, Q4_1AddsTheMinimumAfterTheScale) {
   }
 }
 
+// Q4_K's (and Q5_K's) 12 bytes of 6-bit scales and minimums, packed by hand from the layout:
+// bytes 0..3 the low 6 bits of sc[0..3] with sc[4..7]'s top 2 bits above them; bytes 4..7
+// likewise for the minimums; bytes 8..11 the low nibbles of sc[4..7] (low) and mn[4..7] (high).
+void PackScalesByHand(const int sc[8], const int mn[8], uint8_t* scales) {
+  for (int s = 0; s < 4; ++s) {
+    scales[s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
+    scales[4 + s] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
+    scales[8 + s] = static_cast<uint8_t>((sc[s + 4] & 15) | ((mn[s + 4] & 15) << 4));
+  }
+}
+
 TEST(QuantLayoutTest, Q4_KUnpacksSixBitScalesAndMinimums) {
   // Sub-block scales 1, 2, ..., 8 plus 40 on the last four (so their top bits are set) and
-  // minimums 63, 62, ..., 56, packed by hand from the layout: bytes 0..3 low 6 bits of sc[0..3]
-  // with sc[4..7]'s top 2 bits above them; bytes 4..7 likewise for the minimums; bytes 8..11
-  // the low nibbles of sc[4..7] (low) and mn[4..7] (high).
+  // minimums 63, 62, ..., 56, packed by hand (PackScalesByHand).
   const int sc[8] = {1, 2, 3, 4, 45, 46, 47, 48};
   const int mn[8] = {63, 62, 61, 60, 59, 58, 57, 56};
   std::vector<uint8_t> block(144);
   PutF16(block.data(), 0.125f);
   PutF16(block.data() + 2, 0.0625f);
-  for (int s = 0; s < 4; ++s) {
-    block[4 + s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
-    block[4 + 4 + s] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
-    block[4 + 8 + s] = static_cast<uint8_t>((sc[s + 4] & 15) | ((mn[s + 4] & 15) << 4));
-  }
+  PackScalesByHand(sc, mn, block.data() + 4);
   for (int s = 0; s < 8; ++s) {
     uint8_t got_sc, got_mn;
     Q4KScaleMin(block.data() + 4, s, &got_sc, &got_mn);
@@ -142,11 +147,7 @@ TEST(QuantLayoutTest, Q5_KTakesTheFifthBitOfSubBlockSFromBitSOfQh) {
   std::vector<uint8_t> block(176, 0);
   PutF16(block.data(), 0.25f);
   PutF16(block.data() + 2, 0.5f);
-  for (int s = 0; s < 4; ++s) {
-    block[4 + s] = static_cast<uint8_t>(sc[s] | ((sc[s + 4] >> 4) << 6));
-    block[4 + 4 + s] = static_cast<uint8_t>(mn[s] | ((mn[s + 4] >> 4) << 6));
-    block[4 + 8 + s] = static_cast<uint8_t>((sc[s + 4] & 15) | ((mn[s + 4] & 15) << 4));
-  }
+  PackScalesByHand(sc, mn, block.data() + 4);
   auto q_of = [](int s, int l) { return (7 * l + 13 * s + 5) % 32; };
   for (int s = 0; s < 8; ++s) {
     for (int l = 0; l < 32; ++l) {
