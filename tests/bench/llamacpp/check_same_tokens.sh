@@ -29,12 +29,8 @@ GGUF_PY="${GGUF_PY:-/tmp/gguf-venv/bin/python}"
 WORK="${WORK:-/tmp/llamacpp/gguf}"
 mkdir -p "$WORK"
 
-GREEDY="$LLAMACPP_BUILD/bin/greedy_ids"
-if [[ ! -x "$GREEDY" || "$HERE/greedy_ids.cc" -nt "$GREEDY" ]]; then
-  nice -n 19 g++ -O2 -std=c++17 -o "$GREEDY" "$HERE/greedy_ids.cc" \
-    -I"$LLAMACPP_SRC/include" -I"$LLAMACPP_SRC/ggml/include" \
-    -L"$LLAMACPP_BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$LLAMACPP_BUILD/bin"
-fi
+source "$HERE/llama_tool.sh"
+GREEDY="$(llama_tool greedy_ids "$LLAMACPP_SRC" "$LLAMACPP_BUILD")"
 
 # CONVERTER=quantize makes the GGUF with modserve-quantize (any of its --type values, the
 # tokenizer.json included) instead of to_gguf.py, and modserve runs that same GGUF file: the
@@ -48,12 +44,7 @@ if [[ "$CONVERTER" == quantize ]]; then
   "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$GGUF" --type "$OUTTYPE" \
     --allow_no_tokenizer
 elif [[ "$CONVERTER" == llama ]]; then
-  QUANTIZE="$LLAMACPP_BUILD/bin/llama_quantize"
-  if [[ ! -x "$QUANTIZE" || "$HERE/llama_quantize.cc" -nt "$QUANTIZE" ]]; then
-    nice -n 19 g++ -O2 -std=c++17 -o "$QUANTIZE" "$HERE/llama_quantize.cc" \
-      -I"$LLAMACPP_SRC/include" -I"$LLAMACPP_SRC/ggml/include" \
-      -L"$LLAMACPP_BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$LLAMACPP_BUILD/bin"
-  fi
+  QUANTIZE="$(llama_tool llama_quantize "$LLAMACPP_SRC" "$LLAMACPP_BUILD")"
   "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$WORK/f16.gguf" --type f16 \
     --allow_no_tokenizer
   "$QUANTIZE" "$WORK/f16.gguf" "$GGUF" "$OUTTYPE" "$THREADS" > /dev/null

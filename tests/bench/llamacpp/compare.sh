@@ -14,8 +14,8 @@
 # the very same GGUF file: the real SmolLM2-135M Q4_1 (tools/fetch_models.sh) and the TinyLlama
 # shape's dense checkpoint quantized by modserve-quantize (--type q8_0 / q4_k / q5_k; it is written
 # by modserve-bench first when missing), or by llama.cpp's own quantizer for the mixes
-# (tinyllama:q4_k_m, tinyllama:q5_k_m; llama_quantize.cc). modserve-bench --model and llama-bench take the same
-# context, steps, threads and KV type as above. SHAPES= runs only these rows:
+# (tinyllama:q4_k_m, tinyllama:q5_k_m; llama_quantize.cc). modserve-bench --model and llama-bench
+# take the same context, steps, threads and KV type as above. SHAPES= runs only these rows:
 #   SHAPES= tests/bench/llamacpp/compare.sh
 #
 # Needs: cmake, ninja, a C/C++ compiler; the sdist (arg 1 or LLAMACPP_SDIST, default
@@ -169,13 +169,9 @@ for row in $GGUF_ROWS; do
         case "$wt" in
           *_k_m|*_k_s)
             # The mixes (q4_k_m, q5_k_m, ...) come from llama.cpp's own quantizer, from an F16 file.
-            SRC="$(ls -d "$LLAMACPP_DIR"/*/vendor/llama.cpp | head -1)"
-            QUANTIZE="$BUILD/bin/llama_quantize"
-            if [[ ! -x "$QUANTIZE" || "$HERE/llama_quantize.cc" -nt "$QUANTIZE" ]]; then
-              g++ -O2 -std=c++17 -o "$QUANTIZE" "$HERE/llama_quantize.cc" -I"$SRC/include" \
-                -I"$SRC/ggml/include" -L"$BUILD/bin" -lllama -lggml -lggml-base \
-                -Wl,-rpath,"$BUILD/bin"
-            fi
+            source "$HERE/llama_tool.sh"
+            QUANTIZE="$(llama_tool llama_quantize \
+              "$(ls -d "$LLAMACPP_DIR"/*/vendor/llama.cpp | head -1)" "$BUILD")"
             f16="$LLAMACPP_DIR/gguf/tinyllama-dense-f16.gguf"
             if [[ ! -f "$f16" || "$ckpt/config.json" -nt "$f16" ]]; then
               nice -n 10 "$MODSERVE_BIN_DIR/modserve-quantize" --model "$ckpt" --out "$f16" \
