@@ -451,6 +451,7 @@ constexpr std::string_view kModes[] = {"",
                                        "attention-inorder",
                                        "prefill",
                                        "prefill-compute",
+                                       "prefill-bf16",
                                        "crossover",
                                        "crossover-shapes",
                                        "quant",
@@ -604,6 +605,14 @@ int Main(int argc, char** argv) {
                     DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (auto [m, k] : shapes) BenchPrefillCompute(backend, t, m, k, 512, core_peak);
     }
+    return 0;
+  }
+  if (only == "prefill-bf16") {
+    // The BF16 rows of prefill-compute alone (the AMX table's tile Gemm where the unit is usable).
+    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond();
+    std::printf("f32 FMA peak probe, one thread, CPU time: %.1f GFLOP/s per core-second\n",
+                core_peak);
+    for (auto [m, k] : shapes) BenchPrefillCompute(backend, DType::kBF16, m, k, 512, core_peak);
     return 0;
   }
   if (only == "prefill") {

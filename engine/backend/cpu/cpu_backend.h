@@ -195,14 +195,15 @@ class CpuBackend final : public Backend {
   // QuantizedActs of the quantized-weight Gemm's x, one per activation layout a group needs
   // (64-byte aligned), grown to the largest seen.
   struct FreeDeleter {
-    void operator()(char* p) const { std::free(p); }
+    void operator()(void* p) const { std::free(p); }
   };
   std::unique_ptr<char, FreeDeleter> act_scratch_;
   size_t act_scratch_bytes_ = 0;
   // x as the BF16 decode kernel reads it (KernelTable::prepare_x_bf16), once per group.
   std::vector<float> small_bf16_x_;
   // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16x3), once per group.
-  std::vector<uint16_t> amx_x_;
+  std::unique_ptr<uint16_t, FreeDeleter> amx_x_;  // 64-byte aligned
+  size_t amx_x_bytes_ = 0;
 };
 
 }  // namespace modserve::backend::cpu
