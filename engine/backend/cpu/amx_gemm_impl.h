@@ -10,6 +10,7 @@
 //   template <int kT> static void Store(void* base, int64_t stride);
 //   template <int kC, int kA, int kB> static void Dot();  // TDPBF16PS: C += A . B
 //   static void Release();
+//   static void PackW(...);  // PackWBf16's arguments and result (a vector version may stand in)
 // Dot's contract (Intel SDM, TDPBF16PS): C is 16 x 16 f32, A 16 rows of 32 bf16, B 16 rows of
 // 16 bf16 pairs; C[m][n] += A[m][2p] * B[p][2n] + A[m][2p + 1] * B[p][2n + 1] for p < 16.
 //
@@ -34,8 +35,11 @@ inline constexpr int kAmxTerms = 3;          // bf16 terms of each x
 inline constexpr int64_t kAmxTileBf16 = kAmxTileRows * kAmxStepK;  // 512 bf16 = 1 KiB
 // A call works in chunks of kAmxChunkCols weight rows x kAmxChunkRows x rows (the backend's
 // tiles are exactly one chunk) and k slices of kAmxSliceSteps steps: the slice's B tiles
-// (8 x 8 KiB) and the chunk's C staging (128 KiB) are the call's scratch.
-inline constexpr int64_t kAmxChunkCols = 128;
+// (32 x 8 KiB) and the chunk's C staging (512 KiB) are the call's scratch. A slice's A tiles
+// (the x terms of 256 rows, 384 KiB) come from beyond L2 once and are then read by every column
+// pair of the chunk from L2: 16 pairs at 512 columns; at 128 columns (4 pairs) the first reads
+// cost the Gemm ~1.4x on a Xeon with AMX.
+inline constexpr int64_t kAmxChunkCols = 512;
 inline constexpr int64_t kAmxChunkRows = 256;
 inline constexpr int64_t kAmxSliceSteps = 8;
 
@@ -135,7 +139,8 @@ inline constexpr int64_t kAmxBTilesWords =
 
 // Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x given as
 // PackXBf16x3 wrote it for all n rows. x_begin must be a multiple of 32. scratch:
-// kAmxStagingFloats + kAmxBTilesWords floats (no alignment needed: tile loads take any address).
+// kAmxStagingFloats + kAmxBTilesWords floats. Tile loads take any address, but packed_x and
+// scratch should be 64-byte aligned: a tile row that splits two cache lines halves the speed.
 template <class T>
 void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                  const uint16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
@@ -157,7 +162,7 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x
       for (int64_t i = 0; i < rtiles * kAmxTileRows * kAmxChunkCols; ++i) staging[i] = 0.0f;
       for (int64_t s0 = 0; s0 < steps; s0 += kAmxSliceSteps) {
         const int64_t ns = steps - s0 < kAmxSliceSteps ? steps - s0 : kAmxSliceSteps;
-        PackWBf16(w, k, c0, nc, ctiles, s0, ns, bp);
+        T::PackW(w, k, c0, nc, ctiles, s0, ns, bp);
         // The B tiles of one column pair stay in L1 while the row pairs stream past them.
         for (int64_t ct = 0; ct < ctiles; ct += 2) {
           const uint32_t* b0 = bp + ct * kAmxSliceSteps * kBTileWords;

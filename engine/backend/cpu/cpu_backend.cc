@@ -44,6 +44,8 @@ constexpr int64_t kGemmRowGrain = 16;
 // Large-n Gemm tiles: 128 weight rows (4 AVX-512 panels) by 256 x rows. One tile is ~30 MFLOP at
 // TinyLlama sizes (k = 2048), enough to amortise packing its w block once per x row block.
 constexpr int64_t kGemmColBlock = 128;
+// The AMX Gemm's tiles are one chunk of its kernel: 512 weight rows (amx_gemm_impl.h says why).
+constexpr int64_t kAmxColBlock = 512;
 constexpr int64_t kGemmRowBlock = 256;
 // The AMX Gemm wants x row ranges that start at a multiple of 32.
 static_assert(kGemmRowBlock % 32 == 0);
@@ -616,7 +618,8 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     any_small_bf16 = any_small_bf16 || (!mem.large && mem.dtype == DType::kBF16);
     if (mem.large) {
       mem.first = large_tiles;
-      large_tiles += (mem.m + kGemmColBlock - 1) / kGemmColBlock * row_blocks;
+      mem.col_block = mem.amx ? kAmxColBlock : kGemmColBlock;
+      large_tiles += (mem.m + mem.col_block - 1) / mem.col_block * row_blocks;
     } else {
       // A prepared weight's rows are split in whole groups: it starts on a group boundary of
       // the pass, which is split at multiples of kQ4KX16Rows below.
@@ -665,11 +668,11 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     pool_.ParallelFor(0, large_tiles, 1, [&](int64_t b, int64_t e) {
       for (const GemmMember& g : gemm_members_) {
         if (!g.large) continue;
-        const int64_t tiles = (g.m + kGemmColBlock - 1) / kGemmColBlock * row_blocks;
+        const int64_t tiles = (g.m + g.col_block - 1) / g.col_block * row_blocks;
         for (int64_t t = std::max(b, g.first); t < std::min(e, g.first + tiles); ++t) {
           const int64_t cb = (t - g.first) / row_blocks, rb = (t - g.first) % row_blocks;
           GemmRange(g, xp, n, k, rb * kGemmRowBlock, std::min(n, (rb + 1) * kGemmRowBlock),
-                    cb * kGemmColBlock, std::min(g.m, (cb + 1) * kGemmColBlock));
+                    cb * g.col_block, std::min(g.m, (cb + 1) * g.col_block));
         }
       }
     });

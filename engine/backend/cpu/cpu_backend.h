@@ -135,6 +135,7 @@ class CpuBackend final : public Backend {
     bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
     bool amx = false;                   // large BF16 on the matrix unit (x from amx_x_)
     int64_t first = 0;  // its first weight row (decode) or tile (prefill) in the group's pass
+    int64_t col_block = 0;  // weight rows per prefill tile
   };
   // Weight rows [row_begin, row_end) of one member for the x rows [x_begin, x_end) (all n rows
   // for the decode kernels).

@@ -203,12 +203,17 @@ const KernelTable& KernelsFor(Isa isa);
 
 namespace internal {
 #if defined(__x86_64__)
-// kernels_amx.cc: the kAmx table's two kernels (see KernelTable::gemm_amx_bf16).
+// kernels_amx.cc: the kAmx table's two kernels (see KernelTable::gemm_amx_bf16). AmxPackX needs
+// AVX-512 F/BW/VL only (it uses no tile instruction).
 void AmxPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
               void* packed);
 void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch);
+// The tile kernel's w packing (amx_gemm_impl.h's PackWBf16, in AVX-512 registers), exposed for
+// the test that holds it to the plain one; AVX-512 F/BW/VL only, no tile instruction.
+void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles, int64_t s0,
+              int64_t ns, uint32_t* tiles);
 #endif
 // Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
 extern const KernelTable kScalarKernelTable;
@@ -225,7 +230,7 @@ constexpr int64_t AmxPackedRows(int64_t n) { return (n + 31) / 32 * 32; }
 constexpr size_t AmxPackedXBytes(int64_t n, int64_t k) {
   return static_cast<size_t>(AmxPackedRows(n)) * static_cast<size_t>((k + 31) / 32 * 32) * 3 * 2;
 }
-inline constexpr int64_t kAmxScratchFloats = 256 * 128 + 8 * 8 * 256;
+inline constexpr int64_t kAmxScratchFloats = 256 * 512 + 32 * 8 * 256;
 
 // The default of KernelTable::float_small_n_max: the float decode kernels up to this many x rows,
 // the packed prefill kernels above, where a table has measured nothing better.

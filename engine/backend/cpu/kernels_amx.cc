@@ -56,13 +56,124 @@ struct HwTiles {
     if constexpr (kC == 3 && kA == 5 && kB == 7) _tile_dpbf16ps(3, 5, 7);
   }
   static void Release() { _tile_release(); }
+  static void PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
+                    int64_t s0, int64_t ns, uint32_t* bp);
 };
 
 #include "engine/backend/cpu/amx_gemm_impl.h"
 
+// One B tile from 16 whole weight rows and a whole k step: the 16 x 16 matrix of k pairs
+// (row j, pair p) transposed into tile[p][j], in three rounds of in-lane unpacks and lane shuffles.
+inline void PackWTile16x16(const uint16_t* rows, int64_t k, uint32_t* tile) {
+  __m512i r[16];
+  for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(rows + j * k);
+  __m512i t[16];
+  for (int j = 0; j < 16; j += 2) {  // rows j, j+1 interleaved by pair, per 128-bit lane
+    t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+    t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+  }
+  __m512i u[16];
+  for (int g = 0; g < 16; g += 4) {  // rows g..g+3: u[g + q] lane L holds pair 4L + q of each
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    const __m512i v = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88);  // lanes 0, 2 of each
+    const __m512i x = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88);
+    const __m512i y = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xdd);  // lanes 1, 3 of each
+    const __m512i z = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xdd);
+    _mm512_storeu_si512(tile + (q + 0) * 16, _mm512_shuffle_i32x4(v, x, 0x88));
+    _mm512_storeu_si512(tile + (q + 8) * 16, _mm512_shuffle_i32x4(v, x, 0xdd));
+    _mm512_storeu_si512(tile + (q + 4) * 16, _mm512_shuffle_i32x4(y, z, 0x88));
+    _mm512_storeu_si512(tile + (q + 12) * 16, _mm512_shuffle_i32x4(y, z, 0xdd));
+  }
+}
+
+// PackWBf16 with whole tiles transposed in registers; a column tile past nc and a step past k go
+// through PackWBf16 itself.
+void HwTiles::PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
+                    int64_t s0, int64_t ns, uint32_t* bp) {
+  constexpr int64_t kTileWords = kAmxTileRows * kAmxTileRows;
+  for (int64_t ct = 0; ct < ctiles; ++ct) {
+    uint32_t* col_tiles = bp + ct * kAmxSliceSteps * kTileWords;
+    if ((ct + 1) * kAmxTileRows > nc) {
+      PackWBf16(w, k, c0 + ct * kAmxTileRows, nc - ct * kAmxTileRows, 1, s0, ns, col_tiles);
+      continue;
+    }
+    const uint16_t* rows = w + (c0 + ct * kAmxTileRows) * k;
+    for (int64_t s = 0; s < ns; ++s) {
+      if ((s0 + s + 1) * kAmxStepK <= k) {
+        PackWTile16x16(rows + (s0 + s) * kAmxStepK, k, col_tiles + s * kTileWords);
+      } else {
+        PackWBf16(w, k, c0 + ct * kAmxTileRows, kAmxTileRows, 1, s0 + s, 1,
+                  col_tiles + s * kTileWords);
+      }
+    }
+  }
+}
+
 static_assert(kAmxScratchFloats == kAmxStagingFloats + kAmxBTilesWords);
 // One row of x pads to two row tiles of three 1 KiB terms.
 static_assert(AmxPackedXBytes(1, 1) == 2 * kAmxTerms * kAmxTileBf16 * 2);
+
+// AmxBf16Bits of 16 lanes.
+inline __m512i Bf16BitsX16(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb),
+                           16);
+}
+
+// AmxSplit of 16 lanes: the same integer and float steps, lane by lane.
+inline void SplitX16(__m512 v, __m512i* hi, __m512i* mid, __m512i* lo) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  const __mmask16 nonfinite = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp_mask), exp_mask);
+  __m512i h = Bf16BitsX16(u);
+  const __mmask16 to_inf = _mm512_cmpeq_epi32_mask(_mm512_and_si512(h, _mm512_set1_epi32(0x7f80)),
+                                                   _mm512_set1_epi32(0x7f80));
+  h = _mm512_mask_mov_epi32(h, to_inf, _mm512_srli_epi32(u, 16));
+  const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+  const __m512i m = Bf16BitsX16(_mm512_castps_si512(r1));
+  const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(m, 16)));
+  const __m512i l = Bf16BitsX16(_mm512_castps_si512(r2));
+  // Non-finite: the top half alone, a NaN with its quiet bit set.
+  const __mmask16 nan = _mm512_mask_test_epi32_mask(nonfinite, u, _mm512_set1_epi32(0x007fffff));
+  __m512i top = _mm512_srli_epi32(u, 16);
+  top = _mm512_mask_or_epi32(top, nan, top, _mm512_set1_epi32(0x0040));
+  *hi = _mm512_mask_mov_epi32(h, nonfinite, top);
+  *mid = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), m);
+  *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), l);
+}
+
+// PackXBf16x3 with 16 elements split at a time; the same bits.
+void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                    uint16_t* packed) {
+  const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t rt = r / kAmxTileRows, rr = r % kAmxTileRows;
+    for (int64_t s = 0; s < steps; ++s) {
+      uint16_t* tiles = packed + (rt * steps + s) * kAmxTerms * kAmxTileBf16 + rr * kAmxStepK;
+      __m512i terms[2][3];
+      for (int half = 0; half < 2; ++half) {
+        const int64_t k0 = s * kAmxStepK + 16 * half;
+        const int64_t left = r < n ? k - k0 : 0;
+        const __mmask16 mask = left >= 16  ? static_cast<__mmask16>(0xffff)
+                               : left <= 0 ? static_cast<__mmask16>(0)
+                                           : static_cast<__mmask16>((1u << left) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(mask, x + (r < n ? r * k + k0 : 0));
+        SplitX16(v, &terms[half][0], &terms[half][1], &terms[half][2]);
+      }
+      for (int t = 0; t < kAmxTerms; ++t) {
+        const __m256i a = _mm512_cvtepi32_epi16(terms[0][t]);
+        const __m256i b = _mm512_cvtepi32_epi16(terms[1][t]);
+        _mm512_storeu_si512(tiles + t * kAmxTileBf16,
+                            _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -70,7 +181,12 @@ namespace internal {
 
 void AmxPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
               void* packed) {
-  PackXBf16x3(x, n, k, row_begin, row_end, static_cast<uint16_t*>(packed));
+  PackXBf16x3Vec(x, n, k, row_begin, row_end, static_cast<uint16_t*>(packed));
+}
+
+void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles, int64_t s0,
+              int64_t ns, uint32_t* tiles) {
+  HwTiles::PackW(reinterpret_cast<const uint16_t*>(w), k, c0, nc, ctiles, s0, ns, tiles);
 }
 
 void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,

@@ -29,6 +29,8 @@ struct EmulatedTiles {
 
   static void Configure() { configured = true; }
   static void Release() { configured = false; }
+  static void PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
+                    int64_t s0, int64_t ns, uint32_t* bp);
   template <int kT>
   static void Load(const void* base, int64_t stride) {
     ASSERT_TRUE(configured) << "tile load before the configuration";
@@ -76,6 +78,11 @@ struct EmulatedTiles {
 };
 
 #include "engine/backend/cpu/amx_gemm_impl.h"
+
+void EmulatedTiles::PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
+                          int64_t s0, int64_t ns, uint32_t* bp) {
+  PackWBf16(w, k, c0, nc, ctiles, s0, ns, bp);
+}
 
 static_assert(kAmxScratchFloats == kAmxStagingFloats + kAmxBTilesWords);
 
@@ -254,8 +261,12 @@ TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
   CpuBackend& backend = **created;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (auto [n, k, m] : {std::array<int64_t, 3>{17, 64, 70}, {33, 70, 130}, {64, 96, 300},
-                         {300, 40, 140}, {520, 64, 72}}) {
+  for (auto [n, k, m] : {std::array<int64_t, 3>{17, 64, 70},
+                         {33, 70, 130},
+                         {64, 96, 300},
+                         {300, 40, 140},
+                         {520, 64, 72},
+                         {40, 40, 1100}}) {
     SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m));
     ASSERT_GT(n, table.float_small_n_max);
     ASSERT_GT(m, kGemmSkinnyRows);  // thinner weights always take the decode kernels
@@ -300,6 +311,65 @@ TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
     EXPECT_EQ(bad, 0);
   }
 }
+
+#if defined(__x86_64__)
+// The hardware path's packers (AVX-512 registers) against the plain ones above, bit for bit: x
+// with every kind of float the split treats apart, w with whole and partial tiles and steps.
+TEST(AmxPackTest, VectorPackersWriteThePlainPackersBits) {
+  if (!CpuHasIsa(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 F/BW/VL here";
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::min(),
+                            3.3895314e38f};  // rounds to infinity as a bf16
+  for (auto [n, k] :
+       {std::pair<int64_t, int64_t>{1, 1}, {5, 31}, {16, 32}, {17, 33}, {40, 100}, {33, 256}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k));
+    std::vector<float> x(n * k);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const uint32_t pick = bits(rng) % 8;
+      if (pick == 0) {
+        x[i] = specials[bits(rng) % std::size(specials)];
+      } else if (pick == 1) {
+        const uint32_t u = bits(rng);
+        std::memcpy(&x[i], &u, 4);  // any bit pattern, NaNs with payloads included
+      } else {
+        x[i] = dist(rng);
+      }
+    }
+    const int64_t rows = AmxPackedRows(n), half = rows / 2 / 16 * 16;
+    std::vector<uint16_t> want(AmxPackedXBytes(n, k) / 2, 0x5555), got(want.size(), 0x5555);
+    PackXBf16x3(x.data(), n, k, 0, rows, want.data());
+    internal::AmxPackX(x.data(), n, k, 0, half, got.data());
+    internal::AmxPackX(x.data(), n, k, half, rows, got.data());
+    EXPECT_EQ(got, want);
+  }
+  for (auto [m, k, c0, nc, s0, ns] : {std::array<int64_t, 6>{16, 32, 0, 16, 0, 1},
+                                      {40, 100, 3, 37, 0, 4},
+                                      {64, 256, 0, 64, 2, 6},
+                                      {130, 96, 16, 100, 1, 2},
+                                      {48, 300, 32, 16, 8, 2}}) {
+    SCOPED_TRACE("m=" + std::to_string(m) + " k=" + std::to_string(k) + " c0=" +
+                 std::to_string(c0) + " nc=" + std::to_string(nc) + " s0=" + std::to_string(s0));
+    std::vector<uint16_t> w(m * k);
+    for (uint16_t& v : w) v = static_cast<uint16_t>(bits(rng));
+    const int64_t ctiles = AmxRoundUp(nc, 2 * kAmxTileRows) / kAmxTileRows;
+    std::vector<uint32_t> want(kAmxBTilesWords, 0x55555555u), got(want.size(), 0x55555555u);
+    PackWBf16(w.data(), k, c0, nc, ctiles, s0, ns, want.data());
+    internal::AmxPackW(reinterpret_cast<const bf16_t*>(w.data()), k, c0, nc, ctiles, s0, ns,
+                       got.data());
+    EXPECT_EQ(got, want);
+  }
+}
+#endif
 
 TEST(AmxAvailabilityTest, TheIsaIsUsableExactlyWhenNoReasonIsGiven) {
   const bool usable = CpuHasIsa(Isa::kAmx);
