@@ -137,6 +137,8 @@ double DensePrefillFlops(const Shape& s, int64_t tokens) {
 
 // The matmul-peak probe of this run (tests/bench/matmul_peak.h), set once in Main.
 double g_fma_peak_gflops = 0;
+// The AMX tile probe's bf16 products (0 where the kernels are not the AMX table).
+double g_amx_peak_gflops = 0;
 
 // FLOPs of one decode token at an average context of `ctx`: every layer's matrices and attention
 // for a dense model; for MoD, the routed layers at the measured routed fraction (their attention
@@ -156,8 +158,13 @@ double DecodeTokenFlops(const Shape& s, double ctx, int routed_layers, double ro
 std::string PrefillGflops(const Shape& s, int tokens, double tps) {
   const double gflops = DensePrefillFlops(s, tokens) / (tokens / tps) / 1e9;
   if (g_fma_peak_gflops <= 0) return absl::StrFormat("%.1f GFLOP/s", gflops);
-  return absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
-                         g_fma_peak_gflops > 0 ? 100 * gflops / g_fma_peak_gflops : 0.0);
+  std::string text = absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
+                                     100 * gflops / g_fma_peak_gflops);
+  if (g_amx_peak_gflops > 0) {
+    absl::StrAppendFormat(&text, ", %.0f%% of a third of the AMX probe",
+                          300 * gflops / g_amx_peak_gflops);
+  }
+  return text;
 }
 
 // MoD: every other layer routed (1, 3, 5, ...).
@@ -1154,6 +1161,14 @@ absl::Status Main() {
     std::printf("matmul-peak probe (f32 AVX2 FMA chains on registers, %d threads, best of 5): "
                 "%.1f GFLOP/s\n",
                 threads, g_fma_peak_gflops);
+    if (isa == backend::cpu::Isa::kAmx) {
+      g_amx_peak_gflops = bench::MeasureAmxTilePeakGflops(threads);
+      std::printf(
+          "AMX tile probe (TDPBF16PS on registers, %d threads, best of 5): %.1f GFLOP/s of "
+          "bf16 products; the prefill Gemm splits x into three bf16 terms, so a third of "
+          "it (%.1f) is its f32-accurate ceiling\n",
+          threads, g_amx_peak_gflops, g_amx_peak_gflops / 3);
+    }
     std::printf(
         "measured read bandwidth (2 GiB sum, %d threads, best of 7, strongest probe): %.2f GB/s "
         "with 2 MiB pages (used below), %.2f GB/s with 4 KiB pages\n"

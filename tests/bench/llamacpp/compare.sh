@@ -53,6 +53,19 @@ mkdir -p "$LLAMACPP_DIR/gguf" "$OUT"
 RESULTS="$OUT/results.tsv"
 : > "$RESULTS"
 log() { echo "compare.sh: $*" >&2; }
+# llama-bench's --repack for a weight type. With 1, llama.cpp moves quantized weights into its
+# extra buffers, AMX ones where the CPU reports amx_int8 (Q4_0, Q4_1, Q8_0 and the K-quants). On
+# the 2-vCPU Xeon VMs here that path dies in its worker threads (SIGILL, or SIGSEGV at ldtilecfg
+# under gdb: the tile configuration and the per-thread tile permission, llama.cpp PR 26954), so
+# there every quantized file runs unrepacked; elsewhere only Q8_0 does (its repack is the AMX one
+# too). LLAMA_REPACK overrides both.
+default_repack() {  # WTYPE
+  case "$1" in
+    bf16 | f16 | f32) echo 1 ;;
+    q8_0) echo 0 ;;
+    *) if grep -qw amx_int8 /proc/cpuinfo; then echo 0; else echo 1; fi ;;
+  esac
+}
 
 # (a) llama.cpp
 if [[ ! -x "$BUILD/bin/llama-bench" ]]; then
@@ -107,9 +120,7 @@ EOF
       nice -n 10 "$GGUF_PY" "$HERE/to_gguf.py" "$WORKDIR/$shape-dense" "$gguf.tmp" --outtype "$wt"
       mv "$gguf.tmp" "$gguf"
     fi
-    # Q8_0 is repacked for AMX when the CPU reports it; on the 2-vCPU dev VM that path dies with
-    # SIGILL on multi-token batches, so Q8_0 runs unrepacked unless LLAMA_REPACK says otherwise.
-    repack="${LLAMA_REPACK:-$([[ $wt == q8_0 ]] && echo 0 || echo 1)}"
+    repack="${LLAMA_REPACK:-$(default_repack "$wt")}"
     log "llama-bench $shape $wt (repack $repack)"
     "$BUILD/bin/llama-bench" -m "$gguf" -t "$THREADS" -r "$REPS" -ctk f16 -ctv f16 \
       --repack "$repack" -p "$PP" -n 0 -o json > "$OUT/llama-$shape-$wt-pp.json"
@@ -132,7 +143,7 @@ done
 llama_rows() {  # GGUF SHAPE WTYPE
   local gguf="$1" shape="$2" wt="$3" tag
   tag="$(basename "$gguf" .gguf)"
-  local repack="${LLAMA_REPACK:-$([[ $wt == q8_0 ]] && echo 0 || echo 1)}"
+  local repack="${LLAMA_REPACK:-$(default_repack "$wt")}"
   log "llama-bench $tag (repack $repack)"
   "$BUILD/bin/llama-bench" -m "$gguf" -t "$THREADS" -r "$REPS" -ctk f16 -ctv f16 \
     --repack "$repack" -p "$PP" -n 0 -o json > "$OUT/llama-$tag-pp.json"
