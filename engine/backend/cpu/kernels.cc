@@ -157,8 +157,10 @@ const KernelTable& Avx512VnniKernelTable() {
   return table;
 }
 
-// The AMX table: the VNNI table (AVX-512's where the CPU has no VNNI) plus the tile Gemm. Built
-// here, in baseline code, so that asking for it on a CPU without AVX-512 runs nothing it cannot.
+// The AMX table: the VNNI table (AVX-512's where the CPU has no VNNI) plus the tile Gemm, with
+// the Q6_K and Q8_0 interleaved-copy Gemms whose one-row tiles prefetch for Xeons (same bits).
+// Built here, in baseline code, so that asking for it on a CPU without AVX-512 runs nothing it
+// cannot.
 const KernelTable& AmxKernelTable() {
   static const KernelTable table = [] {
     KernelTable t = CpuHasIsa(Isa::kAvx512Vnni) ? Avx512VnniKernelTable()
@@ -169,6 +171,11 @@ const KernelTable& AmxKernelTable() {
     t.float_small_n_max = kGemmSmallNMax;
     t.pack_x_bf16x3 = &internal::AmxPackX;
     t.gemm_amx_bf16 = &internal::AmxGemmBf16;
+    if (CpuHasIsa(Isa::kAvx512Vnni)) {
+      const KernelTable& q = internal::kAmxHostQuantGemms;
+      t.gemm_q6_k_x16 = q.gemm_q6_k_x16;
+      t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
+    }
     return t;
   }();
   return table;

@@ -17,7 +17,8 @@ namespace modserve::backend::cpu {
 
 // kAvx512Vnni is kAvx512's table with the quantized-weight Gemms on vpdpbusd (AVX512_VNNI);
 // kAmx is kAvx512Vnni's table (kAvx512's on a CPU without VNNI) plus the AMX BF16 prefill Gemm
-// (gemm_amx_bf16 below).
+// (gemm_amx_bf16 below), with one-row Q6_K and Q8_0 copy tiles that prefetch for Xeons (same
+// bits; kernels_avx512vnni.cc).
 enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Vnni, kAmx };
 
 std::string_view IsaName(Isa isa);
@@ -222,6 +223,9 @@ extern const KernelTable kAvx512KernelTable;
 // kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q8_0_x16) are
 // set; kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
 extern const KernelTable kAvx512VnniQuantGemms;
+// The Q6_K and Q8_0 interleaved-copy Gemms the AMX table takes instead of the VNNI table's (the
+// same bits; the one-row tiles prefetch as kernels_avx512vnni.cc says).
+extern const KernelTable kAmxHostQuantGemms;
 }  // namespace internal
 
 // Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, three bf16 terms per element)

@@ -1307,6 +1307,34 @@ TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
   }
 }
 
+// The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) are the
+// VNNI table's arithmetic: the same bits from the same prepared weights, every x tile remainder.
+TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
+  if (!cpu::CpuHasIsa(cpu::Isa::kAmx) || !cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) {
+    GTEST_SKIP() << "this CPU has no usable AMX unit or no AVX512_VNNI";
+  }
+  auto amx = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAmx});
+  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
+  ASSERT_TRUE(amx.ok() && vnni.ok());
+  for (DType dt : {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K}) {
+    const int64_t m = 48, k = 768;
+    std::mt19937 rng(static_cast<uint32_t>(7 + static_cast<int>(dt)));
+    HostTensor w = RandomQuantized(rng, dt, m, k);
+    absl::StatusOr<TensorView> wa = (*amx)->PrepareGemmWeight(w.view());
+    absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
+    ASSERT_TRUE(wa.ok() && wv.ok());
+    ASSERT_NE(wa->data, w.view().data) << DTypeName(dt) << " was not copied";
+    for (int64_t n : {1, 2, 3, 5, 7, 16}) {
+      HostTensor x = QuantGemmInput(rng, n, k);
+      HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
+      (*amx)->Gemm(x.view(), *wa, TensorView(), got.view());
+      (*vnni)->Gemm(x.view(), *wv, TensorView(), want.view());
+      EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
+          << DTypeName(dt) << " n=" << n;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,
                          ::testing::ValuesIn(BackendVariants()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
