@@ -902,7 +902,8 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
       static_cast<long long>(s.d_ff), static_cast<long long>(s.vocab_size),
       dense_b.total_weights / 1e9);
   // Roofline: the lower of the bandwidth bound (batch sequences per step time at the measured
-  // read bandwidth) and the compute bound (the matmul-peak probe over the FLOPs per token).
+  // read bandwidth) and the compute bound (the matmul-peak probe over the FLOPs per token; a
+  // third of the AMX tile probe where the batch's Gemms run on the tiles).
   std::printf(
       "| model | ctx | batch | tok/s | ms/step | MB read/step | GB/s | %% of read bw "
       "| routed frac | skipped frac | roofline tok/s (bw / compute bound) | %% of roofline |\n");
@@ -916,8 +917,13 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
         const double flops = DecodeTokenFlops(s, ctx + r.steps / 2.0,
                                               m.mod ? static_cast<int>(mod_layers.size()) : 0,
                                               m.mod ? r.routed_fraction() : 1.0);
-        const double compute_bound =
-            g_fma_peak_gflops > 0 ? g_fma_peak_gflops * 1e9 / flops : bw_bound;
+        // A batch above the AMX table's crossover runs its BF16 Gemms on the tiles: there the
+        // compute bound is a third of the tile probe (three bf16 terms per f32-accurate product).
+        const bool on_tiles =
+            g_amx_peak_gflops > 0 &&
+            b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).float_small_n_max;
+        const double peak = on_tiles ? g_amx_peak_gflops / 3 : g_fma_peak_gflops;
+        const double compute_bound = peak > 0 ? peak * 1e9 / flops : bw_bound;
         const double roofline = std::min(bw_bound, compute_bound);
         std::printf(
             "| %s | %d | %d | %.1f | %.1f | %.0f | %.1f | %.0f%% | %s | %s | %.1f (%.1f / %.1f) "
