@@ -15,21 +15,14 @@ tile products per useful one (docs/PERFORMANCE.md).
 """
 
 import argparse
-import platform
+import os
+import sys
 import time
 
 import torch
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from loopback import cpu_model  # noqa: E402
 
 
 def best_seconds(fn, reps: int) -> float:
