@@ -11,9 +11,6 @@
 namespace modserve::backend::cpu {
 namespace {
 
-// The tile registers. GCC's tile intrinsics paste the tile number into the instruction text, so
-// each needs a literal: hence the if-constexpr chains. _tile_loadd's asm does not tell the
-// compiler that it reads memory, so a compiler barrier keeps the packing stores before it.
 // Palette 1, tiles 0-7 of 16 rows x 64 bytes. Constant data, not a buffer filled before the
 // load: GCC 12's _tile_loadconfig tells the compiler that it reads 8 bytes, so the stores that
 // fill the rest of a stack buffer may be dropped as dead (an all-zero row count then faults).
@@ -26,6 +23,9 @@ static_assert(sizeof(TileConfig) == 64);
 constexpr TileConfig kTileConfig = {
     1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
+// The tile registers. GCC's tile intrinsics paste the tile number into the instruction text, so
+// each needs a literal: hence the if-constexpr chains. _tile_loadd's asm does not tell the
+// compiler that it reads memory, so a compiler barrier keeps the packing stores before it.
 struct HwTiles {
   static void Configure() { _tile_loadconfig(&kTileConfig); }
   template <int kT>
