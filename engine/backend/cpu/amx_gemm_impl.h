@@ -137,6 +137,73 @@ inline constexpr int64_t kAmxStagingFloats = kAmxChunkRows * kAmxChunkCols;
 inline constexpr int64_t kAmxBTilesWords =
     (kAmxChunkCols / kAmxTileRows) * kAmxSliceSteps * kAmxTileRows * kAmxTileRows;
 
+// At most this many x rows in a call take GemmAmxBf16FewRows (decode-sized batches).
+inline constexpr int64_t kAmxFewRows = 64;
+
+// GemmAmxBf16 for a call of at most kAmxFewRows x rows. With so few rows every w tile feeds only
+// 3-12 tile products, and the slice-by-slice packing of the general loop (each slice reads 512
+// weight rows' lines from DRAM, then computes) leaves the reads and the products apart. Here each
+// pair of 16-row column tiles is packed for the whole k (32 weight rows read front to back, streams
+// the hardware prefetcher follows) and every row pair then runs all k steps with C in the tile
+// registers. The products are the general loop's in the same order (steps, then terms), so the
+// outputs are the same bits. Needs 2 * steps * 256 words of B tiles plus a 32 x 32 staging in
+// scratch (GemmAmxBf16 checks).
+template <class T>
+void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                        const uint16_t* w, const float* bias, float* out, int64_t ldo,
+                        int64_t row_begin, int64_t row_end, float* scratch) {
+  const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
+  constexpr int64_t kTileStride = kAmxStepK * 2;
+  constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
+  constexpr int64_t kLds = 2 * kAmxTileRows * sizeof(float);  // the 32 x 32 staging
+  const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;
+  uint32_t* b0 = reinterpret_cast<uint32_t*>(scratch);
+  uint32_t* b1 = b0 + steps * kBTileWords;
+  float* c = scratch + 2 * steps * kBTileWords;
+  float* c_lower = c + kAmxTileRows * 2 * kAmxTileRows;
+  const int64_t rtiles = AmxRoundUp(x_end - x_begin, 2 * kAmxTileRows) / kAmxTileRows;
+  T::Configure();
+  for (int64_t c0 = row_begin; c0 < row_end; c0 += 2 * kAmxTileRows) {
+    const int64_t nc = row_end - c0 < 2 * kAmxTileRows ? row_end - c0 : 2 * kAmxTileRows;
+    T::PackW(w, k, c0, nc, 1, 0, steps, b0);
+    T::PackW(w, k, c0 + kAmxTileRows, nc - kAmxTileRows, 1, 0, steps, b1);
+    for (int64_t rt = 0; rt < rtiles; rt += 2) {
+      for (int64_t i = 0; i < 4 * kAmxTileRows * kAmxTileRows; ++i) c[i] = 0.0f;
+      T::template Load<0>(c, kLds);
+      T::template Load<1>(c + kAmxTileRows, kLds);
+      T::template Load<2>(c_lower, kLds);
+      T::template Load<3>(c_lower + kAmxTileRows, kLds);
+      const uint16_t* a0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
+      const uint16_t* a1 = a0 + row_tile_bf16;
+      for (int64_t s = 0; s < steps; ++s) {
+        T::template Load<6>(b0 + s * kBTileWords, kTileStride);
+        T::template Load<7>(b1 + s * kBTileWords, kTileStride);
+        for (int term = 0; term < kAmxTerms; ++term) {
+          const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
+          T::template Load<4>(a0 + at, kTileStride);
+          T::template Load<5>(a1 + at, kTileStride);
+          T::template Dot<0, 4, 6>();
+          T::template Dot<1, 4, 7>();
+          T::template Dot<2, 5, 6>();
+          T::template Dot<3, 5, 7>();
+        }
+      }
+      T::template Store<0>(c, kLds);
+      T::template Store<1>(c + kAmxTileRows, kLds);
+      T::template Store<2>(c_lower, kLds);
+      T::template Store<3>(c_lower + kAmxTileRows, kLds);
+      const int64_t r0 = x_begin + rt * kAmxTileRows;
+      const int64_t nr = x_end - r0 < 2 * kAmxTileRows ? x_end - r0 : 2 * kAmxTileRows;
+      for (int64_t i = 0; i < nr; ++i) {
+        const float* src = c + i * 2 * kAmxTileRows;
+        float* dst = out + (r0 + i) * ldo + c0;
+        for (int64_t j = 0; j < nc; ++j) dst[j] = src[j] + (bias != nullptr ? bias[c0 + j] : 0.0f);
+      }
+    }
+  }
+  T::Release();
+}
+
 // Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x given as
 // PackXBf16x3 wrote it for all n rows. x_begin must be a multiple of 32. scratch:
 // kAmxStagingFloats + kAmxBTilesWords floats. Tile loads take any address, but packed_x and
@@ -146,6 +213,12 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x
                  const uint16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
+  if (x_end - x_begin <= kAmxFewRows &&
+      2 * steps * kAmxTileRows * kAmxTileRows + 4 * kAmxTileRows * kAmxTileRows <=
+          kAmxStagingFloats + kAmxBTilesWords) {
+    return GemmAmxBf16FewRows<T>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
+                                 scratch);
+  }
   float* staging = scratch;
   uint32_t* bp = reinterpret_cast<uint32_t*>(scratch + kAmxStagingFloats);
   constexpr int64_t kLds = kAmxChunkCols * sizeof(float);  // staging row stride in bytes
