@@ -137,6 +137,38 @@ inline constexpr int64_t kAmxStagingFloats = kAmxChunkRows * kAmxChunkCols;
 inline constexpr int64_t kAmxBTilesWords =
     (kAmxChunkCols / kAmxTileRows) * kAmxSliceSteps * kAmxTileRows * kAmxTileRows;
 
+// One 2 x 2 block of C tiles, 32 x rows by 32 weight rows at c (rows lds bytes apart), plus the
+// products of ns k steps: x row tiles a0, a1 (three terms per step, PackXBf16x3's layout) against
+// the B tiles b0, b1 (one per step). C goes from c into the tiles and back.
+template <class T>
+inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* a1,
+                     const uint32_t* b0, const uint32_t* b1, int64_t ns) {
+  constexpr int64_t kTileStride = kAmxStepK * 2;  // 64 bytes per A / B tile row
+  constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
+  float* c_lower = c + kAmxTileRows * (lds / static_cast<int64_t>(sizeof(float)));
+  T::template Load<0>(c, lds);
+  T::template Load<1>(c + kAmxTileRows, lds);
+  T::template Load<2>(c_lower, lds);
+  T::template Load<3>(c_lower + kAmxTileRows, lds);
+  for (int64_t s = 0; s < ns; ++s) {
+    T::template Load<6>(b0 + s * kBTileWords, kTileStride);
+    T::template Load<7>(b1 + s * kBTileWords, kTileStride);
+    for (int term = 0; term < kAmxTerms; ++term) {
+      const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
+      T::template Load<4>(a0 + at, kTileStride);
+      T::template Load<5>(a1 + at, kTileStride);
+      T::template Dot<0, 4, 6>();
+      T::template Dot<1, 4, 7>();
+      T::template Dot<2, 5, 6>();
+      T::template Dot<3, 5, 7>();
+    }
+  }
+  T::template Store<0>(c, lds);
+  T::template Store<1>(c + kAmxTileRows, lds);
+  T::template Store<2>(c_lower, lds);
+  T::template Store<3>(c_lower + kAmxTileRows, lds);
+}
+
 // At most this many x rows in a call take GemmAmxBf16FewRows (decode-sized batches).
 inline constexpr int64_t kAmxFewRows = 64;
 
@@ -153,14 +185,12 @@ void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, in
                         const uint16_t* w, const float* bias, float* out, int64_t ldo,
                         int64_t row_begin, int64_t row_end, float* scratch) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
-  constexpr int64_t kTileStride = kAmxStepK * 2;
   constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
   constexpr int64_t kLds = 2 * kAmxTileRows * sizeof(float);  // the 32 x 32 staging
   const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;
   uint32_t* b0 = reinterpret_cast<uint32_t*>(scratch);
   uint32_t* b1 = b0 + steps * kBTileWords;
   float* c = scratch + 2 * steps * kBTileWords;
-  float* c_lower = c + kAmxTileRows * 2 * kAmxTileRows;
   const int64_t rtiles = AmxRoundUp(x_end - x_begin, 2 * kAmxTileRows) / kAmxTileRows;
   T::Configure();
   for (int64_t c0 = row_begin; c0 < row_end; c0 += 2 * kAmxTileRows) {
@@ -169,29 +199,8 @@ void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, in
     T::PackW(w, k, c0 + kAmxTileRows, nc - kAmxTileRows, 1, 0, steps, b1);
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
       for (int64_t i = 0; i < 4 * kAmxTileRows * kAmxTileRows; ++i) c[i] = 0.0f;
-      T::template Load<0>(c, kLds);
-      T::template Load<1>(c + kAmxTileRows, kLds);
-      T::template Load<2>(c_lower, kLds);
-      T::template Load<3>(c_lower + kAmxTileRows, kLds);
       const uint16_t* a0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
-      const uint16_t* a1 = a0 + row_tile_bf16;
-      for (int64_t s = 0; s < steps; ++s) {
-        T::template Load<6>(b0 + s * kBTileWords, kTileStride);
-        T::template Load<7>(b1 + s * kBTileWords, kTileStride);
-        for (int term = 0; term < kAmxTerms; ++term) {
-          const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
-          T::template Load<4>(a0 + at, kTileStride);
-          T::template Load<5>(a1 + at, kTileStride);
-          T::template Dot<0, 4, 6>();
-          T::template Dot<1, 4, 7>();
-          T::template Dot<2, 5, 6>();
-          T::template Dot<3, 5, 7>();
-        }
-      }
-      T::template Store<0>(c, kLds);
-      T::template Store<1>(c + kAmxTileRows, kLds);
-      T::template Store<2>(c_lower, kLds);
-      T::template Store<3>(c_lower + kAmxTileRows, kLds);
+      AmxBlock<T>(c, kLds, a0, a0 + row_tile_bf16, b0, b1, steps);
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < 2 * kAmxTileRows ? x_end - r0 : 2 * kAmxTileRows;
       for (int64_t i = 0; i < nr; ++i) {
@@ -222,7 +231,6 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x
   float* staging = scratch;
   uint32_t* bp = reinterpret_cast<uint32_t*>(scratch + kAmxStagingFloats);
   constexpr int64_t kLds = kAmxChunkCols * sizeof(float);  // staging row stride in bytes
-  constexpr int64_t kTileStride = kAmxStepK * 2;           // 64 bytes per A / B tile row
   constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
   const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;  // one row tile of packed x
   T::Configure();
@@ -241,32 +249,10 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x
           const uint32_t* b0 = bp + ct * kAmxSliceSteps * kBTileWords;
           const uint32_t* b1 = b0 + kAmxSliceSteps * kBTileWords;
           for (int64_t rt = 0; rt < rtiles; rt += 2) {
-            float* c = staging + rt * kAmxTileRows * kAmxChunkCols + ct * kAmxTileRows;
-            float* c_lower = c + kAmxTileRows * kAmxChunkCols;
-            T::template Load<0>(c, kLds);
-            T::template Load<1>(c + kAmxTileRows, kLds);
-            T::template Load<2>(c_lower, kLds);
-            T::template Load<3>(c_lower + kAmxTileRows, kLds);
             const uint16_t* a0 = packed_x + (r0 / kAmxTileRows + rt) * row_tile_bf16 +
                                  s0 * kAmxTerms * kAmxTileBf16;
-            const uint16_t* a1 = a0 + row_tile_bf16;
-            for (int64_t s = 0; s < ns; ++s) {
-              T::template Load<6>(b0 + s * kBTileWords, kTileStride);
-              T::template Load<7>(b1 + s * kBTileWords, kTileStride);
-              for (int term = 0; term < kAmxTerms; ++term) {
-                const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
-                T::template Load<4>(a0 + at, kTileStride);
-                T::template Load<5>(a1 + at, kTileStride);
-                T::template Dot<0, 4, 6>();
-                T::template Dot<1, 4, 7>();
-                T::template Dot<2, 5, 6>();
-                T::template Dot<3, 5, 7>();
-              }
-            }
-            T::template Store<0>(c, kLds);
-            T::template Store<1>(c + kAmxTileRows, kLds);
-            T::template Store<2>(c_lower, kLds);
-            T::template Store<3>(c_lower + kAmxTileRows, kLds);
+            AmxBlock<T>(staging + rt * kAmxTileRows * kAmxChunkCols + ct * kAmxTileRows, kLds, a0,
+                        a0 + row_tile_bf16, b0, b1, ns);
           }
         }
       }
