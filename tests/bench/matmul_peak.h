@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/backend/cpu/kernels.h"
+
 namespace modserve::bench {
 
 // 12 independent accumulators: Zen 3 and recent Intel cores retire 2 FMAs per cycle with a
@@ -107,18 +109,8 @@ inline double MeasureFmaPeakGflopsPerCoreSecond() {
 // The AMX tile unit's peak: `iters` rounds of four independent TDPBF16PS (16 x 16 x 32 bf16 pairs,
 // 16384 FLOP each) on tiles that never leave the registers. Call only where the process may use
 // the unit (backend::cpu::CpuHasIsa(Isa::kAmx), which also asked the kernel for the permission).
-// The tile configuration (palette 1, tiles 0-7 of 16 rows x 64 bytes) is constant data: GCC 12's
-// _tile_loadconfig claims to read 8 bytes, so a stack buffer's other stores may be dropped.
-struct alignas(64) AmxProbeConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-inline constexpr AmxProbeConfig kAmxProbeConfig = {
-    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
-
 __attribute__((target("amx-tile,amx-bf16"))) inline void AmxDotRounds(int64_t iters) {
-  _tile_loadconfig(&kAmxProbeConfig);
+  _tile_loadconfig(&backend::cpu::kAmxTileConfig);
   alignas(64) static const uint16_t ones[16 * 32] = {};
   _tile_loadd(4, ones, 64);
   _tile_loadd(5, ones, 64);

@@ -169,8 +169,24 @@ inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* 
   T::template Store<3>(c_lower + kAmxTileRows, lds);
 }
 
+// out rows [r0, r0 + nr) and columns [c0, c0 + nc) = a C staging (rows lds floats apart) + bias.
+inline void AmxWriteOut(const float* staging, int64_t lds, int64_t nr, int64_t nc,
+                        const float* bias, float* out, int64_t ldo, int64_t r0, int64_t c0) {
+  for (int64_t i = 0; i < nr; ++i) {
+    const float* src = staging + i * lds;
+    float* dst = out + (r0 + i) * ldo + c0;
+    for (int64_t j = 0; j < nc; ++j) dst[j] = src[j] + (bias != nullptr ? bias[c0 + j] : 0.0f);
+  }
+}
+
 // At most this many x rows in a call take GemmAmxBf16FewRows (decode-sized batches).
 inline constexpr int64_t kAmxFewRows = 64;
+
+// Scratch floats GemmAmxBf16FewRows uses for k / 32 = steps: the B tiles of two column tiles for
+// the whole k, then a 32 x 32 C staging.
+inline constexpr int64_t AmxFewRowsScratchFloats(int64_t steps) {
+  return 2 * steps * kAmxTileRows * kAmxTileRows + 4 * kAmxTileRows * kAmxTileRows;
+}
 
 // GemmAmxBf16 for a call of at most kAmxFewRows x rows. With so few rows every w tile feeds only
 // 3-12 tile products, and the slice-by-slice packing of the general loop (each slice reads 512
@@ -178,8 +194,8 @@ inline constexpr int64_t kAmxFewRows = 64;
 // pair of 16-row column tiles is packed for the whole k (32 weight rows read front to back, streams
 // the hardware prefetcher follows) and every row pair then runs all k steps with C in the tile
 // registers. The products are the general loop's in the same order (steps, then terms), so the
-// outputs are the same bits. Needs 2 * steps * 256 words of B tiles plus a 32 x 32 staging in
-// scratch (GemmAmxBf16 checks).
+// outputs are the same bits. Needs AmxFewRowsScratchFloats(steps) of scratch (GemmAmxBf16
+// checks).
 template <class T>
 void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                         const uint16_t* w, const float* bias, float* out, int64_t ldo,
@@ -203,11 +219,7 @@ void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, in
       AmxBlock<T>(c, kLds, a0, a0 + row_tile_bf16, b0, b1, steps);
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < 2 * kAmxTileRows ? x_end - r0 : 2 * kAmxTileRows;
-      for (int64_t i = 0; i < nr; ++i) {
-        const float* src = c + i * 2 * kAmxTileRows;
-        float* dst = out + (r0 + i) * ldo + c0;
-        for (int64_t j = 0; j < nc; ++j) dst[j] = src[j] + (bias != nullptr ? bias[c0 + j] : 0.0f);
-      }
+      AmxWriteOut(c, 2 * kAmxTileRows, nr, nc, bias, out, ldo, r0, c0);
     }
   }
   T::Release();
@@ -223,8 +235,7 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x
                  int64_t row_end, float* scratch) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
   if (x_end - x_begin <= kAmxFewRows &&
-      2 * steps * kAmxTileRows * kAmxTileRows + 4 * kAmxTileRows * kAmxTileRows <=
-          kAmxStagingFloats + kAmxBTilesWords) {
+      AmxFewRowsScratchFloats(steps) <= kAmxStagingFloats + kAmxBTilesWords) {
     return GemmAmxBf16FewRows<T>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
                                  scratch);
   }
@@ -256,11 +267,7 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x
           }
         }
       }
-      for (int64_t i = 0; i < nr; ++i) {
-        const float* src = staging + i * kAmxChunkCols;
-        float* dst = out + (r0 + i) * ldo + c0;
-        for (int64_t j = 0; j < nc; ++j) dst[j] = src[j] + (bias != nullptr ? bias[c0 + j] : 0.0f);
-      }
+      AmxWriteOut(staging, kAmxChunkCols, nr, nc, bias, out, ldo, r0, c0);
     }
   }
   T::Release();

@@ -236,6 +236,19 @@ constexpr size_t AmxPackedXBytes(int64_t n, int64_t k) {
 }
 inline constexpr int64_t kAmxScratchFloats = 256 * 512 + 32 * 8 * 256;
 
+// The tile configuration of every AMX user (the tile Gemm, the benches' tile probe): palette 1,
+// tiles 0-7 of 16 rows x 64 bytes. Constant data, not a buffer filled before the load: GCC 12's
+// _tile_loadconfig tells the compiler that it reads 8 bytes, so the stores that fill the rest of
+// a stack buffer may be dropped as dead (an all-zero row count then faults).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(AmxTileConfig) == 64);
+inline constexpr AmxTileConfig kAmxTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
 // The default of KernelTable::float_small_n_max: the float decode kernels up to this many x rows,
 // the packed prefill kernels above, where a table has measured nothing better.
 inline constexpr int64_t kGemmSmallNMax = 16;

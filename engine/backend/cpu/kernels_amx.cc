@@ -11,23 +11,11 @@
 namespace modserve::backend::cpu {
 namespace {
 
-// Palette 1, tiles 0-7 of 16 rows x 64 bytes. Constant data, not a buffer filled before the
-// load: GCC 12's _tile_loadconfig tells the compiler that it reads 8 bytes, so the stores that
-// fill the rest of a stack buffer may be dropped as dead (an all-zero row count then faults).
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64);
-constexpr TileConfig kTileConfig = {
-    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
-
 // The tile registers. GCC's tile intrinsics paste the tile number into the instruction text, so
 // each needs a literal: hence the if-constexpr chains. _tile_loadd's asm does not tell the
 // compiler that it reads memory, so a compiler barrier keeps the packing stores before it.
 struct HwTiles {
-  static void Configure() { _tile_loadconfig(&kTileConfig); }
+  static void Configure() { _tile_loadconfig(&kAmxTileConfig); }
   template <int kT>
   static void Load(const void* base, int64_t stride) {
     __asm__ volatile("" ::: "memory");
