@@ -47,6 +47,7 @@ std::string_view IsaName(Isa isa) {
 namespace {
 constexpr unsigned kCpuidAmxBf16 = 1u << 22;  // leaf 7, subleaf 0, EDX
 constexpr unsigned kCpuidAmxTile = 1u << 24;
+constexpr unsigned kCpuidAmxInt8 = 1u << 25;
 constexpr unsigned kCpuidOsxsave = 1u << 27;  // leaf 1, ECX
 constexpr uint64_t kXcr0TileState = (uint64_t{1} << 17) | (uint64_t{1} << 18);  // XTILECFG, DATA
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -157,6 +158,13 @@ const KernelTable& Avx512VnniKernelTable() {
   return table;
 }
 
+// AMX-INT8 beside the AMX-BF16 that CpuHasIsa(Isa::kAmx) asks for (the same tile state and
+// permission).
+bool HasAmxInt8() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & kCpuidAmxInt8) != 0;
+}
+
 // The AMX table: the VNNI table (AVX-512's where the CPU has no VNNI) plus the tile Gemm, with
 // the Q6_K and Q8_0 interleaved-copy Gemms whose one-row tiles prefetch for Xeons (same bits).
 // Built here, in baseline code, so that asking for it on a CPU without AVX-512 runs nothing it
@@ -175,6 +183,11 @@ const KernelTable& AmxKernelTable() {
       const KernelTable& q = internal::kAmxHostQuantGemms;
       t.gemm_q6_k_x16 = q.gemm_q6_k_x16;
       t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
+      if (HasAmxInt8()) {
+        const KernelTable& i8 = internal::kAmxInt8QuantGemms;
+        t.gemm_q4_k_x16 = i8.gemm_q4_k_x16;
+        t.gemm_q8_0_x16 = i8.gemm_q8_0_x16;
+      }
     }
     return t;
   }();

@@ -17,8 +17,9 @@ namespace modserve::backend::cpu {
 
 // kAvx512Vnni is kAvx512's table with the quantized-weight Gemms on vpdpbusd (AVX512_VNNI);
 // kAmx is kAvx512Vnni's table (kAvx512's on a CPU without VNNI) plus the AMX BF16 prefill Gemm
-// (gemm_amx_bf16 below), with one-row Q6_K and Q8_0 copy tiles that prefetch for Xeons (same
-// bits; kernels_avx512vnni.cc).
+// (gemm_amx_bf16 below), with one-row Q6_K and Q8_0 copy tiles that prefetch for Xeons and, on
+// CPUs with AMX-INT8, the Q4_K and Q8_0 copy Gemms on the int8 tiles (same bits;
+// kernels_avx512vnni.cc, amx_int8_impl.h).
 enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Vnni, kAmx };
 
 std::string_view IsaName(Isa isa);
@@ -226,6 +227,9 @@ extern const KernelTable kAvx512VnniQuantGemms;
 // The Q6_K and Q8_0 interleaved-copy Gemms the AMX table takes instead of the VNNI table's (the
 // same bits; the one-row tiles prefetch as kernels_avx512vnni.cc says).
 extern const KernelTable kAmxHostQuantGemms;
+// The Q4_K and Q8_0 interleaved-copy Gemms on the AMX-INT8 tiles (amx_int8_impl.h; the same bits
+// again), which the AMX table takes where the CPU has AMX-INT8.
+extern const KernelTable kAmxInt8QuantGemms;
 }  // namespace internal
 
 // Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, three bf16 terms per element)
@@ -248,6 +252,12 @@ struct alignas(64) AmxTileConfig {
 static_assert(sizeof(AmxTileConfig) == 64);
 inline constexpr AmxTileConfig kAmxTileConfig = {
     1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+// The AMX-INT8 Gemms' tile configuration (amx_int8_impl.h): palette 1; tiles 0-3 (C) 16 rows x
+// 64 bytes (16 int32), tiles 4-5 (A) 16 rows x 32 bytes (one 32-element block of 16 x rows),
+// tiles 6-7 (B) 8 rows x 64 bytes (one block of 16 weight rows, 4 levels per row and tile row).
+inline constexpr AmxTileConfig kAmxInt8TileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 32, 32, 64, 64}, {16, 16, 16, 16, 16, 16, 8, 8}};
 
 // The default of KernelTable::float_small_n_max: the float decode kernels up to this many x rows,
 // the packed prefill kernels above, where a table has measured nothing better.

@@ -598,6 +598,61 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
   }
 }
 
+// ---- AMX-INT8 steps over the Q8_0 and Q4_K copies (amx_int8_impl.h) ---------------------------
+// Only the AMX tables take these (kernels.cc checks AMX-INT8 and the tile permission first).
+// GCC's tile intrinsics paste the tile number into the instruction text, hence the chains.
+struct HwInt8Tiles {
+  static void Configure() { _tile_loadconfig(&kAmxInt8TileConfig); }
+  static void Release() { _tile_release(); }
+  template <int kT>
+  static void Zero() {
+    if constexpr (kT == 0) _tile_zero(0);
+    if constexpr (kT == 1) _tile_zero(1);
+    if constexpr (kT == 2) _tile_zero(2);
+    if constexpr (kT == 3) _tile_zero(3);
+  }
+  template <int kT>
+  static void Load(const void* base, int64_t stride) {
+    if constexpr (kT == 4) _tile_loadd(4, base, stride);
+    if constexpr (kT == 5) _tile_loadd(5, base, stride);
+    if constexpr (kT == 6) _tile_loadd(6, base, stride);
+    if constexpr (kT == 7) _tile_loadd(7, base, stride);
+  }
+  template <int kT>
+  static void Store(void* base, int64_t stride) {
+    if constexpr (kT == 0) _tile_stored(0, base, stride);
+    if constexpr (kT == 1) _tile_stored(1, base, stride);
+    if constexpr (kT == 2) _tile_stored(2, base, stride);
+    if constexpr (kT == 3) _tile_stored(3, base, stride);
+  }
+  template <int kC, int kA, int kB>
+  static void Dot() {
+    static_assert((kC == 0 && kA == 4 && kB == 6) || (kC == 1 && kA == 4 && kB == 7) ||
+                      (kC == 2 && kA == 5 && kB == 6) || (kC == 3 && kA == 5 && kB == 7),
+                  "only the four products of a 2 x 2 step have an instruction here");
+    if constexpr (kC == 0) _tile_dpbsud(0, 4, 6);
+    if constexpr (kC == 1) _tile_dpbsud(1, 4, 7);
+    if constexpr (kC == 2) _tile_dpbsud(2, 5, 6);
+    if constexpr (kC == 3) _tile_dpbsud(3, 5, 7);
+  }
+};
+
+#include "engine/backend/cpu/amx_int8_impl.h"
+
+void AmxGemmQ8_0(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  AmxInt8Gemm<HwInt8Tiles, kQ8_0X16UnitBytes, kQ8_0X16UnitElems, &AmxInt8StepQ8_0<HwInt8Tiles>>(
+      a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
+      &Gemm<kTilesQ8_0Near, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>);
+}
+
+void AmxGemmQ4_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  AmxInt8Gemm<HwInt8Tiles, kQ4KX16UnitBytes, 256, &AmxInt8StepQ4_K<HwInt8Tiles>>(
+      a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
+      &Gemm<kTiles, 256, kQ4KX16UnitBytes>);
+}
+
 }  // namespace x16
 }  // namespace qvnni
 }  // namespace
@@ -616,6 +671,11 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q6_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ6_K, 256, kQ6KX16UnitBytes>,
     .gemm_q8_0_x16 =
         &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,
+};
+constinit const KernelTable kAmxInt8QuantGemms = {
+    .isa = Isa::kAmx,
+    .gemm_q4_k_x16 = &qvnni::x16::AmxGemmQ4_K,
+    .gemm_q8_0_x16 = &qvnni::x16::AmxGemmQ8_0,
 };
 constinit const KernelTable kAmxHostQuantGemms = {
     .isa = Isa::kAmx,

@@ -1307,8 +1307,11 @@ TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
   }
 }
 
-// The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) are the
-// VNNI table's arithmetic: the same bits from the same prepared weights, every x tile remainder.
+// The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) and, where
+// the CPU has AMX-INT8, its Q4_K and Q8_0 Gemms on the tiles (32 x rows by 32 weight rows a step,
+// the rest on the VNNI kernels) are the VNNI table's arithmetic: the same bits from the same
+// prepared weights, for every x tile remainder, row groups left over beside whole steps (m = 48,
+// 80), with and without a bias.
 TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
   if (!cpu::CpuHasIsa(cpu::Isa::kAmx) || !cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) {
     GTEST_SKIP() << "this CPU has no usable AMX unit or no AVX512_VNNI";
@@ -1317,20 +1320,24 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
   auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
   ASSERT_TRUE(amx.ok() && vnni.ok());
   for (DType dt : {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K}) {
-    const int64_t m = 48, k = 768;
-    std::mt19937 rng(static_cast<uint32_t>(7 + static_cast<int>(dt)));
-    HostTensor w = RandomQuantized(rng, dt, m, k);
-    absl::StatusOr<TensorView> wa = (*amx)->PrepareGemmWeight(w.view());
-    absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
-    ASSERT_TRUE(wa.ok() && wv.ok());
-    ASSERT_NE(wa->data, w.view().data) << DTypeName(dt) << " was not copied";
-    for (int64_t n : {1, 2, 3, 5, 7, 16}) {
-      HostTensor x = QuantGemmInput(rng, n, k);
-      HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
-      (*amx)->Gemm(x.view(), *wa, TensorView(), got.view());
-      (*vnni)->Gemm(x.view(), *wv, TensorView(), want.view());
-      EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
-          << DTypeName(dt) << " n=" << n;
+    for (int64_t m : {48, 80}) {
+      const int64_t k = m == 48 ? 768 : 1280;
+      std::mt19937 rng(static_cast<uint32_t>(7 + m + static_cast<int>(dt)));
+      HostTensor w = RandomQuantized(rng, dt, m, k);
+      HostTensor bias = Random(rng, DType::kF32, {m});
+      absl::StatusOr<TensorView> wa = (*amx)->PrepareGemmWeight(w.view());
+      absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
+      ASSERT_TRUE(wa.ok() && wv.ok());
+      ASSERT_NE(wa->data, w.view().data) << DTypeName(dt) << " was not copied";
+      for (int64_t n : {1, 2, 3, 5, 7, 16, 31, 32, 33, 48, 64, 100, 128, 300}) {
+        HostTensor x = QuantGemmInput(rng, n, k);
+        const TensorView b = n % 2 == 0 ? bias.view() : TensorView();
+        HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
+        (*amx)->Gemm(x.view(), *wa, b, got.view());
+        (*vnni)->Gemm(x.view(), *wv, b, want.view());
+        EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
+            << DTypeName(dt) << " m=" << m << " n=" << n;
+      }
     }
   }
 }

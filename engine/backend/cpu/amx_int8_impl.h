@@ -1,0 +1,282 @@
+// The AMX-INT8 prefill Gemms of the interleaved Q8_0 and Q4_K copies (kernels.h), written against
+// a tile-operations class T as amx_gemm_impl.h is. No include guard and no includes: its one user,
+// kernels_avx512vnni.cc, includes it inside its x16 namespace after defining T (HwInt8Tiles) and
+// the AVX-512 helpers it names (Load512, BytesTimes, UnpackScales). Its bits are tested on CPUs
+// with AMX-INT8 against the VNNI kernels (QuantizedGemmIsaTest in the conformance suite).
+//
+// T provides, for tiles configured as kAmxInt8TileConfig says (C 0-3: 16 rows x 16 int32; A 4-5:
+// 16 rows x 32 int8; B 6-7: 8 rows x 64 uint8):
+//   static void Configure(); static void Release();
+//   template <int kT> static void Zero();
+//   template <int kT> static void Load(const void* base, int64_t stride);
+//   template <int kT> static void Store(void* base, int64_t stride);
+//   template <int kC, int kA, int kB> static void Dot();  // TDPBSUD: C += A (s8) . B (u8)
+// Dot's contract (Intel SDM, TDPBSUD): C[m][n] += sum over p < 8 and i < 4 of
+// A[m][4 p + i] * B[p][4 n + i], A signed and B unsigned bytes, in exact int32 arithmetic.
+//
+// The plan. A 64-byte level vector of the interleaved layouts holds 4 levels of each of 16 weight
+// rows, one row per 32-bit lane: that is exactly a row of a B tile. So the 8 vectors of one
+// 32-element block (Q8_0) or sub-block (Q4_K) are a B tile as they lie in the copy (Q4_K's after
+// masking one nibble), and 16 x rows of the quantized activations' 32 bytes of that block are an
+// A tile (row stride k). One TDPBSUD gives the exact integer sums of the block for 16 x rows by 16
+// weight rows; a step runs 2 x 2 of them (32 x rows by two row groups). The f32 work after each
+// block is the VNNI kernels' own, operation for operation (kernels_avx512vnni.cc, namespace x16):
+// per x row and weight row, Q8_0: acc += (d_w * da[b]) * (isum - 128 * (sum of the block's
+// activations)); Q4_K: acc += (d * sc[s] * da[b]) * isum and acc_min -= (dmin * mn[s]) * ds[b],
+// high sub-blocks with the levels 16 times their value (the nibble in place) against d / 16.
+// Integer sums are exact whichever unit forms them, so every output has the VNNI kernels' bits,
+// and an x row's result does not depend on the rows beside it. x rows and weight rows that do not
+// fill a step (fewer than 32) are left to the VNNI kernels.
+
+inline constexpr int64_t kAmxInt8XRows = 32;  // x rows per step: two A tiles
+inline constexpr int64_t kAmxInt8WRows = 32;  // weight rows per step: two row groups
+
+// Row i of the int32 C tile `c` plus `corr`, as f32 (exact: |sum| < 2^24).
+inline __m512 AmxInt8RowF32(const int32_t* c, int i, int32_t corr) {
+  return _mm512_cvtepi32_ps(
+      _mm512_add_epi32(_mm512_load_si512(c + 16 * i), _mm512_set1_epi32(corr)));
+}
+
+// The four products of one block into C 0-3: A tiles at x rows xa (stride k), B tiles at wb0 and
+// wb1 (stride 64).
+template <class T>
+inline void AmxInt8Issue(const int8_t* xa, int64_t k, const uint8_t* wb0, const uint8_t* wb1) {
+  T::template Zero<0>();
+  T::template Zero<1>();
+  T::template Zero<2>();
+  T::template Zero<3>();
+  __asm__ volatile("" ::: "memory");  // stores of the B tiles' bytes before the tile loads
+  T::template Load<4>(xa, k);
+  T::template Load<5>(xa + 16 * k, k);
+  T::template Load<6>(wb0, 64);
+  T::template Load<7>(wb1, 64);
+  T::template Dot<0, 4, 6>();
+  T::template Dot<1, 4, 7>();
+  T::template Dot<2, 5, 6>();
+  T::template Dot<3, 5, 7>();
+}
+
+template <class T>
+inline void AmxInt8StoreC(int32_t (*c)[256]) {
+  T::template Store<0>(c[0], 64);
+  T::template Store<1>(c[1], 64);
+  T::template Store<2>(c[2], 64);
+  T::template Store<3>(c[3], 64);
+  __asm__ volatile("" ::: "memory");  // the tile stores' asm does not say that it writes c
+}
+
+// out[x, r0 + 16 g + j] = acc + bias (+ acc_min) for the step's 32 x rows from x0.
+inline void AmxInt8WriteOut(const float (*acc)[256], const float (*acc_min)[256], const float* bias,
+                            float* out, int64_t ldo, int64_t x0, int64_t r0) {
+  for (int t = 0; t < 4; ++t) {
+    const int64_t col = r0 + 16 * (t % 2);
+    const __m512 bv = bias != nullptr ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) {
+      const int64_t x = x0 + 16 * (t / 2) + i;
+      __m512 v = _mm512_load_ps(acc[t] + 16 * i);
+      if (acc_min != nullptr) v = _mm512_add_ps(v, _mm512_load_ps(acc_min[t] + 16 * i));
+      _mm512_storeu_ps(out + x * ldo + col, _mm512_add_ps(v, bv));
+    }
+  }
+}
+
+// Per-row values of block b for the step's 32 x rows from x0 ([x, b] at x * nb + b), gathered
+// into dst[0..32) so that the f32 work broadcasts them from fixed offsets.
+inline void AmxInt8GatherRows(const float* v, int64_t nb, int64_t x0, int64_t b, float* dst) {
+  const __m512i index =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(nb)));
+  const float* base = v + x0 * nb + b;
+  _mm512_store_ps(dst, _mm512_i32gather_ps(index, base, 4));
+  _mm512_store_ps(dst + 16, _mm512_i32gather_ps(index, base + 16 * nb, 4));
+}
+
+// -128 times the sum of block b's activations (its two 16-element sums) for the step's 32 x rows.
+inline void AmxInt8GatherCorrections(const int16_t* sum16, int64_t nb, int64_t x0, int64_t b,
+                                     int32_t* dst) {
+  const __m512i index =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(nb)));
+  const int16_t* base = sum16 + x0 * 2 * nb + 2 * b;  // rows 2 nb int16 = nb pairs apart
+  const __m512i minus128 = _mm512_set1_epi16(-128);
+  _mm512_store_si512(dst, _mm512_madd_epi16(_mm512_i32gather_epi32(index, base, 4), minus128));
+  _mm512_store_si512(dst + 16,
+                     _mm512_madd_epi16(_mm512_i32gather_epi32(index, base + 32 * nb, 4), minus128));
+}
+
+// One step of the Q8_0 copy: x rows [x0, x0 + 32) by the row groups at wg0 and wg1 (units of the
+// whole k), into out (columns r0 .. r0 + 32) with the bias (or zeros). Software-pipelined by
+// unit (two blocks): unit u + 1's tile products are issued before unit u's f32 work, so the unit
+// and the vector code overlap (a unit's f32 work is more instructions than the reorder window),
+// and the f32 work reads the C tiles a whole unit after storing them. The two blocks of a unit
+// update each accumulator row in one load and store (the same two FMAs in the same order).
+template <class T>
+void AmxInt8StepQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, const uint8_t* wg1,
+                     const float* bias, float* out, int64_t ldo, int64_t r0) {
+  const int64_t k = a.k, nb = k / 32, nu = k / kQ8_0X16UnitElems;
+  alignas(64) int32_t c[2][2][4][256];  // [unit parity][block of the unit][tile][16 x 16]
+  alignas(64) float acc[4][256];
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[t] + 16 * i, _mm512_setzero_ps());
+  }
+  const uint8_t* wg[2] = {wg0, wg1};
+  // Block b's 8 level vectors in a row group's units.
+  auto levels = [](const uint8_t* g, int64_t b) {
+    return g + b / 2 * kQ8_0X16UnitBytes + 64 + 512 * (b % 2);
+  };
+  const int8_t* xa = a.q + x0 * k;
+  auto issue = [&](int64_t b) { AmxInt8Issue<T>(xa + 32 * b, k, levels(wg0, b), levels(wg1, b)); };
+  alignas(64) float da[2][32];
+  alignas(64) int32_t corr[2][32];
+  auto finish = [&](int64_t u) {
+    for (int h = 0; h < 2; ++h) {
+      AmxInt8GatherRows(a.d, nb, x0, 2 * u + h, da[h]);
+      AmxInt8GatherCorrections(a.sum16, nb, x0, 2 * u + h, corr[h]);
+    }
+    for (int t = 0; t < 4; ++t) {
+      const int xt = 16 * (t / 2);
+      const uint8_t* unit = wg[t % 2] + u * kQ8_0X16UnitBytes;
+      const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
+      const __m512 d1 =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
+      const int32_t* c0 = c[u % 2][0][t];
+      const int32_t* c1 = c[u % 2][1][t];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        __m512 v = _mm512_load_ps(acc[t] + 16 * i);
+        v = _mm512_fmadd_ps(_mm512_mul_ps(d0, _mm512_set1_ps(da[0][xt + i])),
+                            AmxInt8RowF32(c0, i, corr[0][xt + i]), v);
+        v = _mm512_fmadd_ps(_mm512_mul_ps(d1, _mm512_set1_ps(da[1][xt + i])),
+                            AmxInt8RowF32(c1, i, corr[1][xt + i]), v);
+        _mm512_store_ps(acc[t] + 16 * i, v);
+      }
+    }
+  };
+  issue(0);
+  for (int64_t u = 0; u < nu; ++u) {
+    AmxInt8StoreC<T>(c[u % 2][0]);
+    issue(2 * u + 1);
+    AmxInt8StoreC<T>(c[u % 2][1]);
+    if (u + 1 < nu) issue(2 * u + 2);
+    if (u > 0) finish(u - 1);
+  }
+  finish(nu - 1);
+  AmxInt8WriteOut(acc, nullptr, bias, out, ldo, x0, r0);
+}
+
+// One step of the Q4_K copy, as AmxInt8StepQ8_0's, over 32-element sub-blocks b = 8 u + s in
+// pairs (2 p, 2 p + 1): the low and high nibbles of the same level vectors.
+template <class T>
+void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, const uint8_t* wg1,
+                     const float* bias, float* out, int64_t ldo, int64_t r0) {
+  const int64_t k = a.k, nb = k / 32, npairs = nb / 2;
+  alignas(64) int32_t c[2][2][4][256];  // [pair parity][sub-block of the pair][tile][16 x 16]
+  alignas(64) float acc[4][256], acc_min[4][256];
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < 16; ++i) {
+      _mm512_store_ps(acc[t] + 16 * i, _mm512_setzero_ps());
+      _mm512_store_ps(acc_min[t] + 16 * i, _mm512_setzero_ps());
+    }
+  }
+  // The two groups' levels of one sub-block pair as B tiles: [group][low, high nibbles][8 x 64].
+  alignas(64) uint8_t levels[2][2][512];
+  alignas(64) uint8_t scales[2][256];
+  const uint8_t* wg[2] = {wg0, wg1};
+  const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
+  const int8_t* xa = a.q + x0 * k;
+  // Unpacks pair q's nibbles (vectors p = q % 4 of unit q / 4) and issues its low sub-block.
+  auto issue_low = [&](int64_t q) {
+    for (int g = 0; g < 2; ++g) {
+      const uint8_t* vec = wg[g] + q / 4 * kQ4KX16UnitBytes + 256 + q % 4 * 512;
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m512i v = Load512(vec + 64 * j);
+        _mm512_store_si512(levels[g][0] + 64 * j, _mm512_and_si512(v, m0f));
+        _mm512_store_si512(levels[g][1] + 64 * j, _mm512_and_si512(v, mf0));
+      }
+    }
+    AmxInt8Issue<T>(xa + 64 * q, k, levels[0][0], levels[1][0]);
+  };
+  __m512 d[2], d_hi[2], dmin[2];
+  alignas(64) float da[2][32], ds[2][32];
+  auto finish = [&](int64_t q) {
+    const int p = static_cast<int>(q % 4);
+    if (p == 0) {
+      for (int g = 0; g < 2; ++g) {
+        const uint8_t* unit = wg[g] + q / 4 * kQ4KX16UnitBytes;
+        UnpackScales(unit, scales[g]);
+        d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
+        d_hi[g] = _mm512_mul_ps(d[g], _mm512_set1_ps(0.0625f));
+        dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      AmxInt8GatherRows(a.d, nb, x0, 2 * q + h, da[h]);
+      AmxInt8GatherRows(a.ds, nb, x0, 2 * q + h, ds[h]);
+    }
+    for (int t = 0; t < 4; ++t) {
+      const int g = t % 2;
+      const int xt = 16 * (t / 2);
+      const __m512 s0 = BytesTimes(scales[g] + 16 * (2 * p), d[g]);
+      const __m512 s1 = BytesTimes(scales[g] + 16 * (2 * p + 1), d_hi[g]);
+      const __m512 m0 = BytesTimes(scales[g] + 128 + 16 * (2 * p), dmin[g]);
+      const __m512 m1 = BytesTimes(scales[g] + 128 + 16 * (2 * p + 1), dmin[g]);
+      const int32_t* c0 = c[q % 2][0][t];
+      const int32_t* c1 = c[q % 2][1][t];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        __m512 v = _mm512_load_ps(acc[t] + 16 * i);
+        v = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(da[0][xt + i])),
+                            _mm512_cvtepi32_ps(_mm512_load_si512(c0 + 16 * i)), v);
+        v = _mm512_fmadd_ps(_mm512_mul_ps(s1, _mm512_set1_ps(da[1][xt + i])),
+                            _mm512_cvtepi32_ps(_mm512_load_si512(c1 + 16 * i)), v);
+        _mm512_store_ps(acc[t] + 16 * i, v);
+        __m512 vm = _mm512_load_ps(acc_min[t] + 16 * i);
+        vm = _mm512_fnmadd_ps(m0, _mm512_set1_ps(ds[0][xt + i]), vm);
+        vm = _mm512_fnmadd_ps(m1, _mm512_set1_ps(ds[1][xt + i]), vm);
+        _mm512_store_ps(acc_min[t] + 16 * i, vm);
+      }
+    }
+  };
+  issue_low(0);
+  for (int64_t q = 0; q < npairs; ++q) {
+    AmxInt8StoreC<T>(c[q % 2][0]);
+    AmxInt8Issue<T>(xa + 64 * q + 32, k, levels[0][1], levels[1][1]);
+    AmxInt8StoreC<T>(c[q % 2][1]);
+    if (q + 1 < npairs) issue_low(q + 1);
+    if (q > 0) finish(q - 1);
+  }
+  finish(npairs - 1);
+  AmxInt8WriteOut(acc, acc_min, bias, out, ldo, x0, r0);
+}
+
+// A QuantGemmFn over the interleaved copy with unit bytes kUnitBytes and kUnitElems elements per
+// unit: whole steps on the tiles, the x rows and weight rows left over by `rest` (the VNNI
+// kernel of the same layout).
+template <class T, int64_t kUnitBytes, int64_t kUnitElems,
+          void (*kStep)(const QuantizedActs&, int64_t, const uint8_t*, const uint8_t*, const float*,
+                        float*, int64_t, int64_t)>
+void AmxInt8Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                 QuantGemmFn rest) {
+  const int64_t x_steps = (x_end - x_begin) / kAmxInt8XRows;
+  const int64_t w_steps = (row_end - row_begin) / kAmxInt8WRows;
+  const int64_t x_mid = x_begin + x_steps * kAmxInt8XRows;
+  const int64_t row_mid = row_begin + w_steps * kAmxInt8WRows;
+  if (x_steps > 0 && w_steps > 0) {
+    const int64_t group_bytes = a.k / kUnitElems * kUnitBytes;
+    const uint8_t* wp = static_cast<const uint8_t*>(w);
+    T::Configure();
+    for (int64_t r0 = row_begin; r0 < row_mid; r0 += kAmxInt8WRows) {
+      const uint8_t* wg0 = wp + r0 / kQ4KX16Rows * group_bytes;
+      for (int64_t x0 = x_begin; x0 < x_mid; x0 += kAmxInt8XRows) {
+        kStep(a, x0, wg0, wg0 + group_bytes, bias, out, ldo, r0);
+      }
+    }
+    T::Release();
+  } else {
+    return rest(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
+  }
+  if (row_mid < row_end) rest(a, x_begin, x_mid, w, bias, out, ldo, row_mid, row_end);
+  if (x_mid < x_end) rest(a, x_mid, x_end, w, bias, out, ldo, row_begin, row_end);
+}
