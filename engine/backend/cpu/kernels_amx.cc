@@ -11,29 +11,21 @@
 namespace modserve::backend::cpu {
 namespace {
 
-// The tile registers. GCC's tile intrinsics paste the tile number into the instruction text, so
-// each needs a literal: hence the if-constexpr chains. _tile_loadd's asm does not tell the
-// compiler that it reads memory, so a compiler barrier keeps the packing stores before it.
+#include "engine/backend/cpu/amx_tile_regs.h"
+
+// The tile registers (loads and stores by number from amx_tile_regs.h). _tile_loadd's asm does
+// not tell the compiler that it reads memory, so a compiler barrier keeps the packing stores
+// before it.
 struct HwTiles {
   static void Configure() { _tile_loadconfig(&kAmxTileConfig); }
   template <int kT>
   static void Load(const void* base, int64_t stride) {
     __asm__ volatile("" ::: "memory");
-    if constexpr (kT == 0) _tile_loadd(0, base, stride);
-    if constexpr (kT == 1) _tile_loadd(1, base, stride);
-    if constexpr (kT == 2) _tile_loadd(2, base, stride);
-    if constexpr (kT == 3) _tile_loadd(3, base, stride);
-    if constexpr (kT == 4) _tile_loadd(4, base, stride);
-    if constexpr (kT == 5) _tile_loadd(5, base, stride);
-    if constexpr (kT == 6) _tile_loadd(6, base, stride);
-    if constexpr (kT == 7) _tile_loadd(7, base, stride);
+    AmxTileLoad<kT>(base, stride);
   }
   template <int kT>
   static void Store(void* base, int64_t stride) {
-    if constexpr (kT == 0) _tile_stored(0, base, stride);
-    if constexpr (kT == 1) _tile_stored(1, base, stride);
-    if constexpr (kT == 2) _tile_stored(2, base, stride);
-    if constexpr (kT == 3) _tile_stored(3, base, stride);
+    AmxTileStore<kT>(base, stride);
   }
   template <int kC, int kA, int kB>
   static void Dot() {

@@ -600,7 +600,10 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 
 // ---- AMX-INT8 steps over the Q8_0 and Q4_K copies (amx_int8_impl.h) ---------------------------
 // Only the AMX tables take these (kernels.cc checks AMX-INT8 and the tile permission first).
-// GCC's tile intrinsics paste the tile number into the instruction text, hence the chains.
+// GCC's tile intrinsics paste the tile number into the instruction text, hence the chain in Zero
+// (loads and stores by number come from amx_tile_regs.h).
+#include "engine/backend/cpu/amx_tile_regs.h"
+
 struct HwInt8Tiles {
   static void Configure() { _tile_loadconfig(&kAmxInt8TileConfig); }
   static void Release() { _tile_release(); }
@@ -613,17 +616,11 @@ struct HwInt8Tiles {
   }
   template <int kT>
   static void Load(const void* base, int64_t stride) {
-    if constexpr (kT == 4) _tile_loadd(4, base, stride);
-    if constexpr (kT == 5) _tile_loadd(5, base, stride);
-    if constexpr (kT == 6) _tile_loadd(6, base, stride);
-    if constexpr (kT == 7) _tile_loadd(7, base, stride);
+    AmxTileLoad<kT>(base, stride);
   }
   template <int kT>
   static void Store(void* base, int64_t stride) {
-    if constexpr (kT == 0) _tile_stored(0, base, stride);
-    if constexpr (kT == 1) _tile_stored(1, base, stride);
-    if constexpr (kT == 2) _tile_stored(2, base, stride);
-    if constexpr (kT == 3) _tile_stored(3, base, stride);
+    AmxTileStore<kT>(base, stride);
   }
   template <int kC, int kA, int kB>
   static void Dot() {
