@@ -80,12 +80,16 @@ inline void AmxInt8WriteOut(const float (*acc)[256], const float (*acc_min)[256]
   }
 }
 
+// The gathers' offsets of 16 consecutive rows nb elements apart: lane i holds i * nb.
+inline __m512i AmxInt8RowOffsets(int64_t nb) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int32_t>(nb)));
+}
+
 // Per-row values of block b for the step's 32 x rows from x0 ([x, b] at x * nb + b), gathered
 // into dst[0..32) so that the f32 work broadcasts them from fixed offsets.
 inline void AmxInt8GatherRows(const float* v, int64_t nb, int64_t x0, int64_t b, float* dst) {
-  const __m512i index =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int32_t>(nb)));
+  const __m512i index = AmxInt8RowOffsets(nb);
   const float* base = v + x0 * nb + b;
   _mm512_store_ps(dst, _mm512_i32gather_ps(index, base, 4));
   _mm512_store_ps(dst + 16, _mm512_i32gather_ps(index, base + 16 * nb, 4));
@@ -94,10 +98,8 @@ inline void AmxInt8GatherRows(const float* v, int64_t nb, int64_t x0, int64_t b,
 // -128 times the sum of block b's activations (its two 16-element sums) for the step's 32 x rows.
 inline void AmxInt8GatherCorrections(const int16_t* sum16, int64_t nb, int64_t x0, int64_t b,
                                      int32_t* dst) {
-  const __m512i index =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int32_t>(nb)));
-  const int16_t* base = sum16 + x0 * 2 * nb + 2 * b;  // rows 2 nb int16 = nb pairs apart
+  const __m512i index = AmxInt8RowOffsets(nb);  // int32 pairs: rows are nb pairs apart
+  const int16_t* base = sum16 + x0 * 2 * nb + 2 * b;
   const __m512i minus128 = _mm512_set1_epi16(-128);
   _mm512_store_si512(dst, _mm512_madd_epi16(_mm512_i32gather_epi32(index, base, 4), minus128));
   _mm512_store_si512(dst + 16,
