@@ -13,20 +13,8 @@ namespace {
 
 #include "engine/backend/cpu/amx_tile_regs.h"
 
-// The tile registers (loads and stores by number from amx_tile_regs.h). _tile_loadd's asm does
-// not tell the compiler that it reads memory, so a compiler barrier keeps the packing stores
-// before it.
-struct HwTiles {
-  static void Configure() { _tile_loadconfig(&kAmxTileConfig); }
-  template <int kT>
-  static void Load(const void* base, int64_t stride) {
-    __asm__ volatile("" ::: "memory");
-    AmxTileLoad<kT>(base, stride);
-  }
-  template <int kT>
-  static void Store(void* base, int64_t stride) {
-    AmxTileStore<kT>(base, stride);
-  }
+// The tile registers: configuration, loads and stores from amx_tile_regs.h, and the BF16 products.
+struct HwTiles : AmxTileRegs<kAmxTileConfig> {
   template <int kC, int kA, int kB>
   static void Dot() {
     static_assert((kC == 0 && kA == 4 && kB == 6) || (kC == 1 && kA == 4 && kB == 7) ||
@@ -37,7 +25,6 @@ struct HwTiles {
     if constexpr (kC == 2 && kA == 5 && kB == 6) _tile_dpbf16ps(2, 5, 6);
     if constexpr (kC == 3 && kA == 5 && kB == 7) _tile_dpbf16ps(3, 5, 7);
   }
-  static void Release() { _tile_release(); }
   static void PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
                     int64_t s0, int64_t ns, uint32_t* bp);
 };

@@ -600,27 +600,17 @@ void Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
 
 // ---- AMX-INT8 steps over the Q8_0 and Q4_K copies (amx_int8_impl.h) ---------------------------
 // Only the AMX tables take these (kernels.cc checks AMX-INT8 and the tile permission first).
-// GCC's tile intrinsics paste the tile number into the instruction text, hence the chain in Zero
-// (loads and stores by number come from amx_tile_regs.h).
+// Configuration, loads and stores come from amx_tile_regs.h; GCC's tile intrinsics paste the tile
+// number into the instruction text, hence the chain in Zero.
 #include "engine/backend/cpu/amx_tile_regs.h"
 
-struct HwInt8Tiles {
-  static void Configure() { _tile_loadconfig(&kAmxInt8TileConfig); }
-  static void Release() { _tile_release(); }
+struct HwInt8Tiles : AmxTileRegs<kAmxInt8TileConfig> {
   template <int kT>
   static void Zero() {
     if constexpr (kT == 0) _tile_zero(0);
     if constexpr (kT == 1) _tile_zero(1);
     if constexpr (kT == 2) _tile_zero(2);
     if constexpr (kT == 3) _tile_zero(3);
-  }
-  template <int kT>
-  static void Load(const void* base, int64_t stride) {
-    AmxTileLoad<kT>(base, stride);
-  }
-  template <int kT>
-  static void Store(void* base, int64_t stride) {
-    AmxTileStore<kT>(base, stride);
   }
   template <int kC, int kA, int kB>
   static void Dot() {
