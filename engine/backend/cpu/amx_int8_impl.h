@@ -25,11 +25,13 @@
 // activations)); Q4_K: acc += (d * sc[s] * da[b]) * isum and acc_min -= (dmin * mn[s]) * ds[b],
 // high sub-blocks with the levels 16 times their value (the nibble in place) against d / 16.
 // Integer sums are exact whichever unit forms them, so every output has the VNNI kernels' bits,
-// and an x row's result does not depend on the rows beside it. x rows and weight rows that do not
-// fill a step (fewer than 32) are left to the VNNI kernels.
+// and an x row's result does not depend on the rows beside it. 16 to 31 x rows left after the
+// whole steps take a half step (NA = 1: 16 x rows by two row groups, C 0-1 and A 4 only); fewer
+// x rows, and weight rows that do not fill a step, are left to the VNNI kernels.
 
 inline constexpr int64_t kAmxInt8XRows = 32;  // x rows per step: two A tiles
 inline constexpr int64_t kAmxInt8WRows = 32;  // weight rows per step: two row groups
+inline constexpr int64_t kAmxInt8HalfXRows = 16;  // x rows of a half step: one A tile
 
 // Row i of the int32 C tile `c` plus `corr`, as f32 (exact: |sum| < 2^24).
 inline __m512 AmxInt8RowF32(const int32_t* c, int i, int32_t corr) {
@@ -37,38 +39,46 @@ inline __m512 AmxInt8RowF32(const int32_t* c, int i, int32_t corr) {
       _mm512_add_epi32(_mm512_load_si512(c + 16 * i), _mm512_set1_epi32(corr)));
 }
 
-// The four products of one block into C 0-3: A tiles at x rows xa (stride k), B tiles at wb0 and
-// wb1 (stride 64).
-template <class T>
+// The products of one block into C 0 .. 2 NA - 1 (C tile t: A tile t / 2, B tile t % 2): NA A
+// tiles at x rows xa (stride k), B tiles at wb0 and wb1 (stride 64). A full step has NA = 2 (32
+// x rows), a half step NA = 1 (16 x rows: C 0-1, A 4).
+template <class T, int NA>
 inline void AmxInt8Issue(const int8_t* xa, int64_t k, const uint8_t* wb0, const uint8_t* wb1) {
   T::template Zero<0>();
   T::template Zero<1>();
-  T::template Zero<2>();
-  T::template Zero<3>();
+  if constexpr (NA == 2) {
+    T::template Zero<2>();
+    T::template Zero<3>();
+  }
   __asm__ volatile("" ::: "memory");  // stores of the B tiles' bytes before the tile loads
   T::template Load<4>(xa, k);
-  T::template Load<5>(xa + 16 * k, k);
+  if constexpr (NA == 2) T::template Load<5>(xa + 16 * k, k);
   T::template Load<6>(wb0, 64);
   T::template Load<7>(wb1, 64);
   T::template Dot<0, 4, 6>();
   T::template Dot<1, 4, 7>();
-  T::template Dot<2, 5, 6>();
-  T::template Dot<3, 5, 7>();
+  if constexpr (NA == 2) {
+    T::template Dot<2, 5, 6>();
+    T::template Dot<3, 5, 7>();
+  }
 }
 
-template <class T>
+template <class T, int NA>
 inline void AmxInt8StoreC(int32_t (*c)[256]) {
   T::template Store<0>(c[0], 64);
   T::template Store<1>(c[1], 64);
-  T::template Store<2>(c[2], 64);
-  T::template Store<3>(c[3], 64);
+  if constexpr (NA == 2) {
+    T::template Store<2>(c[2], 64);
+    T::template Store<3>(c[3], 64);
+  }
   __asm__ volatile("" ::: "memory");  // the tile stores' asm does not say that it writes c
 }
 
-// out[x, r0 + 16 g + j] = acc + bias (+ acc_min) for the step's 32 x rows from x0.
+// out[x, r0 + 16 g + j] = acc + bias (+ acc_min) for the step's 16 NA x rows from x0.
+template <int NA>
 inline void AmxInt8WriteOut(const float (*acc)[256], const float (*acc_min)[256], const float* bias,
                             float* out, int64_t ldo, int64_t x0, int64_t r0) {
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < 2 * NA; ++t) {
     const int64_t col = r0 + 16 * (t % 2);
     const __m512 bv = bias != nullptr ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
     for (int i = 0; i < 16; ++i) {
@@ -86,39 +96,45 @@ inline __m512i AmxInt8RowOffsets(int64_t nb) {
                             _mm512_set1_epi32(static_cast<int32_t>(nb)));
 }
 
-// Per-row values of block b for the step's 32 x rows from x0 ([x, b] at x * nb + b), gathered
-// into dst[0..32) so that the f32 work broadcasts them from fixed offsets.
+// Per-row values of block b for the step's 16 NA x rows from x0 ([x, b] at x * nb + b), gathered
+// into dst[0 .. 16 NA) so that the f32 work broadcasts them from fixed offsets.
+template <int NA>
 inline void AmxInt8GatherRows(const float* v, int64_t nb, int64_t x0, int64_t b, float* dst) {
   const __m512i index = AmxInt8RowOffsets(nb);
   const float* base = v + x0 * nb + b;
   _mm512_store_ps(dst, _mm512_i32gather_ps(index, base, 4));
-  _mm512_store_ps(dst + 16, _mm512_i32gather_ps(index, base + 16 * nb, 4));
+  if constexpr (NA == 2) _mm512_store_ps(dst + 16, _mm512_i32gather_ps(index, base + 16 * nb, 4));
 }
 
-// -128 times the sum of block b's activations (its two 16-element sums) for the step's 32 x rows.
+// -128 times the sum of block b's activations (its two 16-element sums) for the step's 16 NA x
+// rows.
+template <int NA>
 inline void AmxInt8GatherCorrections(const int16_t* sum16, int64_t nb, int64_t x0, int64_t b,
                                      int32_t* dst) {
   const __m512i index = AmxInt8RowOffsets(nb);  // int32 pairs: rows are nb pairs apart
   const int16_t* base = sum16 + x0 * 2 * nb + 2 * b;
   const __m512i minus128 = _mm512_set1_epi16(-128);
   _mm512_store_si512(dst, _mm512_madd_epi16(_mm512_i32gather_epi32(index, base, 4), minus128));
-  _mm512_store_si512(dst + 16,
-                     _mm512_madd_epi16(_mm512_i32gather_epi32(index, base + 32 * nb, 4), minus128));
+  if constexpr (NA == 2) {
+    _mm512_store_si512(
+        dst + 16, _mm512_madd_epi16(_mm512_i32gather_epi32(index, base + 32 * nb, 4), minus128));
+  }
 }
 
-// One step of the Q8_0 copy: x rows [x0, x0 + 32) by the row groups at wg0 and wg1 (units of the
-// whole k), into out (columns r0 .. r0 + 32) with the bias (or zeros). Software-pipelined by
+// One step of the Q8_0 copy: x rows [x0, x0 + 16 NA) by the row groups at wg0 and wg1 (units of
+// the whole k), into out (columns r0 .. r0 + 32) with the bias (or zeros). Software-pipelined by
 // unit (two blocks): unit u + 1's tile products are issued before unit u's f32 work, so the unit
 // and the vector code overlap (a unit's f32 work is more instructions than the reorder window),
 // and the f32 work reads the C tiles a whole unit after storing them. The two blocks of a unit
 // update each accumulator row in one load and store (the same two FMAs in the same order).
-template <class T>
+template <class T, int NA>
 void AmxInt8StepQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, const uint8_t* wg1,
                      const float* bias, float* out, int64_t ldo, int64_t r0) {
+  constexpr int kC = 2 * NA;  // C tiles
   const int64_t k = a.k, nb = k / 32, nu = k / kQ8_0X16UnitElems;
-  alignas(64) int32_t c[2][2][4][256];  // [unit parity][block of the unit][tile][16 x 16]
-  alignas(64) float acc[4][256];
-  for (int t = 0; t < 4; ++t) {
+  alignas(64) int32_t c[2][2][kC][256];  // [unit parity][block of the unit][tile][16 x 16]
+  alignas(64) float acc[kC][256];
+  for (int t = 0; t < kC; ++t) {
     for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[t] + 16 * i, _mm512_setzero_ps());
   }
   const uint8_t* wg[2] = {wg0, wg1};
@@ -127,15 +143,17 @@ void AmxInt8StepQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
     return g + b / 2 * kQ8_0X16UnitBytes + 64 + 512 * (b % 2);
   };
   const int8_t* xa = a.q + x0 * k;
-  auto issue = [&](int64_t b) { AmxInt8Issue<T>(xa + 32 * b, k, levels(wg0, b), levels(wg1, b)); };
-  alignas(64) float da[2][32];
-  alignas(64) int32_t corr[2][32];
+  auto issue = [&](int64_t b) {
+    AmxInt8Issue<T, NA>(xa + 32 * b, k, levels(wg0, b), levels(wg1, b));
+  };
+  alignas(64) float da[2][16 * NA];
+  alignas(64) int32_t corr[2][16 * NA];
   auto finish = [&](int64_t u) {
     for (int h = 0; h < 2; ++h) {
-      AmxInt8GatherRows(a.d, nb, x0, 2 * u + h, da[h]);
-      AmxInt8GatherCorrections(a.sum16, nb, x0, 2 * u + h, corr[h]);
+      AmxInt8GatherRows<NA>(a.d, nb, x0, 2 * u + h, da[h]);
+      AmxInt8GatherCorrections<NA>(a.sum16, nb, x0, 2 * u + h, corr[h]);
     }
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < kC; ++t) {
       const int xt = 16 * (t / 2);
       const uint8_t* unit = wg[t % 2] + u * kQ8_0X16UnitBytes;
       const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
@@ -156,25 +174,26 @@ void AmxInt8StepQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
   };
   issue(0);
   for (int64_t u = 0; u < nu; ++u) {
-    AmxInt8StoreC<T>(c[u % 2][0]);
+    AmxInt8StoreC<T, NA>(c[u % 2][0]);
     issue(2 * u + 1);
-    AmxInt8StoreC<T>(c[u % 2][1]);
+    AmxInt8StoreC<T, NA>(c[u % 2][1]);
     if (u + 1 < nu) issue(2 * u + 2);
     if (u > 0) finish(u - 1);
   }
   finish(nu - 1);
-  AmxInt8WriteOut(acc, nullptr, bias, out, ldo, x0, r0);
+  AmxInt8WriteOut<NA>(acc, nullptr, bias, out, ldo, x0, r0);
 }
 
 // One step of the Q4_K copy, as AmxInt8StepQ8_0's, over 32-element sub-blocks b = 8 u + s in
 // pairs (2 p, 2 p + 1): the low and high nibbles of the same level vectors.
-template <class T>
+template <class T, int NA>
 void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, const uint8_t* wg1,
                      const float* bias, float* out, int64_t ldo, int64_t r0) {
+  constexpr int kC = 2 * NA;  // C tiles
   const int64_t k = a.k, nb = k / 32, npairs = nb / 2;
-  alignas(64) int32_t c[2][2][4][256];  // [pair parity][sub-block of the pair][tile][16 x 16]
-  alignas(64) float acc[4][256], acc_min[4][256];
-  for (int t = 0; t < 4; ++t) {
+  alignas(64) int32_t c[2][2][kC][256];  // [pair parity][sub-block of the pair][tile][16 x 16]
+  alignas(64) float acc[kC][256], acc_min[kC][256];
+  for (int t = 0; t < kC; ++t) {
     for (int i = 0; i < 16; ++i) {
       _mm512_store_ps(acc[t] + 16 * i, _mm512_setzero_ps());
       _mm512_store_ps(acc_min[t] + 16 * i, _mm512_setzero_ps());
@@ -197,10 +216,10 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
         _mm512_store_si512(levels[g][1] + 64 * j, _mm512_and_si512(v, mf0));
       }
     }
-    AmxInt8Issue<T>(xa + 64 * q, k, levels[0][0], levels[1][0]);
+    AmxInt8Issue<T, NA>(xa + 64 * q, k, levels[0][0], levels[1][0]);
   };
   __m512 d[2], d_hi[2], dmin[2];
-  alignas(64) float da[2][32], ds[2][32];
+  alignas(64) float da[2][16 * NA], ds[2][16 * NA];
   auto finish = [&](int64_t q) {
     const int p = static_cast<int>(q % 4);
     if (p == 0) {
@@ -213,10 +232,10 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
       }
     }
     for (int h = 0; h < 2; ++h) {
-      AmxInt8GatherRows(a.d, nb, x0, 2 * q + h, da[h]);
-      AmxInt8GatherRows(a.ds, nb, x0, 2 * q + h, ds[h]);
+      AmxInt8GatherRows<NA>(a.d, nb, x0, 2 * q + h, da[h]);
+      AmxInt8GatherRows<NA>(a.ds, nb, x0, 2 * q + h, ds[h]);
     }
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < kC; ++t) {
       const int g = t % 2;
       const int xt = 16 * (t / 2);
       const __m512 s0 = BytesTimes(scales[g] + 16 * (2 * p), d[g]);
@@ -242,38 +261,45 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
   };
   issue_low(0);
   for (int64_t q = 0; q < npairs; ++q) {
-    AmxInt8StoreC<T>(c[q % 2][0]);
-    AmxInt8Issue<T>(xa + 64 * q + 32, k, levels[0][1], levels[1][1]);
-    AmxInt8StoreC<T>(c[q % 2][1]);
+    AmxInt8StoreC<T, NA>(c[q % 2][0]);
+    AmxInt8Issue<T, NA>(xa + 64 * q + 32, k, levels[0][1], levels[1][1]);
+    AmxInt8StoreC<T, NA>(c[q % 2][1]);
     if (q + 1 < npairs) issue_low(q + 1);
     if (q > 0) finish(q - 1);
   }
   finish(npairs - 1);
-  AmxInt8WriteOut(acc, acc_min, bias, out, ldo, x0, r0);
+  AmxInt8WriteOut<NA>(acc, acc_min, bias, out, ldo, x0, r0);
 }
 
+// A step function: x rows from x0 by the row groups at wg0 and wg1 into out's columns from r0.
+using AmxInt8StepFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, const uint8_t*,
+                               const float*, float*, int64_t, int64_t);
+
 // A QuantGemmFn over the interleaved copy with unit bytes kUnitBytes and kUnitElems elements per
-// unit: whole steps on the tiles, the x rows and weight rows left over by `rest` (the VNNI
-// kernel of the same layout).
-template <class T, int64_t kUnitBytes, int64_t kUnitElems,
-          void (*kStep)(const QuantizedActs&, int64_t, const uint8_t*, const uint8_t*, const float*,
-                        float*, int64_t, int64_t)>
+// unit: whole steps (kStep, 32 x rows) on the tiles, then one half step (kHalfStep, 16 x rows)
+// where 16 or more x rows are left, so that a decode batch of 16 to 31 rows runs on the tiles
+// too; the x rows and weight rows left over go to `rest` (the VNNI kernel of the same layout).
+// Which rows go where does not change any output: every path gives the VNNI kernels' bits.
+template <class T, int64_t kUnitBytes, int64_t kUnitElems, AmxInt8StepFn kStep,
+          AmxInt8StepFn kHalfStep>
 void AmxInt8Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
                  const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                  QuantGemmFn rest) {
-  const int64_t x_steps = (x_end - x_begin) / kAmxInt8XRows;
+  const int64_t x_full = x_begin + (x_end - x_begin) / kAmxInt8XRows * kAmxInt8XRows;
+  const bool half = x_end - x_full >= kAmxInt8HalfXRows;
+  const int64_t x_mid = half ? x_full + kAmxInt8HalfXRows : x_full;
   const int64_t w_steps = (row_end - row_begin) / kAmxInt8WRows;
-  const int64_t x_mid = x_begin + x_steps * kAmxInt8XRows;
   const int64_t row_mid = row_begin + w_steps * kAmxInt8WRows;
-  if (x_steps > 0 && w_steps > 0) {
+  if (x_mid > x_begin && w_steps > 0) {
     const int64_t group_bytes = a.k / kUnitElems * kUnitBytes;
     const uint8_t* wp = static_cast<const uint8_t*>(w);
     T::Configure();
     for (int64_t r0 = row_begin; r0 < row_mid; r0 += kAmxInt8WRows) {
       const uint8_t* wg0 = wp + r0 / kQ4KX16Rows * group_bytes;
-      for (int64_t x0 = x_begin; x0 < x_mid; x0 += kAmxInt8XRows) {
+      for (int64_t x0 = x_begin; x0 < x_full; x0 += kAmxInt8XRows) {
         kStep(a, x0, wg0, wg0 + group_bytes, bias, out, ldo, r0);
       }
+      if (half) kHalfStep(a, x_full, wg0, wg0 + group_bytes, bias, out, ldo, r0);
     }
     T::Release();
   } else {

@@ -628,16 +628,17 @@ struct HwInt8Tiles : AmxTileRegs<kAmxInt8TileConfig> {
 
 void AmxGemmQ8_0(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
                  const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
-  AmxInt8Gemm<HwInt8Tiles, kQ8_0X16UnitBytes, kQ8_0X16UnitElems, &AmxInt8StepQ8_0<HwInt8Tiles>>(
+  AmxInt8Gemm<HwInt8Tiles, kQ8_0X16UnitBytes, kQ8_0X16UnitElems, &AmxInt8StepQ8_0<HwInt8Tiles, 2>,
+              &AmxInt8StepQ8_0<HwInt8Tiles, 1>>(
       a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
       &Gemm<kTilesQ8_0Near, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>);
 }
 
 void AmxGemmQ4_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
                  const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
-  AmxInt8Gemm<HwInt8Tiles, kQ4KX16UnitBytes, 256, &AmxInt8StepQ4_K<HwInt8Tiles>>(
-      a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
-      &Gemm<kTiles, 256, kQ4KX16UnitBytes>);
+  AmxInt8Gemm<HwInt8Tiles, kQ4KX16UnitBytes, 256, &AmxInt8StepQ4_K<HwInt8Tiles, 2>,
+              &AmxInt8StepQ4_K<HwInt8Tiles, 1>>(a, x_begin, x_end, w, bias, out, ldo, row_begin,
+                                                row_end, &Gemm<kTiles, 256, kQ4KX16UnitBytes>);
 }
 
 }  // namespace x16

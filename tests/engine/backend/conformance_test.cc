@@ -1309,9 +1309,10 @@ TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
 
 // The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) and, where
 // the CPU has AMX-INT8, its Q4_K and Q8_0 Gemms on the tiles (32 x rows by 32 weight rows a step,
-// the rest on the VNNI kernels) are the VNNI table's arithmetic: the same bits from the same
-// prepared weights, for every x tile remainder, row groups left over beside whole steps (m = 48,
-// 80), with and without a bias.
+// then a half step of 16 x rows where 16 to 31 are left, the rest on the VNNI kernels) are the
+// VNNI table's arithmetic: the same bits from the same prepared weights, for every x tile
+// remainder (n = 16 and 48 end on a half step, 31 and 33 leave rows beside one), row groups left
+// over beside whole steps (m = 48, 80), with and without a bias.
 TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
   if (!cpu::CpuHasIsa(cpu::Isa::kAmx) || !cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) {
     GTEST_SKIP() << "this CPU has no usable AMX unit or no AVX512_VNNI";
@@ -1329,7 +1330,7 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
       absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
       ASSERT_TRUE(wa.ok() && wv.ok());
       ASSERT_NE(wa->data, w.view().data) << DTypeName(dt) << " was not copied";
-      for (int64_t n : {1, 2, 3, 5, 7, 16, 31, 32, 33, 48, 64, 100, 128, 300}) {
+      for (int64_t n : {1, 2, 3, 5, 7, 16, 17, 31, 32, 33, 48, 50, 64, 100, 128, 300}) {
         HostTensor x = QuantGemmInput(rng, n, k);
         const TensorView b = n % 2 == 0 ? bias.view() : TensorView();
         HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
