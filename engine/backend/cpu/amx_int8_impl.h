@@ -308,3 +308,207 @@ void AmxInt8Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const v
   if (row_mid < row_end) rest(a, x_begin, x_mid, w, bias, out, ldo, row_mid, row_end);
   if (x_mid < x_end) rest(a, x_mid, x_end, w, bias, out, ldo, row_begin, row_end);
 }
+
+// ---- Q4_0 / Q4_1 in their own row layout ----------------------------------------------------
+// These weights keep the file's layout (the row kernels read it at batch 1 faster than an
+// interleaved copy would be read), so a call packs each step's 32 weight rows into B tiles for the
+// whole k once (AmxInt8PackQ4) and runs every x step of the call against them. The f32 work is
+// the panel kernels' (quant_kernels_avx2_impl.h, PanelSlots and FinishRows) operation for
+// operation: block b's update goes to accumulator b % 8 of its output (or the ninth, for the
+// blocks past the last whole 256-element chunk), blocks in increasing order within each, and the
+// nine are summed in HorizontalSum's tree, then the tail, then the bias or zero. So the outputs
+// are the VNNI table's bits, and a row's result does not depend on the rows beside it.
+// Q4_1: acc = fma(d * da, isum, acc); acc = fma(m, ds, acc). Q4_0: acc = fma(d, da * isum - 8 ds,
+// acc) (fmsub, the panel kernels' kKind 3).
+
+inline constexpr int kAmxInt8Q4Slots = 9;
+
+// One thread's packed weights for one step: per block, [group][8 x 64] levels, then [group][16]
+// scales d and offsets m (Q4_1) as f32.
+struct AmxInt8Q4Pack {
+  uint8_t* levels;  // [nb][2][512]
+  float* scale;     // [nb][2][16]
+  float* offset;    // [nb][2][16]
+};
+
+// A per-thread buffer for AmxInt8Q4Pack, grown to the largest k seen, 64-byte aligned (tile loads
+// of a split cache line run at half rate).
+inline AmxInt8Q4Pack AmxInt8Q4Scratch(int64_t nb) {
+  struct Buffer {
+    void* data = nullptr;
+    int64_t nb = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer buf;
+  constexpr int64_t kBlockBytes = 2 * 512 + 2 * 2 * 16 * 4;
+  if (buf.nb < nb) {
+    std::free(buf.data);
+    buf.data = std::aligned_alloc(64, static_cast<size_t>(nb * kBlockBytes));
+    MODSERVE_CHECK(buf.data != nullptr) << "cannot allocate " << nb * kBlockBytes << " bytes";
+    buf.nb = nb;
+  }
+  uint8_t* p = static_cast<uint8_t*>(buf.data);
+  return {p, reinterpret_cast<float*>(p + nb * 1024),
+          reinterpret_cast<float*>(p + nb * 1024 + nb * 128)};
+}
+
+// Packs weight rows [r0, r0 + 32) (row_bytes apart from w) into pack: B tile row p < 4 of block b
+// holds levels 4 p .. 4 p + 3 of each of the group's 16 rows (the low nibbles of quant bytes 4 p ..
+// 4 p + 3), rows 4 .. 7 the same of the high nibbles (levels 16 + 4 (p - 4) ...), one row per
+// 32-bit lane. Blocks are kBlockBytes long, quant bytes from kQs, d at 0 and m (Q4_1) at 2.
+template <int64_t kBlockBytes, int64_t kQs>
+void AmxInt8PackQ4(const uint8_t* w, int64_t row_bytes, int64_t nb, const AmxInt8Q4Pack& pack) {
+  const __m512i rows = AmxInt8RowOffsets(row_bytes);
+  const __m512i m0f = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int g = 0; g < 2; ++g) {
+      const uint8_t* base = w + 16 * g * row_bytes + b * kBlockBytes;
+      uint8_t* lv = pack.levels + (2 * b + g) * 512;
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i v = _mm512_i32gather_epi32(rows, base + kQs + 4 * p, 1);
+        _mm512_store_si512(lv + 64 * p, _mm512_and_si512(v, m0f));
+        _mm512_store_si512(lv + 64 * (p + 4), _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f));
+      }
+      // d in the low 16 bits of each lane, m (Q4_1; Q4_0's quant bytes, unused) in the high.
+      const __m512i dm = _mm512_i32gather_epi32(rows, base, 1);
+      _mm512_store_ps(pack.scale + (2 * b + g) * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+      _mm512_store_ps(pack.offset + (2 * b + g) * 16,
+                      _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
+    }
+  }
+}
+
+// One step over a packed Q4_0 / Q4_1 step: x rows [x0, x0 + 16 NA) by the 32 weight rows in pack,
+// into out (columns r0 .. r0 + 32) with the bias (or zeros). The blocks run slot by slot (slot j
+// < 8: blocks j, j + 8, ... of the whole chunks; then the tail blocks), two a unit, software-
+// pipelined a unit apart as AmxInt8StepQ8_0; a unit whose two blocks share a slot updates each
+// accumulator row in one load and store.
+template <class T, int NA, bool kHasMin>
+void AmxInt8StepQ4(const QuantizedActs& a, int64_t x0, const AmxInt8Q4Pack& pack, const float* bias,
+                   float* out, int64_t ldo, int64_t r0) {
+  constexpr int kC = 2 * NA;  // C tiles
+  const int64_t k = a.k, nb = k / 32, nb_main = k / 256 * 8, chunks = nb_main / 8;
+  alignas(64) int32_t c[2][2][kC][256];  // [unit parity][block of the unit][tile][16 x 16]
+  alignas(64) float acc[kAmxInt8Q4Slots][kC][256];
+  const int used_slots = nb_main > 0 ? 8 : 0;
+  for (int s = 0; s < kAmxInt8Q4Slots; ++s) {
+    if (s < 8 && s >= used_slots) continue;
+    for (int t = 0; t < kC; ++t) {
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[s][t] + 16 * i, _mm512_setzero_ps());
+    }
+  }
+  // Position i of the run: its block and slot.
+  auto block_at = [&](int64_t i) { return i < nb_main ? i / chunks + 8 * (i % chunks) : i; };
+  auto slot_at = [&](int64_t i) { return i < nb_main ? static_cast<int>(i / chunks) : 8; };
+  const int8_t* xa = a.q + x0 * k;
+  auto issue = [&](int64_t i) {
+    const int64_t b = block_at(i);
+    const uint8_t* lv = pack.levels + 2 * b * 512;
+    AmxInt8Issue<T, NA>(xa + 32 * b, k, lv, lv + 512);
+  };
+  alignas(64) float da[2][16 * NA], ds[2][16 * NA];
+  const int64_t nu = (nb + 1) / 2;
+  auto finish = [&](int64_t u) {
+    const int64_t i0 = 2 * u;
+    const bool two = i0 + 1 < nb;
+    const int64_t blk[2] = {block_at(i0), two ? block_at(i0 + 1) : 0};
+    for (int h = 0; h < (two ? 2 : 1); ++h) {
+      AmxInt8GatherRows<NA>(a.d, nb, x0, blk[h], da[h]);
+      AmxInt8GatherRows<NA>(a.ds, nb, x0, blk[h], ds[h]);
+    }
+    const int s0 = slot_at(i0), s1 = two ? slot_at(i0 + 1) : -1;
+    // Block h's update of one accumulator row (tile t, row i) of v.
+    auto update = [&](int h, int t, int i, __m512 v) {
+      const int g = t % 2, xt = 16 * (t / 2);
+      const __m512 sc = _mm512_load_ps(pack.scale + (2 * blk[h] + g) * 16);
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(c[u % 2][h][t] + 16 * i));
+      if constexpr (kHasMin) {
+        v = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(da[h][xt + i])), s, v);
+        return _mm512_fmadd_ps(_mm512_load_ps(pack.offset + (2 * blk[h] + g) * 16),
+                               _mm512_set1_ps(ds[h][xt + i]), v);
+      } else {
+        return _mm512_fmadd_ps(
+            sc,
+            _mm512_fmsub_ps(_mm512_set1_ps(da[h][xt + i]), s,
+                            _mm512_mul_ps(_mm512_set1_ps(8.0f), _mm512_set1_ps(ds[h][xt + i]))),
+            v);
+      }
+    };
+    for (int t = 0; t < kC; ++t) {
+      if (s0 == s1) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) {
+          float* row = acc[s0][t] + 16 * i;
+          _mm512_store_ps(row, update(1, t, i, update(0, t, i, _mm512_load_ps(row))));
+        }
+      } else {
+        for (int h = 0; h < (two ? 2 : 1); ++h) {
+          const int slot = h == 0 ? s0 : s1;
+#pragma GCC unroll 16
+          for (int i = 0; i < 16; ++i) {
+            float* row = acc[slot][t] + 16 * i;
+            _mm512_store_ps(row, update(h, t, i, _mm512_load_ps(row)));
+          }
+        }
+      }
+    }
+  };
+  issue(0);
+  for (int64_t u = 0; u < nu; ++u) {
+    AmxInt8StoreC<T, NA>(c[u % 2][0]);
+    if (2 * u + 1 < nb) {
+      issue(2 * u + 1);
+      AmxInt8StoreC<T, NA>(c[u % 2][1]);
+    }
+    if (2 * u + 2 < nb) issue(2 * u + 2);
+    if (u > 0) finish(u - 1);
+  }
+  finish(nu - 1);
+  // FinishRows: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), then the tail, then the bias or zero.
+  const bool tail = nb > nb_main;
+  for (int t = 0; t < kC; ++t) {
+    const int64_t col = r0 + 16 * (t % 2);
+    const __m512 bv = bias != nullptr ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) {
+      auto s = [&](int j) { return _mm512_load_ps(acc[j][t] + 16 * i); };
+      __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s(0), s(4)), _mm512_add_ps(s(2), s(6))),
+                               _mm512_add_ps(_mm512_add_ps(s(1), s(5)), _mm512_add_ps(s(3), s(7))));
+      if (tail) v = _mm512_add_ps(v, s(8));
+      _mm512_storeu_ps(out + (x0 + 16 * (t / 2) + i) * ldo + col, _mm512_add_ps(v, bv));
+    }
+  }
+}
+
+// A QuantGemmFn over Q4_0 (kHasMin false) or Q4_1 weights in the file's layout: per step of 32
+// weight rows, the rows packed once, then whole x steps and a half step on the tiles as
+// AmxInt8Gemm; the rest on `rest` (the VNNI kernel).
+template <class T, bool kHasMin>
+void AmxInt8GemmQ4(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                   const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                   QuantGemmFn rest) {
+  constexpr int64_t kBlockBytes = kHasMin ? sizeof(quant::BlockQ4_1) : sizeof(quant::BlockQ4_0);
+  constexpr int64_t kQs = kHasMin ? 4 : 2;
+  const int64_t x_full = x_begin + (x_end - x_begin) / kAmxInt8XRows * kAmxInt8XRows;
+  const bool half = x_end - x_full >= kAmxInt8HalfXRows;
+  const int64_t x_mid = half ? x_full + kAmxInt8HalfXRows : x_full;
+  const int64_t w_steps = (row_end - row_begin) / kAmxInt8WRows;
+  const int64_t row_mid = row_begin + w_steps * kAmxInt8WRows;
+  if (x_mid == x_begin || w_steps == 0) {
+    return rest(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
+  }
+  const int64_t nb = a.k / 32, row_bytes = nb * kBlockBytes;
+  const AmxInt8Q4Pack pack = AmxInt8Q4Scratch(nb);
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  T::Configure();
+  for (int64_t r0 = row_begin; r0 < row_mid; r0 += kAmxInt8WRows) {
+    AmxInt8PackQ4<kBlockBytes, kQs>(wp + r0 * row_bytes, row_bytes, nb, pack);
+    for (int64_t x0 = x_begin; x0 < x_full; x0 += kAmxInt8XRows) {
+      AmxInt8StepQ4<T, 2, kHasMin>(a, x0, pack, bias, out, ldo, r0);
+    }
+    if (half) AmxInt8StepQ4<T, 1, kHasMin>(a, x_full, pack, bias, out, ldo, r0);
+  }
+  T::Release();
+  if (row_mid < row_end) rest(a, x_begin, x_mid, w, bias, out, ldo, row_mid, row_end);
+  if (x_mid < x_end) rest(a, x_mid, x_end, w, bias, out, ldo, row_begin, row_end);
+}

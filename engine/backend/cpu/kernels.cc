@@ -185,6 +185,8 @@ const KernelTable& AmxKernelTable() {
       t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
       if (HasAmxInt8()) {
         const KernelTable& i8 = internal::kAmxInt8QuantGemms;
+        t.gemm_q4_0 = i8.gemm_q4_0;
+        t.gemm_q4_1 = i8.gemm_q4_1;
         t.gemm_q4_k_x16 = i8.gemm_q4_k_x16;
         t.gemm_q8_0_x16 = i8.gemm_q8_0_x16;
       }

@@ -11,8 +11,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "engine/backend/cpu/kernels.h"
+#include "engine/common/logging.h"
 #include "engine/common/quant.h"
 
 namespace modserve::backend::cpu {
@@ -641,6 +643,14 @@ void AmxGemmQ4_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const v
                                                 row_end, &Gemm<kTiles, 256, kQ4KX16UnitBytes>);
 }
 
+template <bool kHasMin>
+void AmxGemmQ4(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+               const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  AmxInt8GemmQ4<HwInt8Tiles, kHasMin>(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
+                                      &qvnni::Gemm < qvnni::Q4K32V<kHasMin>, qavx2::Q4Pack<kHasMin>,
+                                      kHasMin ? 0 : 3 >);
+}
+
 }  // namespace x16
 }  // namespace qvnni
 }  // namespace
@@ -662,6 +672,8 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
 };
 constinit const KernelTable kAmxInt8QuantGemms = {
     .isa = Isa::kAmx,
+    .gemm_q4_0 = &qvnni::x16::AmxGemmQ4<false>,
+    .gemm_q4_1 = &qvnni::x16::AmxGemmQ4<true>,
     .gemm_q4_k_x16 = &qvnni::x16::AmxGemmQ4_K,
     .gemm_q8_0_x16 = &qvnni::x16::AmxGemmQ8_0,
 };

@@ -1308,7 +1308,8 @@ TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
 }
 
 // The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) and, where
-// the CPU has AMX-INT8, its Q4_K and Q8_0 Gemms on the tiles (32 x rows by 32 weight rows a step,
+// the CPU has AMX-INT8, its Q4_K and Q8_0 copies' Gemms and its Q4_0 and Q4_1 Gemms (weights in
+// the file's layout, packed per call) on the tiles (32 x rows by 32 weight rows a step,
 // then a half step of 16 x rows where 16 to 31 are left, the rest on the VNNI kernels) are the
 // VNNI table's arithmetic: the same bits from the same prepared weights, for every x tile
 // remainder (n = 16 and 48 end on a half step, 31 and 33 leave rows beside one), row groups left
@@ -1320,24 +1321,32 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
   auto amx = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAmx});
   auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
   ASSERT_TRUE(amx.ok() && vnni.ok());
-  for (DType dt : {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K}) {
+  for (DType dt : {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1}) {
+    // Q4_0 / Q4_1 stay in the file's layout; their k leave blocks past the whole 256-element
+    // chunks (2 of 18, 1 of 41) and odd chunk counts (5), and 768 and 1280 none.
+    const bool row_layout = dt == DType::kQ4_0 || dt == DType::kQ4_1;
     for (int64_t m : {48, 80}) {
-      const int64_t k = m == 48 ? 768 : 1280;
-      std::mt19937 rng(static_cast<uint32_t>(7 + m + static_cast<int>(dt)));
-      HostTensor w = RandomQuantized(rng, dt, m, k);
-      HostTensor bias = Random(rng, DType::kF32, {m});
-      absl::StatusOr<TensorView> wa = (*amx)->PrepareGemmWeight(w.view());
-      absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
-      ASSERT_TRUE(wa.ok() && wv.ok());
-      ASSERT_NE(wa->data, w.view().data) << DTypeName(dt) << " was not copied";
-      for (int64_t n : {1, 2, 3, 5, 7, 16, 17, 31, 32, 33, 48, 50, 64, 100, 128, 300}) {
-        HostTensor x = QuantGemmInput(rng, n, k);
-        const TensorView b = n % 2 == 0 ? bias.view() : TensorView();
-        HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
-        (*amx)->Gemm(x.view(), *wa, b, got.view());
-        (*vnni)->Gemm(x.view(), *wv, b, want.view());
-        EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
-            << DTypeName(dt) << " m=" << m << " n=" << n;
+      for (int64_t k : row_layout ? std::vector<int64_t>{576, 1312, m == 48 ? 768 : 1280}
+                                  : std::vector<int64_t>{m == 48 ? 768 : 1280}) {
+        SCOPED_TRACE(testing::Message() << DTypeName(dt) << " m=" << m << " k=" << k);
+        std::mt19937 rng(static_cast<uint32_t>(7 + m + k + static_cast<int>(dt)));
+        HostTensor w = RandomQuantized(rng, dt, m, k);
+        HostTensor bias = Random(rng, DType::kF32, {m});
+        absl::StatusOr<TensorView> wa = (*amx)->PrepareGemmWeight(w.view());
+        absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
+        ASSERT_TRUE(wa.ok() && wv.ok());
+        if (!row_layout) {
+          ASSERT_NE(wa->data, w.view().data) << "was not copied";
+        }
+        for (int64_t n : {1, 2, 3, 5, 7, 16, 17, 31, 32, 33, 48, 50, 64, 100, 128, 300}) {
+          HostTensor x = QuantGemmInput(rng, n, k);
+          const TensorView b = n % 2 == 0 ? bias.view() : TensorView();
+          HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
+          (*amx)->Gemm(x.view(), *wa, b, got.view());
+          (*vnni)->Gemm(x.view(), *wv, b, want.view());
+          EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
+              << "n=" << n;
+        }
       }
     }
   }
