@@ -390,17 +390,20 @@ void AmxInt8StepQ4(const QuantizedActs& a, int64_t x0, const AmxInt8Q4Pack& pack
   constexpr int kC = 2 * NA;  // C tiles
   const int64_t k = a.k, nb = k / 32, nb_main = k / 256 * 8, chunks = nb_main / 8;
   alignas(64) int32_t c[2][2][kC][256];  // [unit parity][block of the unit][tile][16 x 16]
+  // A slot's first update starts from +0 in a register (the panel kernels' zeroed accumulator)
+  // instead of a zeroed row in memory; slots 0-7 are zeroed here only when k has no whole chunk.
   alignas(64) float acc[kAmxInt8Q4Slots][kC][256];
-  const int used_slots = nb_main > 0 ? 8 : 0;
-  for (int s = 0; s < kAmxInt8Q4Slots; ++s) {
-    if (s < 8 && s >= used_slots) continue;
-    for (int t = 0; t < kC; ++t) {
-      for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[s][t] + 16 * i, _mm512_setzero_ps());
+  if (nb_main == 0) {
+    for (int s = 0; s < 8; ++s) {
+      for (int t = 0; t < kC; ++t) {
+        for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[s][t] + 16 * i, _mm512_setzero_ps());
+      }
     }
   }
-  // Position i of the run: its block and slot.
+  // Position i of the run: its block and slot, and whether it is its slot's first.
   auto block_at = [&](int64_t i) { return i < nb_main ? i / chunks + 8 * (i % chunks) : i; };
   auto slot_at = [&](int64_t i) { return i < nb_main ? static_cast<int>(i / chunks) : 8; };
+  auto first_at = [&](int64_t i) { return i < nb_main ? i % chunks == 0 : i == nb_main; };
   const int8_t* xa = a.q + x0 * k;
   auto issue = [&](int64_t i) {
     const int64_t b = block_at(i);
@@ -435,20 +438,25 @@ void AmxInt8StepQ4(const QuantizedActs& a, int64_t x0, const AmxInt8Q4Pack& pack
             v);
       }
     };
+    const bool first0 = first_at(i0), first1 = two && first_at(i0 + 1);
+    auto start = [](bool first, const float* row) {
+      return first ? _mm512_setzero_ps() : _mm512_load_ps(row);
+    };
     for (int t = 0; t < kC; ++t) {
       if (s0 == s1) {
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i) {
           float* row = acc[s0][t] + 16 * i;
-          _mm512_store_ps(row, update(1, t, i, update(0, t, i, _mm512_load_ps(row))));
+          _mm512_store_ps(row, update(1, t, i, update(0, t, i, start(first0, row))));
         }
       } else {
         for (int h = 0; h < (two ? 2 : 1); ++h) {
           const int slot = h == 0 ? s0 : s1;
+          const bool first = h == 0 ? first0 : first1;
 #pragma GCC unroll 16
           for (int i = 0; i < 16; ++i) {
             float* row = acc[slot][t] + 16 * i;
-            _mm512_store_ps(row, update(h, t, i, _mm512_load_ps(row)));
+            _mm512_store_ps(row, update(h, t, i, start(first, row)));
           }
         }
       }
