@@ -1,8 +1,10 @@
 // The AMX-INT8 prefill Gemms of the interleaved Q8_0 and Q4_K copies (kernels.h), written against
-// a tile-operations class T as amx_gemm_impl.h is. No include guard and no includes: its one user,
-// kernels_avx512vnni.cc, includes it inside its x16 namespace after defining T (HwInt8Tiles) and
-// the AVX-512 helpers it names (Load512, BytesTimes, UnpackScales). Its bits are tested on CPUs
-// with AMX-INT8 against the VNNI kernels (QuantizedGemmIsaTest in the conformance suite).
+// a tile-operations class T as amx_gemm_impl.h is. No include guard and no includes: its users,
+// kernels_avx512vnni.cc (T = HwInt8Tiles) and the conformance suite's software model of the tiles
+// (tests/engine/backend/amx_int8_emulated.cc), include it inside their x16 namespace after
+// defining T and including x16_vector_impl.h (Load512, BytesTimes, UnpackScales). Its bits are
+// tested against the VNNI kernels' (QuantizedGemmIsaTest in the conformance suite) on the model
+// wherever the CPU has AVX512_VNNI, and on the unit where it has AMX-INT8.
 //
 // T provides, for tiles configured as kAmxInt8TileConfig says (C 0-3: 16 rows x 16 int32; A 4-5:
 // 16 rows x 32 int8; B 6-7: 8 rows x 64 uint8):

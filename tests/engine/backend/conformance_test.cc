@@ -23,6 +23,7 @@
 #include "engine/common/quant.h"
 #include "engine/common/tensor_view.h"
 #include "gtest/gtest.h"
+#include "tests/engine/backend/amx_int8_emulated.h"
 #include "tests/engine/backend/host_tensor.h"
 
 namespace modserve::backend {
@@ -1307,23 +1308,15 @@ TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
   }
 }
 
-// The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) and, where
-// the CPU has AMX-INT8, its Q4_K and Q8_0 copies' Gemms and its Q4_0 and Q4_1 Gemms (weights in
-// the file's layout, packed per call) on the tiles (32 x rows by 32 weight rows a step,
-// then a half step of 16 x rows where 16 to 31 are left, the rest on the VNNI kernels) are the
-// VNNI table's arithmetic: the same bits from the same prepared weights, for every x tile
-// remainder (n = 16 and 48 end on a half step, 31 and 33 leave rows beside one), row groups left
-// over beside whole steps (m = 48, 80), with and without a bias.
-TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
-  if (!cpu::CpuHasIsa(cpu::Isa::kAmx) || !cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) {
-    GTEST_SKIP() << "this CPU has no usable AMX unit or no AVX512_VNNI";
-  }
-  auto amx = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAmx});
-  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
-  ASSERT_TRUE(amx.ok() && vnni.ok());
-  for (DType dt : {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1}) {
-    // Q4_0 / Q4_1 stay in the file's layout; their k leave blocks past the whole 256-element
-    // chunks (2 of 18, 1 of 41) and odd chunk counts (5), and 768 and 1280 none.
+// `got` and `want` give the same bits for weights of each dtype in dts (prepared by each, so
+// copied where the backend copies: then `got` must have copied), for every x tile remainder of
+// the AMX-INT8 Gemms (n = 16 and 48 end on a half step, 31 and 33 leave rows beside one), row
+// groups left over beside whole steps (m = 48, 80), with and without a bias. Q4_0 / Q4_1 stay in
+// the file's layout; their k leave blocks past the whole 256-element chunks (2 of 18, 1 of 41)
+// and odd chunk counts (5), and 768 and 1280 none.
+void ExpectSameQuantGemmBits(cpu::CpuBackend& got_backend, cpu::CpuBackend& want_backend,
+                             std::initializer_list<DType> dts) {
+  for (DType dt : dts) {
     const bool row_layout = dt == DType::kQ4_0 || dt == DType::kQ4_1;
     for (int64_t m : {48, 80}) {
       for (int64_t k : row_layout ? std::vector<int64_t>{576, 1312, m == 48 ? 768 : 1280}
@@ -1332,24 +1325,64 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
         std::mt19937 rng(static_cast<uint32_t>(7 + m + k + static_cast<int>(dt)));
         HostTensor w = RandomQuantized(rng, dt, m, k);
         HostTensor bias = Random(rng, DType::kF32, {m});
-        absl::StatusOr<TensorView> wa = (*amx)->PrepareGemmWeight(w.view());
-        absl::StatusOr<TensorView> wv = (*vnni)->PrepareGemmWeight(w.view());
-        ASSERT_TRUE(wa.ok() && wv.ok());
+        absl::StatusOr<TensorView> wg = got_backend.PrepareGemmWeight(w.view());
+        absl::StatusOr<TensorView> ww = want_backend.PrepareGemmWeight(w.view());
+        ASSERT_TRUE(wg.ok() && ww.ok());
         if (!row_layout) {
-          ASSERT_NE(wa->data, w.view().data) << "was not copied";
+          ASSERT_NE(wg->data, w.view().data) << "was not copied";
         }
         for (int64_t n : {1, 2, 3, 5, 7, 16, 17, 31, 32, 33, 48, 50, 64, 100, 128, 300}) {
           HostTensor x = QuantGemmInput(rng, n, k);
           const TensorView b = n % 2 == 0 ? bias.view() : TensorView();
           HostTensor got(DType::kF32, {n, m}), want(DType::kF32, {n, m});
-          (*amx)->Gemm(x.view(), *wa, b, got.view());
-          (*vnni)->Gemm(x.view(), *wv, b, want.view());
+          got_backend.Gemm(x.view(), *wg, b, got.view());
+          want_backend.Gemm(x.view(), *ww, b, want.view());
           EXPECT_EQ(std::memcmp(got.storage.data(), want.storage.data(), got.storage.size()), 0)
               << "n=" << n;
         }
       }
     }
   }
+}
+
+// The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) and, where
+// the CPU has AMX-INT8, its Q4_K and Q8_0 copies' Gemms and its Q4_0 and Q4_1 Gemms (weights in
+// the file's layout, packed per call) on the tiles (32 x rows by 32 weight rows a step, then a
+// half step of 16 x rows where 16 to 31 are left, the rest on the VNNI kernels) are the VNNI
+// table's arithmetic: the same bits from the same weights.
+TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
+  if (!cpu::CpuHasIsa(cpu::Isa::kAmx) || !cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) {
+    GTEST_SKIP() << "this CPU has no usable AMX unit or no AVX512_VNNI";
+  }
+  auto amx = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAmx});
+  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
+  ASSERT_TRUE(amx.ok() && vnni.ok());
+  ExpectSameQuantGemmBits(**amx, **vnni,
+                          {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1});
+}
+
+// The same AMX-INT8 Gemms on a software model of the tiles (amx_int8_emulated.cc), so that their
+// steps, packing and remainders are checked on every CPU with AVX512_VNNI, AMX or not: a VNNI
+// table with the four emulated Gemms in place gives the VNNI table's bits.
+TEST(QuantizedGemmIsaTest, EmulatedAmxInt8GemmsGiveTheVnniTablesBits) {
+  if (!cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) GTEST_SKIP() << "this CPU has no AVX512_VNNI";
+  cpu::KernelTable table = cpu::KernelsFor(cpu::Isa::kAvx512Vnni);
+  const cpu::EmulatedInt8Gemms emulated =
+      cpu::EmulatedAmxInt8Gemms({.q4_0 = table.gemm_q4_0,
+                                 .q4_1 = table.gemm_q4_1,
+                                 .q4_k_x16 = table.gemm_q4_k_x16,
+                                 .q8_0_x16 = table.gemm_q8_0_x16});
+  table.gemm_q4_0 = emulated.q4_0;
+  table.gemm_q4_1 = emulated.q4_1;
+  table.gemm_q4_k_x16 = emulated.q4_k_x16;
+  table.gemm_q8_0_x16 = emulated.q8_0_x16;
+  auto tiles = cpu::CpuBackend::Create({.num_threads = 2, .kernels = &table});
+  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
+  ASSERT_TRUE(tiles.ok() && vnni.ok());
+  const int64_t calls_before = cpu::EmulatedAmxInt8Calls();
+  ExpectSameQuantGemmBits(**tiles, **vnni,
+                          {DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1});
+  EXPECT_GT(cpu::EmulatedAmxInt8Calls(), calls_before) << "the emulated Gemms were not called";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,

@@ -1,0 +1,28 @@
+// The AVX-512 helpers that the interleaved-copy kernels (kernels_avx512vnni.cc, namespace x16) and
+// the AMX-INT8 Gemms (amx_int8_impl.h) share. No include guard and no includes, like the impl
+// headers beside it: a file built with AVX-512 F/BW/VL includes it inside its own namespace
+// (kernels_avx512vnni.cc, and the emulated-tile test of the AMX-INT8 Gemms).
+
+inline __m512i Load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
+
+// The 16 rows' sc (scales[0..128)) and mn (scales[128..256)) of sub-blocks 0..7 as bytes
+// 16 s + r, from the unit's packed low nibbles and top bits (kernels.h).
+inline void UnpackScales(const uint8_t* unit, uint8_t* scales) {
+  const __m512i lo0 = Load512(unit + 64), lo1 = Load512(unit + 128), hi = Load512(unit + 192);
+  const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+  // 16-bit shifts move bits across the bytes of a pair; the masks keep each byte's own.
+  auto pick = [&](__m512i low4, __m512i top2) {
+    return _mm512_or_si512(_mm512_and_si512(low4, m0f), _mm512_and_si512(top2, m30));
+  };
+  _mm512_store_si512(scales, pick(lo0, _mm512_slli_epi16(hi, 4)));
+  _mm512_store_si512(scales + 64, pick(lo1, _mm512_slli_epi16(hi, 2)));
+  _mm512_store_si512(scales + 128, pick(_mm512_srli_epi16(lo0, 4), hi));
+  _mm512_store_si512(scales + 192, pick(_mm512_srli_epi16(lo1, 4), _mm512_srli_epi16(hi, 2)));
+}
+
+// 16 bytes as f32 lanes, times f.
+inline __m512 BytesTimes(const uint8_t* p, __m512 f) {
+  return _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p)))),
+      f);
+}
