@@ -482,7 +482,11 @@ int Main(int argc, char** argv) {
   }
   CpuBackend& backend = **created;
   const std::string amx =
-      CpuHasIsa(Isa::kAmx) ? "usable" : "unusable: " + std::string(AmxUnavailableReason());
+      CpuHasIsa(Isa::kAmx)
+          ? AmxInt8UnavailableReason().empty()
+                ? "usable (int8 tiles too)"
+                : "usable (int8 tiles not: " + std::string(AmxInt8UnavailableReason()) + ")"
+          : "unusable: " + std::string(AmxUnavailableReason());
   std::printf("cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s, amx %s\n",
               bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(),
               backend.num_threads(), CpuHasAvx512Bf16() ? "present (unused)" : "absent",

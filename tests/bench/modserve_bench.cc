@@ -1154,9 +1154,12 @@ absl::Status Main() {
   double bw = 0;
   if (backend_name == "cpu") {
     const backend::cpu::Isa isa = backend::cpu::BestIsa();
-    const std::string amx = isa == backend::cpu::Isa::kAmx
-                                ? ""
-                                : " (AMX: " + std::string(backend::cpu::AmxUnavailableReason()) + ")";
+    const std::string amx =
+        isa != backend::cpu::Isa::kAmx
+            ? " (AMX: " + std::string(backend::cpu::AmxUnavailableReason()) + ")"
+        : backend::cpu::AmxInt8UnavailableReason().empty()
+            ? " (int8 tiles too)"
+            : " (int8 tiles not: " + std::string(backend::cpu::AmxInt8UnavailableReason()) + ")";
     std::printf("modserve-bench: %s, kernels %s%s, %d threads, KV %s, %d timed decode steps\n",
                 CpuModel("unknown").c_str(), std::string(backend::cpu::IsaName(isa)).c_str(),
                 amx.c_str(), threads, kv.c_str(), steps);

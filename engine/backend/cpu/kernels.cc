@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 #endif
@@ -158,11 +159,58 @@ const KernelTable& Avx512VnniKernelTable() {
   return table;
 }
 
+// The AMX-INT8 Q4_0 Gemm on the unit against the VNNI table's, which it must match bit for bit:
+// 48 x rows (a whole step and a half step) by 32 weight rows over k = 288 (a 256-element chunk and
+// a block past it), random levels and activations. Returns "" or what went wrong; a SIGILL is
+// caught as in SelfTest.
+std::string Int8SelfTest() {
+  constexpr int64_t n = 48, k = 288, m = 32, nb = k / 32;
+  uint32_t state = 54321;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  std::vector<quant::BlockQ4_0> w(m * nb);
+  for (quant::BlockQ4_0& blk : w) {
+    blk.d = F32ToF16(static_cast<float>(next() % 1000 + 1) / 65536.0f);
+    for (uint8_t& q : blk.qs) q = static_cast<uint8_t>(next());
+  }
+  std::vector<float> x(n * k), got(n * m, 0.0f), want(n * m, 0.0f);
+  for (float& v : x) v = static_cast<float>(static_cast<int32_t>(next() % 20001) - 10000) / 1000;
+  const size_t bytes = (QuantizedActs::Bytes(n, k) + 63) / 64 * 64;
+  std::unique_ptr<void, decltype(&std::free)> scratch(std::aligned_alloc(64, bytes), &std::free);
+  if (scratch == nullptr) return "no memory for the self-test";
+  const KernelTable& vnni = Avx512VnniKernelTable();
+  const QuantizedActs acts = QuantizedActs::In(scratch.get(), n, k, ActLayoutFor(DType::kQ4_0, n));
+  vnni.quantize_acts(x.data(), 0, n, acts);
+  vnni.gemm_q4_0(acts, 0, n, w.data(), nullptr, want.data(), m, 0, m);
+
+  struct sigaction action = {}, previous = {};
+  action.sa_handler = OnProbeSigill;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGILL, &action, &previous);
+  const bool faulted = sigsetjmp(probe_jump, 1) != 0;
+  if (!faulted) {
+    internal::kAmxInt8QuantGemms.gemm_q4_0(acts, 0, n, w.data(), nullptr, got.data(), m, 0, m);
+  }
+  sigaction(SIGILL, &previous, nullptr);
+  if (faulted) return "an AMX-INT8 instruction raised SIGILL";
+  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+    return "the AMX-INT8 self-test Gemm differs from the VNNI kernels' bits";
+  }
+  return "";
+}
+
 // AMX-INT8 beside the AMX-BF16 that CpuHasIsa(Isa::kAmx) asks for (the same tile state and
-// permission).
-bool HasAmxInt8() {
+// permission), with AVX512_VNNI (its kernels' file) and a self-test that passes. Run only after
+// the AMX probe succeeded.
+std::string Int8Probe() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & kCpuidAmxInt8) != 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (edx & kCpuidAmxInt8) == 0) {
+    return "the CPU has no AMX-INT8";
+  }
+  if (!CpuHasIsa(Isa::kAvx512Vnni)) return "the CPU has no AVX512_VNNI";
+  return Int8SelfTest();
 }
 
 // The AMX table: the VNNI table (AVX-512's where the CPU has no VNNI) plus the tile Gemm, with
@@ -183,7 +231,7 @@ const KernelTable& AmxKernelTable() {
       const KernelTable& q = internal::kAmxHostQuantGemms;
       t.gemm_q6_k_x16 = q.gemm_q6_k_x16;
       t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
-      if (HasAmxInt8()) {
+      if (AmxInt8UnavailableReason().empty()) {
         const KernelTable& i8 = internal::kAmxInt8QuantGemms;
         t.gemm_q4_0 = i8.gemm_q4_0;
         t.gemm_q4_1 = i8.gemm_q4_1;
@@ -237,6 +285,16 @@ bool CpuHasIsa(Isa isa) {
 std::string_view AmxUnavailableReason() {
 #if defined(__x86_64__)
   static const std::string reason = Probe();
+  return reason;
+#else
+  return "AMX exists only on x86-64";
+#endif
+}
+
+std::string_view AmxInt8UnavailableReason() {
+#if defined(__x86_64__)
+  if (!CpuHasIsa(Isa::kAmx)) return "AMX is not usable";
+  static const std::string reason = Int8Probe();
   return reason;
 #else
   return "AMX exists only on x86-64";

@@ -34,6 +34,9 @@ std::optional<Isa> IsaFromName(std::string_view name);
 bool CpuHasIsa(Isa isa);
 // Why CpuHasIsa(Isa::kAmx) is false ("" when it is true), e.g. "the CPU has no AMX-BF16".
 std::string_view AmxUnavailableReason();
+// Why the kAmx table's quantized Gemms do not run on the AMX-INT8 tiles ("" when they do): AMX
+// unusable, no AMX-INT8 (CPUID), or a failed self-test against the VNNI kernels' bits.
+std::string_view AmxInt8UnavailableReason();
 // The widest ISA that CpuHasIsa() accepts.
 Isa BestIsa();
 // Whether the CPU reports AVX512_BF16 (informational: see kernels_avx512.cc for why the GEMM

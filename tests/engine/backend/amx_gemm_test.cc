@@ -388,5 +388,29 @@ TEST(AmxAvailabilityTest, TheIsaIsUsableExactlyWhenNoReasonIsGiven) {
   }
 }
 
+// The AMX table takes its quantized Gemms from the AMX-INT8 file exactly when no reason is given
+// against it (CPUID, AVX512_VNNI and the self-test on the unit): otherwise they are the VNNI
+// table's (or AVX-512's) own.
+TEST(AmxAvailabilityTest, TheInt8TilesAreUsedExactlyWhenNoReasonIsGiven) {
+  const std::string_view reason = AmxInt8UnavailableReason();
+  if (!CpuHasIsa(Isa::kAmx)) {
+    EXPECT_FALSE(reason.empty());
+    GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
+  }
+  const KernelTable& amx = KernelsFor(Isa::kAmx);
+  const KernelTable& base =
+      KernelsFor(CpuHasIsa(Isa::kAvx512Vnni) ? Isa::kAvx512Vnni : Isa::kAvx512);
+  if (reason.empty()) {
+    EXPECT_NE(amx.gemm_q4_0, base.gemm_q4_0);
+    EXPECT_NE(amx.gemm_q4_1, base.gemm_q4_1);
+    EXPECT_NE(amx.gemm_q4_k_x16, base.gemm_q4_k_x16);
+  } else {
+    GTEST_LOG_(INFO) << "AMX-INT8 tiles unused here: " << reason;
+    EXPECT_EQ(amx.gemm_q4_0, base.gemm_q4_0);
+    EXPECT_EQ(amx.gemm_q4_1, base.gemm_q4_1);
+    EXPECT_EQ(amx.gemm_q4_k_x16, base.gemm_q4_k_x16);
+  }
+}
+
 }  // namespace
 }  // namespace modserve::backend::cpu
