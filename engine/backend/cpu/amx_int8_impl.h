@@ -186,11 +186,14 @@ void AmxInt8StepQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
   AmxInt8WriteOut<NA>(acc, nullptr, bias, out, ldo, x0, r0);
 }
 
-// One step of the Q4_K copy, as AmxInt8StepQ8_0's, over 32-element sub-blocks b = 8 u + s in
-// pairs (2 p, 2 p + 1): the low and high nibbles of the same level vectors.
-template <class T, int NA>
+// One step of the Q4_K copy (Q5_K's with kQ5), as AmxInt8StepQ8_0's, over 32-element sub-blocks
+// b = 8 u + s in pairs (2 p, 2 p + 1): the low and high nibbles of the same level vectors (Q5_K:
+// with their fifth bits merged in by Q5Levels, the high sub-block's levels 8 times their value
+// against d / 8, as the VNNI kernel takes them).
+template <class T, int NA, bool kQ5 = false>
 void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, const uint8_t* wg1,
                      const float* bias, float* out, int64_t ldo, int64_t r0) {
+  constexpr int64_t kUnitBytes = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
   constexpr int kC = 2 * NA;  // C tiles
   const int64_t k = a.k, nb = k / 32, npairs = nb / 2;
   alignas(64) int32_t c[2][2][kC][256];  // [pair parity][sub-block of the pair][tile][16 x 16]
@@ -207,15 +210,39 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
   const uint8_t* wg[2] = {wg0, wg1};
   const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
   const int8_t* xa = a.q + x0 * k;
-  // Unpacks pair q's nibbles (vectors p = q % 4 of unit q / 4) and issues its low sub-block.
+  // Pair p's levels of unit `unit` for one group into lv[0] (low) and lv[1] (high sub-block).
+  auto unpack = [&]<int p>(const uint8_t* unit, uint8_t(*lv)[512]) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i v = Load512(unit + (kQ5 ? 768 : 256) + p * 512 + 64 * j);
+      __m512i lo, hi;
+      if constexpr (kQ5) {
+        Q5Levels<p>(v, Load512(unit + 256 + 64 * j), &lo, &hi);
+      } else {
+        lo = _mm512_and_si512(v, m0f);
+        hi = _mm512_and_si512(v, mf0);
+      }
+      _mm512_store_si512(lv[0] + 64 * j, lo);
+      _mm512_store_si512(lv[1] + 64 * j, hi);
+    }
+  };
+  // Unpacks pair q's levels (vectors p = q % 4 of unit q / 4) and issues its low sub-block.
   auto issue_low = [&](int64_t q) {
     for (int g = 0; g < 2; ++g) {
-      const uint8_t* vec = wg[g] + q / 4 * kQ4KX16UnitBytes + 256 + q % 4 * 512;
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        const __m512i v = Load512(vec + 64 * j);
-        _mm512_store_si512(levels[g][0] + 64 * j, _mm512_and_si512(v, m0f));
-        _mm512_store_si512(levels[g][1] + 64 * j, _mm512_and_si512(v, mf0));
+      const uint8_t* unit = wg[g] + q / 4 * kUnitBytes;
+      switch (q % 4) {
+        case 0:
+          unpack.template operator()<0>(unit, levels[g]);
+          break;
+        case 1:
+          unpack.template operator()<1>(unit, levels[g]);
+          break;
+        case 2:
+          unpack.template operator()<2>(unit, levels[g]);
+          break;
+        default:
+          unpack.template operator()<3>(unit, levels[g]);
+          break;
       }
     }
     AmxInt8Issue<T, NA>(xa + 64 * q, k, levels[0][0], levels[1][0]);
@@ -226,10 +253,10 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
     const int p = static_cast<int>(q % 4);
     if (p == 0) {
       for (int g = 0; g < 2; ++g) {
-        const uint8_t* unit = wg[g] + q / 4 * kQ4KX16UnitBytes;
+        const uint8_t* unit = wg[g] + q / 4 * kUnitBytes;
         UnpackScales(unit, scales[g]);
         d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
-        d_hi[g] = _mm512_mul_ps(d[g], _mm512_set1_ps(0.0625f));
+        d_hi[g] = _mm512_mul_ps(d[g], _mm512_set1_ps(kQ5 ? 0.125f : 0.0625f));
         dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32)));
       }
     }

@@ -236,6 +236,7 @@ const KernelTable& AmxKernelTable() {
         t.gemm_q4_0 = i8.gemm_q4_0;
         t.gemm_q4_1 = i8.gemm_q4_1;
         t.gemm_q4_k_x16 = i8.gemm_q4_k_x16;
+        t.gemm_q5_k_x16 = i8.gemm_q5_k_x16;
         t.gemm_q8_0_x16 = i8.gemm_q8_0_x16;
       }
     }

@@ -279,35 +279,6 @@ inline __m512i Broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Bit s (< 8) of every byte of v moved to bit t (4 or 7) by a 16-bit shift: bit t of each byte
-// then comes from the same byte for every s (the shift is at most 7 places, toward t).
-template <int kS, int kT>
-inline __m512i BitTo(__m512i v) {
-  if constexpr (kS < kT) {
-    return _mm512_slli_epi16(v, kT - kS);
-  } else if constexpr (kS > kT) {
-    return _mm512_srli_epi16(v, kS - kT);
-  } else {
-    return v;
-  }
-}
-
-// Q5_K's levels of vector (p, j): for sub-block 2p, (v & 15) + 16 * bit 2p of h, as bytes; for
-// 2p + 1, eight times (v >> 4) + 16 * bit 2p + 1 of h (bytes up to 248; the sub-block's scale
-// carries the 1/8). vpternlogd 0xf8 is a | (b & c).
-template <int P>
-inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
-  const __m512i m0f = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
-  const __m512i m78 = _mm512_set1_epi8(0x78), m80 = _mm512_set1_epi8(static_cast<char>(0x80));
-  // (Operands named first: some compilers define the intrinsic as a macro, and a template
-  // argument list's comma would split its arguments.)
-  const __m512i lo_bits = BitTo<2 * P, 4>(h), hi_bits = BitTo<2 * P + 1, 7>(h);
-  const __m512i lo4 = _mm512_and_si512(v, m0f);
-  const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 1), m78);
-  *lo = _mm512_ternarylogic_epi32(lo4, lo_bits, m10, 0xf8);
-  *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m80, 0xf8);
-}
-
 // The quantized activations of x rows x0 .. x0 + NX - 1 of a tile, row by row.
 template <int NX>
 struct TileRows {
@@ -621,6 +592,14 @@ void AmxGemmQ4_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const v
                                                 row_end, &Gemm<kTiles, 256, kQ4KX16UnitBytes>);
 }
 
+void AmxGemmQ5_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  AmxInt8Gemm<HwInt8Tiles, kQ5KX16UnitBytes, 256, &AmxInt8StepQ4_K<HwInt8Tiles, 2, true>,
+              &AmxInt8StepQ4_K<HwInt8Tiles, 1, true>>(a, x_begin, x_end, w, bias, out, ldo,
+                                                      row_begin, row_end,
+                                                      &Gemm<kTilesQ5_K, 256, kQ5KX16UnitBytes>);
+}
+
 template <bool kHasMin>
 void AmxGemmQ4(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
@@ -653,6 +632,7 @@ constinit const KernelTable kAmxInt8QuantGemms = {
     .gemm_q4_0 = &qvnni::x16::AmxGemmQ4<false>,
     .gemm_q4_1 = &qvnni::x16::AmxGemmQ4<true>,
     .gemm_q4_k_x16 = &qvnni::x16::AmxGemmQ4_K,
+    .gemm_q5_k_x16 = &qvnni::x16::AmxGemmQ5_K,
     .gemm_q8_0_x16 = &qvnni::x16::AmxGemmQ8_0,
 };
 constinit const KernelTable kAmxHostQuantGemms = {

@@ -26,3 +26,32 @@ inline __m512 BytesTimes(const uint8_t* p, __m512 f) {
       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p)))),
       f);
 }
+
+// Bit s (< 8) of every byte of v moved to bit t (4 or 7) by a 16-bit shift: bit t of each byte
+// then comes from the same byte for every s (the shift is at most 7 places, toward t).
+template <int kS, int kT>
+inline __m512i BitTo(__m512i v) {
+  if constexpr (kS < kT) {
+    return _mm512_slli_epi16(v, kT - kS);
+  } else if constexpr (kS > kT) {
+    return _mm512_srli_epi16(v, kS - kT);
+  } else {
+    return v;
+  }
+}
+
+// Q5_K's levels of vector (p, j): for sub-block 2p, (v & 15) + 16 * bit 2p of h, as bytes; for
+// 2p + 1, eight times (v >> 4) + 16 * bit 2p + 1 of h (bytes up to 248; the sub-block's scale
+// carries the 1/8). vpternlogd 0xf8 is a | (b & c).
+template <int P>
+inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
+  const __m512i m0f = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+  const __m512i m78 = _mm512_set1_epi8(0x78), m80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  // (Operands named first: some compilers define the intrinsic as a macro, and a template
+  // argument list's comma would split its arguments.)
+  const __m512i lo_bits = BitTo<2 * P, 4>(h), hi_bits = BitTo<2 * P + 1, 7>(h);
+  const __m512i lo4 = _mm512_and_si512(v, m0f);
+  const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 1), m78);
+  *lo = _mm512_ternarylogic_epi32(lo4, lo_bits, m10, 0xf8);
+  *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m80, 0xf8);
+}

@@ -102,6 +102,12 @@ void GemmQ4_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void
   AmxInt8Gemm<T, kQ4KX16UnitBytes, 256, &AmxInt8StepQ4_K<T, 2>, &AmxInt8StepQ4_K<T, 1>>(
       a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end, rest.q4_k_x16);
 }
+void GemmQ5_K(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+              const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  calls.fetch_add(1);
+  AmxInt8Gemm<T, kQ5KX16UnitBytes, 256, &AmxInt8StepQ4_K<T, 2, true>, &AmxInt8StepQ4_K<T, 1, true>>(
+      a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end, rest.q5_k_x16);
+}
 template <bool kHasMin>
 void GemmQ4(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
             const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
@@ -118,6 +124,7 @@ EmulatedInt8Gemms EmulatedAmxInt8Gemms(const EmulatedInt8Gemms& vnni) {
   return {.q4_0 = &x16::GemmQ4<false>,
           .q4_1 = &x16::GemmQ4<true>,
           .q4_k_x16 = &x16::GemmQ4_K,
+          .q5_k_x16 = &x16::GemmQ5_K,
           .q8_0_x16 = &x16::GemmQ8_0};
 }
 

@@ -8,9 +8,9 @@
 
 namespace modserve::backend::cpu {
 
-// The four quantized Gemms the kAmx table takes from the AMX-INT8 file.
+// The quantized Gemms the kAmx table takes from the AMX-INT8 file.
 struct EmulatedInt8Gemms {
-  QuantGemmFn q4_0, q4_1, q4_k_x16, q8_0_x16;
+  QuantGemmFn q4_0, q4_1, q4_k_x16, q5_k_x16, q8_0_x16;
 };
 
 // The emulated Gemms; each hands the rows its tiles leave to `vnni`'s kernel of its dtype.

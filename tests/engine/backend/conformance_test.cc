@@ -1346,8 +1346,8 @@ void ExpectSameQuantGemmBits(cpu::CpuBackend& got_backend, cpu::CpuBackend& want
 }
 
 // The kAmx table's interleaved-copy Q6_K and Q8_0 Gemms (one-row tiles that prefetch) and, where
-// the CPU has AMX-INT8, its Q4_K and Q8_0 copies' Gemms and its Q4_0 and Q4_1 Gemms (weights in
-// the file's layout, packed per call) on the tiles (32 x rows by 32 weight rows a step, then a
+// the CPU has AMX-INT8, its Q4_K, Q5_K and Q8_0 copies' Gemms and its Q4_0 and Q4_1 Gemms (weights
+// in the file's layout, packed per call) on the tiles (32 x rows by 32 weight rows a step, then a
 // half step of 16 x rows where 16 to 31 are left, the rest on the VNNI kernels) are the VNNI
 // table's arithmetic: the same bits from the same weights.
 TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
@@ -1357,8 +1357,9 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
   auto amx = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAmx});
   auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
   ASSERT_TRUE(amx.ok() && vnni.ok());
-  ExpectSameQuantGemmBits(**amx, **vnni,
-                          {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1});
+  ExpectSameQuantGemmBits(
+      **amx, **vnni,
+      {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ4_0, DType::kQ4_1});
 }
 
 // The same AMX-INT8 Gemms on a software model of the tiles (amx_int8_emulated.cc), so that their
@@ -1371,17 +1372,19 @@ TEST(QuantizedGemmIsaTest, EmulatedAmxInt8GemmsGiveTheVnniTablesBits) {
       cpu::EmulatedAmxInt8Gemms({.q4_0 = table.gemm_q4_0,
                                  .q4_1 = table.gemm_q4_1,
                                  .q4_k_x16 = table.gemm_q4_k_x16,
+                                 .q5_k_x16 = table.gemm_q5_k_x16,
                                  .q8_0_x16 = table.gemm_q8_0_x16});
   table.gemm_q4_0 = emulated.q4_0;
   table.gemm_q4_1 = emulated.q4_1;
   table.gemm_q4_k_x16 = emulated.q4_k_x16;
+  table.gemm_q5_k_x16 = emulated.q5_k_x16;
   table.gemm_q8_0_x16 = emulated.q8_0_x16;
   auto tiles = cpu::CpuBackend::Create({.num_threads = 2, .kernels = &table});
   auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
   ASSERT_TRUE(tiles.ok() && vnni.ok());
   const int64_t calls_before = cpu::EmulatedAmxInt8Calls();
   ExpectSameQuantGemmBits(**tiles, **vnni,
-                          {DType::kQ8_0, DType::kQ4_K, DType::kQ4_0, DType::kQ4_1});
+                          {DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ4_0, DType::kQ4_1});
   EXPECT_GT(cpu::EmulatedAmxInt8Calls(), calls_before) << "the emulated Gemms were not called";
 }
 
