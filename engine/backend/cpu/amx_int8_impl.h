@@ -208,20 +208,13 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
   alignas(64) uint8_t levels[2][2][512];
   alignas(64) uint8_t scales[2][256];
   const uint8_t* wg[2] = {wg0, wg1};
-  const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
   const int8_t* xa = a.q + x0 * k;
   // Pair p's levels of unit `unit` for one group into lv[0] (low) and lv[1] (high sub-block).
   auto unpack = [&]<int p>(const uint8_t* unit, uint8_t(*lv)[512]) {
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m512i v = Load512(unit + (kQ5 ? 768 : 256) + p * 512 + 64 * j);
       __m512i lo, hi;
-      if constexpr (kQ5) {
-        Q5Levels<p>(v, Load512(unit + 256 + 64 * j), &lo, &hi);
-      } else {
-        lo = _mm512_and_si512(v, m0f);
-        hi = _mm512_and_si512(v, mf0);
-      }
+      X16KLevels<kQ5, p>(unit, j, &lo, &hi);
       _mm512_store_si512(lv[0] + 64 * j, lo);
       _mm512_store_si512(lv[1] + 64 * j, hi);
     }

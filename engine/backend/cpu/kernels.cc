@@ -63,6 +63,20 @@ uint64_t Xcr0() {
 sigjmp_buf probe_jump;
 void OnProbeSigill(int) { siglongjmp(probe_jump, 1); }
 
+// Runs f() with SIGILL caught (a hypervisor that advertises AMX but does not run it); true when
+// it was raised. The handler is the previous one again afterwards.
+template <class F>
+bool RaisesSigill(F f) {
+  struct sigaction action = {}, previous = {};
+  action.sa_handler = OnProbeSigill;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGILL, &action, &previous);
+  const bool faulted = sigsetjmp(probe_jump, 1) != 0;
+  if (!faulted) f();
+  sigaction(SIGILL, &previous, nullptr);
+  return faulted;
+}
+
 // A 40 x 70 x 50 Gemm (every padding path: rows, columns and k past a tile) on the unit against
 // a double-precision sum. Returns "" or what went wrong. An illegal instruction (a hypervisor
 // that advertises AMX but does not run it) is caught and reported instead of killing the process.
@@ -81,18 +95,13 @@ std::string SelfTest() {
   std::vector<uint16_t> packed(AmxPackedXBytes(n, k) / 2);
   std::vector<float> scratch(kAmxScratchFloats);
 
-  struct sigaction action = {}, previous = {};
-  action.sa_handler = OnProbeSigill;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGILL, &action, &previous);
-  const bool faulted = sigsetjmp(probe_jump, 1) != 0;
-  if (!faulted) {
-    internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data());
-    internal::AmxGemmBf16(packed.data(), k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
-                          scratch.data());
+  if (RaisesSigill([&] {
+        internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data());
+        internal::AmxGemmBf16(packed.data(), k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
+                              scratch.data());
+      })) {
+    return "a tile instruction raised SIGILL (AMX advertised but not usable here)";
   }
-  sigaction(SIGILL, &previous, nullptr);
-  if (faulted) return "a tile instruction raised SIGILL (AMX advertised but not usable here)";
 
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) {
@@ -185,16 +194,11 @@ std::string Int8SelfTest() {
   vnni.quantize_acts(x.data(), 0, n, acts);
   vnni.gemm_q4_0(acts, 0, n, w.data(), nullptr, want.data(), m, 0, m);
 
-  struct sigaction action = {}, previous = {};
-  action.sa_handler = OnProbeSigill;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGILL, &action, &previous);
-  const bool faulted = sigsetjmp(probe_jump, 1) != 0;
-  if (!faulted) {
-    internal::kAmxInt8QuantGemms.gemm_q4_0(acts, 0, n, w.data(), nullptr, got.data(), m, 0, m);
+  if (RaisesSigill([&] {
+        internal::kAmxInt8QuantGemms.gemm_q4_0(acts, 0, n, w.data(), nullptr, got.data(), m, 0, m);
+      })) {
+    return "an AMX-INT8 instruction raised SIGILL";
   }
-  sigaction(SIGILL, &previous, nullptr);
-  if (faulted) return "an AMX-INT8 instruction raised SIGILL";
   if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
     return "the AMX-INT8 self-test Gemm differs from the VNNI kernels' bits";
   }

@@ -304,7 +304,6 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
   const TileRows<NX> rows(a, x0);
   __m512 acc[NX], acc_min[NX];
   for (int x = 0; x < NX; ++x) acc[x] = acc_min[x] = _mm512_setzero_ps();
-  const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8(static_cast<char>(0xf0));
   alignas(64) uint8_t scales[256];
   for (int64_t c = 0; c < nsb; ++c) {
     const uint8_t* unit = wg + c * kUnit<kQ5>;
@@ -321,14 +320,8 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
       for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const __m512i v = Load512(unit + (kQ5 ? 768 : 256) + (8 * p + j) * 64);
         __m512i wl, wh;
-        if constexpr (kQ5) {
-          Q5Levels<p>(v, Load512(unit + 256 + 64 * j), &wl, &wh);
-        } else {
-          wl = _mm512_and_si512(v, m0f);
-          wh = _mm512_and_si512(v, mf0);
-        }
+        X16KLevels<kQ5, p>(unit, j, &wl, &wh);
 #pragma GCC unroll 8
         for (int x = 0; x < NX; ++x) {
           const int8_t* qa = rows.q[x] + 256 * c + 64 * p + 4 * j;

@@ -55,3 +55,17 @@ inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
   *lo = _mm512_ternarylogic_epi32(lo4, lo_bits, m10, 0xf8);
   *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m80, 0xf8);
 }
+
+// Level vector j (< 8) of sub-block pair P of a Q4_K (Q5_K with kQ5) unit of the interleaved
+// copies: *lo the low sub-block's levels (0..15, Q5_K 0..31), *hi the high one's, 16 (Q5_K 8)
+// times their value, as the kernels take them (their scale carries the 1/16 or 1/8).
+template <bool kQ5, int P>
+inline void X16KLevels(const uint8_t* unit, int j, __m512i* lo, __m512i* hi) {
+  const __m512i v = Load512(unit + (kQ5 ? 768 : 256) + (8 * P + j) * 64);
+  if constexpr (kQ5) {
+    Q5Levels<P>(v, Load512(unit + 256 + 64 * j), lo, hi);
+  } else {
+    *lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    *hi = _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
+  }
+}
