@@ -35,10 +35,17 @@ inline constexpr int64_t kAmxInt8XRows = 32;  // x rows per step: two A tiles
 inline constexpr int64_t kAmxInt8WRows = 32;  // weight rows per step: two row groups
 inline constexpr int64_t kAmxInt8HalfXRows = 16;  // x rows of a half step: one A tile
 
-// Row i of the int32 C tile `c` plus `corr`, as f32 (exact: |sum| < 2^24).
+// Row i of the int32 C tile `c` plus `corr` (Q8_0's correction; 0 for the other types, where
+// the add folds away), as f32 (exact: |sum| < 2^24).
 inline __m512 AmxInt8RowF32(const int32_t* c, int i, int32_t corr) {
   return _mm512_cvtepi32_ps(
       _mm512_add_epi32(_mm512_load_si512(c + 16 * i), _mm512_set1_epi32(corr)));
+}
+
+// The VNNI kernels' f32 update of one block: acc + (scale * da) * sum (scale: the weight rows'
+// block scale, da: the x row's; sum: the block's exact integer sums as f32).
+inline __m512 AmxInt8BlockUpdate(__m512 acc, __m512 scale, float da, __m512 sum) {
+  return _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(da)), sum, acc);
 }
 
 // The products of one block into C 0 .. 2 NA - 1 (C tile t: A tile t / 2, B tile t % 2): NA A
@@ -166,10 +173,8 @@ void AmxInt8StepQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
         __m512 v = _mm512_load_ps(acc[t] + 16 * i);
-        v = _mm512_fmadd_ps(_mm512_mul_ps(d0, _mm512_set1_ps(da[0][xt + i])),
-                            AmxInt8RowF32(c0, i, corr[0][xt + i]), v);
-        v = _mm512_fmadd_ps(_mm512_mul_ps(d1, _mm512_set1_ps(da[1][xt + i])),
-                            AmxInt8RowF32(c1, i, corr[1][xt + i]), v);
+        v = AmxInt8BlockUpdate(v, d0, da[0][xt + i], AmxInt8RowF32(c0, i, corr[0][xt + i]));
+        v = AmxInt8BlockUpdate(v, d1, da[1][xt + i], AmxInt8RowF32(c1, i, corr[1][xt + i]));
         _mm512_store_ps(acc[t] + 16 * i, v);
       }
     }
@@ -269,10 +274,8 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
         __m512 v = _mm512_load_ps(acc[t] + 16 * i);
-        v = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(da[0][xt + i])),
-                            _mm512_cvtepi32_ps(_mm512_load_si512(c0 + 16 * i)), v);
-        v = _mm512_fmadd_ps(_mm512_mul_ps(s1, _mm512_set1_ps(da[1][xt + i])),
-                            _mm512_cvtepi32_ps(_mm512_load_si512(c1 + 16 * i)), v);
+        v = AmxInt8BlockUpdate(v, s0, da[0][xt + i], AmxInt8RowF32(c0, i, 0));
+        v = AmxInt8BlockUpdate(v, s1, da[1][xt + i], AmxInt8RowF32(c1, i, 0));
         _mm512_store_ps(acc[t] + 16 * i, v);
         __m512 vm = _mm512_load_ps(acc_min[t] + 16 * i);
         vm = _mm512_fnmadd_ps(m0, _mm512_set1_ps(ds[0][xt + i]), vm);
@@ -297,38 +300,52 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
 using AmxInt8StepFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, const uint8_t*,
                                const float*, float*, int64_t, int64_t);
 
-// A QuantGemmFn over the interleaved copy with unit bytes kUnitBytes and kUnitElems elements per
-// unit: whole steps (kStep, 32 x rows) on the tiles, then one half step (kHalfStep, 16 x rows)
-// where 16 or more x rows are left, so that a decode batch of 16 to 31 rows runs on the tiles
-// too; the x rows and weight rows left over go to `rest` (the VNNI kernel of the same layout).
-// Which rows go where does not change any output: every path gives the VNNI kernels' bits.
-template <class T, int64_t kUnitBytes, int64_t kUnitElems, AmxInt8StepFn kStep,
-          AmxInt8StepFn kHalfStep>
-void AmxInt8Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
-                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
-                 QuantGemmFn rest) {
+// The part of a QuantGemmFn call that the tiles take, and the rest: x rows in whole steps of 32,
+// then one half step of 16 where 16 or more are left (so that a decode batch of 16 to 31 rows
+// runs on the tiles too), by weight rows in steps of 32. run(r0, x_full, half) runs weight step
+// r0 (whole x steps up to x_full, then the half step if `half`) with the tiles configured; the
+// x rows and weight rows left over go to `rest` (the VNNI kernel of the same layout). Which rows
+// go where does not change any output: every path gives the VNNI kernels' bits.
+template <class T, class Run>
+void AmxInt8Split(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                  const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                  QuantGemmFn rest, Run run) {
   const int64_t x_full = x_begin + (x_end - x_begin) / kAmxInt8XRows * kAmxInt8XRows;
   const bool half = x_end - x_full >= kAmxInt8HalfXRows;
   const int64_t x_mid = half ? x_full + kAmxInt8HalfXRows : x_full;
   const int64_t w_steps = (row_end - row_begin) / kAmxInt8WRows;
   const int64_t row_mid = row_begin + w_steps * kAmxInt8WRows;
-  if (x_mid > x_begin && w_steps > 0) {
-    const int64_t group_bytes = a.k / kUnitElems * kUnitBytes;
-    const uint8_t* wp = static_cast<const uint8_t*>(w);
-    T::Configure();
-    for (int64_t r0 = row_begin; r0 < row_mid; r0 += kAmxInt8WRows) {
-      const uint8_t* wg0 = wp + r0 / kQ4KX16Rows * group_bytes;
-      for (int64_t x0 = x_begin; x0 < x_full; x0 += kAmxInt8XRows) {
-        kStep(a, x0, wg0, wg0 + group_bytes, bias, out, ldo, r0);
-      }
-      if (half) kHalfStep(a, x_full, wg0, wg0 + group_bytes, bias, out, ldo, r0);
-    }
-    T::Release();
-  } else {
+  if (x_mid == x_begin || w_steps == 0) {
     return rest(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
   }
+  T::Configure();
+  for (int64_t r0 = row_begin; r0 < row_mid; r0 += kAmxInt8WRows) run(r0, x_full, half);
+  T::Release();
   if (row_mid < row_end) rest(a, x_begin, x_mid, w, bias, out, ldo, row_mid, row_end);
   if (x_mid < x_end) rest(a, x_mid, x_end, w, bias, out, ldo, row_begin, row_end);
+}
+
+// A step function: x rows from x0 by the row groups at wg0 and wg1 into out's columns from r0.
+using AmxInt8StepFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, const uint8_t*,
+                               const float*, float*, int64_t, int64_t);
+
+// A QuantGemmFn over the interleaved copy with unit bytes kUnitBytes and kUnitElems elements per
+// unit: whole steps by kStep (32 x rows), the half step by kHalfStep (16), as AmxInt8Split splits.
+template <class T, int64_t kUnitBytes, int64_t kUnitElems, AmxInt8StepFn kStep,
+          AmxInt8StepFn kHalfStep>
+void AmxInt8Gemm(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
+                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                 QuantGemmFn rest) {
+  const int64_t group_bytes = a.k / kUnitElems * kUnitBytes;
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  AmxInt8Split<T>(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end, rest,
+                  [&](int64_t r0, int64_t x_full, bool half) {
+                    const uint8_t* wg0 = wp + r0 / kQ4KX16Rows * group_bytes;
+                    for (int64_t x0 = x_begin; x0 < x_full; x0 += kAmxInt8XRows) {
+                      kStep(a, x0, wg0, wg0 + group_bytes, bias, out, ldo, r0);
+                    }
+                    if (half) kHalfStep(a, x_full, wg0, wg0 + group_bytes, bias, out, ldo, r0);
+                  });
 }
 
 // ---- Q4_0 / Q4_1 in their own row layout ----------------------------------------------------
@@ -447,9 +464,9 @@ void AmxInt8StepQ4(const QuantizedActs& a, int64_t x0, const AmxInt8Q4Pack& pack
     auto update = [&](int h, int t, int i, __m512 v) {
       const int g = t % 2, xt = 16 * (t / 2);
       const __m512 sc = _mm512_load_ps(pack.scale + (2 * blk[h] + g) * 16);
-      const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(c[u % 2][h][t] + 16 * i));
+      const __m512 s = AmxInt8RowF32(c[u % 2][h][t], i, 0);
       if constexpr (kHasMin) {
-        v = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(da[h][xt + i])), s, v);
+        v = AmxInt8BlockUpdate(v, sc, da[h][xt + i], s);
         return _mm512_fmadd_ps(_mm512_load_ps(pack.offset + (2 * blk[h] + g) * 16),
                                _mm512_set1_ps(ds[h][xt + i]), v);
       } else {
@@ -510,35 +527,23 @@ void AmxInt8StepQ4(const QuantizedActs& a, int64_t x0, const AmxInt8Q4Pack& pack
   }
 }
 
-// A QuantGemmFn over Q4_0 (kHasMin false) or Q4_1 weights in the file's layout: per step of 32
-// weight rows, the rows packed once, then whole x steps and a half step on the tiles as
-// AmxInt8Gemm; the rest on `rest` (the VNNI kernel).
+// A QuantGemmFn over Q4_0 (kHasMin false) or Q4_1 weights in the file's layout: each weight step's
+// 32 rows packed once, then its x steps on the tiles, as AmxInt8Split splits.
 template <class T, bool kHasMin>
 void AmxInt8GemmQ4(const QuantizedActs& a, int64_t x_begin, int64_t x_end, const void* w,
                    const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                    QuantGemmFn rest) {
   constexpr int64_t kBlockBytes = kHasMin ? sizeof(quant::BlockQ4_1) : sizeof(quant::BlockQ4_0);
   constexpr int64_t kQs = kHasMin ? 4 : 2;
-  const int64_t x_full = x_begin + (x_end - x_begin) / kAmxInt8XRows * kAmxInt8XRows;
-  const bool half = x_end - x_full >= kAmxInt8HalfXRows;
-  const int64_t x_mid = half ? x_full + kAmxInt8HalfXRows : x_full;
-  const int64_t w_steps = (row_end - row_begin) / kAmxInt8WRows;
-  const int64_t row_mid = row_begin + w_steps * kAmxInt8WRows;
-  if (x_mid == x_begin || w_steps == 0) {
-    return rest(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
-  }
   const int64_t nb = a.k / 32, row_bytes = nb * kBlockBytes;
-  const AmxInt8Q4Pack pack = AmxInt8Q4Scratch(nb);
   const uint8_t* wp = static_cast<const uint8_t*>(w);
-  T::Configure();
-  for (int64_t r0 = row_begin; r0 < row_mid; r0 += kAmxInt8WRows) {
-    AmxInt8PackQ4<kBlockBytes, kQs>(wp + r0 * row_bytes, row_bytes, nb, pack);
-    for (int64_t x0 = x_begin; x0 < x_full; x0 += kAmxInt8XRows) {
-      AmxInt8StepQ4<T, 2, kHasMin>(a, x0, pack, bias, out, ldo, r0);
-    }
-    if (half) AmxInt8StepQ4<T, 1, kHasMin>(a, x_full, pack, bias, out, ldo, r0);
-  }
-  T::Release();
-  if (row_mid < row_end) rest(a, x_begin, x_mid, w, bias, out, ldo, row_mid, row_end);
-  if (x_mid < x_end) rest(a, x_mid, x_end, w, bias, out, ldo, row_begin, row_end);
+  AmxInt8Split<T>(a, x_begin, x_end, w, bias, out, ldo, row_begin, row_end, rest,
+                  [&](int64_t r0, int64_t x_full, bool half) {
+                    const AmxInt8Q4Pack pack = AmxInt8Q4Scratch(nb);
+                    AmxInt8PackQ4<kBlockBytes, kQs>(wp + r0 * row_bytes, row_bytes, nb, pack);
+                    for (int64_t x0 = x_begin; x0 < x_full; x0 += kAmxInt8XRows) {
+                      AmxInt8StepQ4<T, 2, kHasMin>(a, x0, pack, bias, out, ldo, r0);
+                    }
+                    if (half) AmxInt8StepQ4<T, 1, kHasMin>(a, x_full, pack, bias, out, ldo, r0);
+                  });
 }
