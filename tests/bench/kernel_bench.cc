@@ -26,14 +26,15 @@
 
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
-#include "tests/bench/cpu_model.h"
-#include "tests/bench/isa_rates.h"
 #include "engine/backend/cpu/thread_pool.h"
 #include "engine/common/dtype.h"
 #include "engine/common/logging.h"
 #include "engine/common/quant.h"
 #include "engine/common/tensor_view.h"
+#include "tests/bench/cpu_model.h"
+#include "tests/bench/isa_rates.h"
 #include "tests/bench/matmul_peak.h"
+#include "tests/bench/overlap_probe.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -347,6 +348,93 @@ void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k,
               peak > 0 ? 100.0 * gflops / peak : 0.0);
 }
 
+// Memory / compute overlap (overlap_probe.h): each thread streams its share of a 1 GiB buffer
+// (DRAM) and, separately, 64 passes over its own 256 KiB (L2), with 0-24 AVX-512 instructions per
+// 64-byte line, as one stream and as two alternating streams; and the buffer again as a decode
+// step meets its weights, in calls of 6.5 MB that the pool splits into chunks. Wall time over all
+// threads, best of three alternating rounds. "serial" is what the DRAM figure would be if the core
+// ran memory and compute one after the other: 1 / (1 / the zero-op DRAM rate + 1 / the L2 rate).
+void BenchOverlap(int num_threads) {
+  if (!CpuHasIsa(Isa::kAvx512Vnni)) {
+    std::printf("overlap: needs AVX512_VNNI, not on this CPU\n");
+    return;
+  }
+  const size_t dram_bytes = size_t{1} << 30, l2_bytes = size_t{256} << 10;
+  const size_t part =
+      dram_bytes / num_threads / (2 * bench::kOverlapChunkBytes) * (2 * bench::kOverlapChunkBytes);
+  HugeBuffer<uint8_t> dram(dram_bytes), l2(l2_bytes * num_threads);
+  ThreadPool pool(num_threads);
+  pool.ParallelFor(0, num_threads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      std::memset(dram.data() + t * part, static_cast<int>(t + 1), part);
+      std::memset(l2.data() + t * l2_bytes, static_cast<int>(t + 1), l2_bytes);
+    }
+  });
+  constexpr int kN = sizeof(bench::kOverlapOps) / sizeof(bench::kOverlapOps[0]);
+  auto run = [&](bench::OverlapPassFn fn, bool in_l2) {
+    std::vector<int64_t> sink(num_threads);
+    const int passes = in_l2 ? 64 : 1;
+    const auto t0 = Clock::now();
+    pool.ParallelFor(0, num_threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        for (int i = 0; i < passes; ++i) {
+          sink[t] +=
+              in_l2 ? fn(l2.data() + t * l2_bytes, l2_bytes) : fn(dram.data() + t * part, part);
+        }
+      }
+    });
+    const double sec = Seconds(t0, Clock::now());
+    int64_t total = 0;
+    for (int64_t v : sink) total += v;
+    if (total == 42) std::printf(" ");  // keeps the sums alive
+    return static_cast<double>(in_l2 ? l2_bytes : part) * passes * num_threads / sec / 1e9;
+  };
+  // As a decode step calls a Gemm: 6.5 MB at a time (a TinyLlama MLP matrix at 4.5 bits), the
+  // pool's ParallelFor splitting it into chunks of 2304-byte units, one stream per chunk.
+  auto run_calls = [&](bench::OverlapPassFn fn) {
+    constexpr int64_t kUnit = 2 * bench::kOverlapChunkBytes;
+    const int64_t units_per_call = (size_t{6488064} / kUnit);
+    const int64_t calls = static_cast<int64_t>(dram_bytes / kUnit) / units_per_call;
+    std::vector<int64_t> sink(64);
+    const auto t0 = Clock::now();
+    for (int64_t c = 0; c < calls; ++c) {
+      const uint8_t* base = dram.data() + c * units_per_call * kUnit;
+      pool.ParallelFor(0, units_per_call, 1, [&](int64_t b, int64_t e) {
+        sink[b % 64] += fn(base + b * kUnit, (e - b) * kUnit);
+      });
+    }
+    const double sec = Seconds(t0, Clock::now());
+    int64_t total = 0;
+    for (int64_t v : sink) total += v;
+    if (total == 42) std::printf(" ");
+    return static_cast<double>(calls * units_per_call * kUnit) / sec / 1e9;
+  };
+  double best_calls[kN] = {};
+  double best[2][kN][2] = {};  // [streams - 1][ops][dram, l2]
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < kN; ++i) {
+      for (int st = 0; st < 2; ++st) {
+        const bench::OverlapPassFn fn =
+            st == 0 ? bench::kOverlapOneStream[i] : bench::kOverlapTwoStreams[i];
+        for (int where = 0; where < 2; ++where) {
+          best[st][i][where] = std::max(best[st][i][where], run(fn, where == 1));
+        }
+      }
+      best_calls[i] = std::max(best_calls[i], run_calls(bench::kOverlapOneStream[i]));
+    }
+  }
+  std::printf("memory / compute overlap, %d threads (GB/s over all threads)\n", num_threads);
+  std::printf(
+      "  | ops per line | L2 rate | DRAM, 1 stream | serial | DRAM, 2 streams | serial | "
+      "DRAM, 6.5 MB calls |\n");
+  std::printf("  |---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int i = 0; i < kN; ++i) {
+    auto serial = [&](int st) { return 1.0 / (1.0 / best[st][0][0] + 1.0 / best[st][i][1]); };
+    std::printf("  | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bench::kOverlapOps[i],
+                best[0][i][1], best[0][i][0], serial(0), best[1][i][0], serial(1), best_calls[i]);
+  }
+}
+
 // The decode/prefill crossover: the table's small-n and large-n BF16 kernels called directly on
 // one thread for the same n x rows, process CPU time, best of 5 runs of >= 0.2 s. Calls alternate
 // between two copies of w (2 x 8 MiB at 2048 x 2048, beyond L2), as a batched decode step reads
@@ -452,6 +540,7 @@ constexpr std::string_view kModes[] = {"",
                                        "prefill",
                                        "prefill-compute",
                                        "prefill-bf16",
+                                       "overlap",
                                        "crossover",
                                        "crossover-shapes",
                                        "quant",
@@ -617,6 +706,10 @@ int Main(int argc, char** argv) {
     std::printf("f32 FMA peak probe, one thread, CPU time: %.1f GFLOP/s per core-second\n",
                 core_peak);
     for (auto [m, k] : shapes) BenchPrefillCompute(backend, DType::kBF16, m, k, 512, core_peak);
+    return 0;
+  }
+  if (only == "overlap") {
+    BenchOverlap(backend.num_threads());
     return 0;
   }
   if (only == "prefill") {
