@@ -196,7 +196,7 @@ TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::st
 // BenchQuantDecode calls them) in 4 KiB pieces over a pool of `threads`, best of 3 runs of 0.3 s.
 double ReadOnlyGbs(const std::vector<TensorView>& views, size_t w_bytes, int copies, int threads) {
   static ThreadPool pool(threads);
-  constexpr int64_t kPiece = 4096;
+  constexpr int64_t kPiece = 2 * bench::kOverlapChunkBytes;  // OverlapPass takes multiples
   const int64_t pieces = static_cast<int64_t>(w_bytes) / kPiece;
   std::atomic<int64_t> sink{0};
   double best = 0;

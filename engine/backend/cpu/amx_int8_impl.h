@@ -1,5 +1,6 @@
-// The AMX-INT8 prefill Gemms of the interleaved Q8_0 and Q4_K copies (kernels.h), written against
-// a tile-operations class T as amx_gemm_impl.h is. No include guard and no includes: its users,
+// The AMX-INT8 prefill Gemms of the interleaved Q8_0, Q4_K and Q5_K copies (kernels.h) and of
+// Q4_0 / Q4_1 weights in the file's layout (below), written against a tile-operations class T as
+// amx_gemm_impl.h is. No include guard and no includes: its users,
 // kernels_avx512vnni.cc (T = HwInt8Tiles) and the conformance suite's software model of the tiles
 // (tests/engine/backend/amx_int8_emulated.cc), include it inside their x16 namespace after
 // defining T and including x16_vector_impl.h (Load512, BytesTimes, UnpackScales). Its bits are
@@ -295,10 +296,6 @@ void AmxInt8StepQ4_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg0, con
   finish(npairs - 1);
   AmxInt8WriteOut<NA>(acc, acc_min, bias, out, ldo, x0, r0);
 }
-
-// A step function: x rows from x0 by the row groups at wg0 and wg1 into out's columns from r0.
-using AmxInt8StepFn = void (*)(const QuantizedActs&, int64_t, const uint8_t*, const uint8_t*,
-                               const float*, float*, int64_t, int64_t);
 
 // The part of a QuantGemmFn call that the tiles take, and the rest: x rows in whole steps of 32,
 // then one half step of 16 where 16 or more are left (so that a decode batch of 16 to 31 rows

@@ -404,11 +404,13 @@ TEST(AmxAvailabilityTest, TheInt8TilesAreUsedExactlyWhenNoReasonIsGiven) {
     EXPECT_NE(amx.gemm_q4_0, base.gemm_q4_0);
     EXPECT_NE(amx.gemm_q4_1, base.gemm_q4_1);
     EXPECT_NE(amx.gemm_q4_k_x16, base.gemm_q4_k_x16);
+    EXPECT_NE(amx.gemm_q5_k_x16, base.gemm_q5_k_x16);
   } else {
     GTEST_LOG_(INFO) << "AMX-INT8 tiles unused here: " << reason;
     EXPECT_EQ(amx.gemm_q4_0, base.gemm_q4_0);
     EXPECT_EQ(amx.gemm_q4_1, base.gemm_q4_1);
     EXPECT_EQ(amx.gemm_q4_k_x16, base.gemm_q4_k_x16);
+    EXPECT_EQ(amx.gemm_q5_k_x16, base.gemm_q5_k_x16);
   }
 }
 

@@ -1,10 +1,11 @@
 // The AMX-INT8 Gemms (engine/backend/cpu/amx_int8_impl.h) on a software model of the tile
-// registers, for the conformance suite (QuantizedGemmIsaTest.EmulatedAmxInt8GemmsGiveTheVnniBits):
-// their steps, half steps, packing and remainders then run on every CPU with AVX-512, matrix
-// unit or not. Built with AVX-512 F/BW/VL and F16C like kernels_avx512vnni.cc; the suite calls in
-// only after CpuHasIsa(kAvx512Vnni). The model follows the instruction set reference: TILELOADD
-// fills a tile's configured rows and bytes and zeroes the rest, TILESTORED writes the configured
-// part, TDPBSUD adds exact int32 sums of signed (A) by unsigned (B) bytes.
+// registers, for the conformance suite
+// (QuantizedGemmIsaTest.EmulatedAmxInt8GemmsGiveTheVnniTablesBits): their steps, half steps,
+// packing and remainders then run on every CPU with AVX-512, matrix unit or not. Built with AVX-512
+// F/BW/VL and F16C like kernels_avx512vnni.cc; the suite calls in only after
+// CpuHasIsa(kAvx512Vnni). The model follows the instruction set reference: TILELOADD fills a tile's
+// configured rows and bytes and zeroes the rest, TILESTORED writes the configured part, TDPBSUD
+// adds exact int32 sums of signed (A) by unsigned (B) bytes.
 #include "tests/engine/backend/amx_int8_emulated.h"
 
 #if defined(__AVX512F__)

@@ -1364,7 +1364,7 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
 
 // The same AMX-INT8 Gemms on a software model of the tiles (amx_int8_emulated.cc), so that their
 // steps, packing and remainders are checked on every CPU with AVX512_VNNI, AMX or not: a VNNI
-// table with the four emulated Gemms in place gives the VNNI table's bits.
+// table with the five emulated Gemms in place gives the VNNI table's bits.
 TEST(QuantizedGemmIsaTest, EmulatedAmxInt8GemmsGiveTheVnniTablesBits) {
   if (!cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) GTEST_SKIP() << "this CPU has no AVX512_VNNI";
   cpu::KernelTable table = cpu::KernelsFor(cpu::Isa::kAvx512Vnni);
