@@ -26,8 +26,12 @@
 //   and term t (hi, mid, lo), one 1 KiB A tile of 16 rows x 32 bf16 at tile index
 //   (rt * steps + s) * 3 + t. Rows are padded with zeros to a multiple of 32, k to a multiple
 //   of 32.
+//   For a Gemm of at most kAmxFewRows x rows in all (decode batches) every such tile is stored
+//   transposed instead, as a B tile: 16 rows (k pairs) x 16 columns (x rows) x 2 bf16, and
+//   GemmAmxBf16Decode multiplies the weights, as A tiles, by them.
 // - packed w, written by each call for its column chunk and k slice: for column tile ct
 //   (16 weight rows) and k step s, one B tile of 16 rows (k pairs) x 16 columns x 2 bf16.
+//   (GemmAmxBf16Decode packs none: its A tiles are 16 weight rows read where they lie.)
 
 inline constexpr int64_t kAmxTileRows = 16;  // rows of an A or C tile, columns of a C tile
 inline constexpr int64_t kAmxStepK = 32;     // k per A tile row (32 bf16 = 64 bytes)
@@ -81,8 +85,23 @@ inline void AmxSplit(float v, uint16_t out[3]) {
   out[2] = AmxBf16Bits(r2);
 }
 
+// Gemms of at most this many x rows in all (decode batches) store packed x transposed and take
+// GemmAmxBf16Decode; calls of at most this many rows of a larger Gemm take GemmAmxBf16FewRows.
+inline constexpr int64_t kAmxFewRows = 64;
+
+// The 16 x 16 32-bit words of a tile (16 rows of 64 bytes) transposed in place.
+inline void AmxTransposeTileWords(uint16_t* tile) {
+  uint32_t in[kAmxTileRows][kAmxTileRows], out[kAmxTileRows][kAmxTileRows];
+  __builtin_memcpy(in, tile, sizeof(in));
+  for (int64_t r = 0; r < kAmxTileRows; ++r) {
+    for (int64_t p = 0; p < kAmxTileRows; ++p) out[p][r] = in[r][p];
+  }
+  __builtin_memcpy(tile, out, sizeof(out));
+}
+
 // Rows [row_begin, row_end) of packed x (row_end may run past n into the zero padding, up to
-// AmxRoundUp(n, 32)). x [n, k] f32 row-major.
+// AmxRoundUp(n, 32)). x [n, k] f32 row-major. For n <= kAmxFewRows the tiles are transposed, so
+// row_begin and row_end must then be multiples of 16 (whole tiles).
 inline void PackXBf16x3(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
                         uint16_t* packed) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
@@ -96,6 +115,12 @@ inline void PackXBf16x3(const float* x, int64_t n, int64_t k, int64_t row_begin,
         if (r < n && kk < k) AmxSplit(x[r * k + kk], t);
         for (int term = 0; term < kAmxTerms; ++term) tiles[term * kAmxTileBf16 + j] = t[term];
       }
+    }
+  }
+  if (n <= kAmxFewRows) {
+    for (int64_t i = row_begin / kAmxTileRows * steps * kAmxTerms;
+         i < row_end / kAmxTileRows * steps * kAmxTerms; ++i) {
+      AmxTransposeTileWords(packed + i * kAmxTileBf16);
     }
   }
 }
@@ -179,22 +204,19 @@ inline void AmxWriteOut(const float* staging, int64_t lds, int64_t nr, int64_t n
   }
 }
 
-// At most this many x rows in a call take GemmAmxBf16FewRows (decode-sized batches).
-inline constexpr int64_t kAmxFewRows = 64;
-
 // Scratch floats GemmAmxBf16FewRows uses for k / 32 = steps: the B tiles of two column tiles for
 // the whole k, then a 32 x 32 C staging.
 inline constexpr int64_t AmxFewRowsScratchFloats(int64_t steps) {
   return 2 * steps * kAmxTileRows * kAmxTileRows + 4 * kAmxTileRows * kAmxTileRows;
 }
 
-// GemmAmxBf16 for a call of at most kAmxFewRows x rows. With so few rows every w tile feeds only
-// 3-12 tile products, and the slice-by-slice packing of the general loop (each slice reads 512
-// weight rows' lines from DRAM, then computes) leaves the reads and the products apart. Here each
-// pair of 16-row column tiles is packed for the whole k (32 weight rows read front to back, streams
-// the hardware prefetcher follows) and every row pair then runs all k steps with C in the tile
-// registers. The products are the general loop's in the same order (steps, then terms), so the
-// outputs are the same bits. Needs AmxFewRowsScratchFloats(steps) of scratch (GemmAmxBf16
+// GemmAmxBf16 for a call of at most kAmxFewRows x rows of a larger Gemm. With so few rows every w
+// tile feeds only 3-12 tile products, and the slice-by-slice packing of the general loop (each
+// slice reads 512 weight rows' lines from DRAM, then computes) leaves the reads and the products
+// apart. Here each pair of 16-row column tiles is packed for the whole k (32 weight rows read front
+// to back, streams the hardware prefetcher follows) and every row pair then runs all k steps with C
+// in the tile registers. The products are the general loop's in the same order (steps, then terms),
+// so the outputs are the same bits. Needs AmxFewRowsScratchFloats(steps) of scratch (GemmAmxBf16
 // checks).
 template <class T>
 void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
@@ -225,14 +247,108 @@ void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, in
   T::Release();
 }
 
+// Scratch floats GemmAmxBf16Decode uses: a 32 x 32 C staging and one k step of 32 weight rows.
+inline constexpr int64_t kAmxDecodeScratchFloats =
+    4 * kAmxTileRows * kAmxTileRows + 2 * kAmxTileRows * kAmxStepK / 2;
+
+// Weight rows [c0, c0 + nc) (nc <= 32) at k step s as two A tiles at dst (32 rows of 32 bf16,
+// zero past nc and past k).
+inline void AmxCopyWStep(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t s,
+                         uint16_t* dst) {
+  for (int64_t j = 0; j < 2 * kAmxTileRows; ++j) {
+    for (int64_t e = 0; e < kAmxStepK; ++e) {
+      const int64_t kk = s * kAmxStepK + e;
+      dst[j * kAmxStepK + e] = j < nc && kk < k ? w[(c0 + j) * k + kk] : uint16_t{0};
+    }
+  }
+}
+
+// GemmAmxBf16 for a Gemm of at most kAmxFewRows x rows in all (decode batches), with x packed
+// transposed (PackXBf16x3). The roles of the general loop are swapped: 16 weight rows form an A
+// tile as they lie in w (a tile load takes their 64-byte pieces k * 2 bytes apart), the x terms
+// are the B tiles, and C holds weight rows by x rows. No w is packed (only a group of fewer than
+// 32 rows at the end of the range, and a last step that runs past k, are copied with zeros into
+// whole tiles), so the weights go from memory straight into the tile loads, and the per-call
+// transposes that the other loops spend a third of their time on at 64 rows are gone. Every
+// output element gets the same products in the same order as in the general loop (steps, then
+// terms, then the pairs of a step), so the outputs are the same bits. Needs
+// kAmxDecodeScratchFloats of scratch.
+template <class T>
+void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                       const uint16_t* w, const float* bias, float* out, int64_t ldo,
+                       int64_t row_begin, int64_t row_end, float* scratch) {
+  const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK, whole = k / kAmxStepK;
+  constexpr int64_t kTileStride = kAmxStepK * 2;
+  constexpr int64_t kC = 2 * kAmxTileRows;      // the staging's side
+  constexpr int64_t kLds = kC * sizeof(float);  // and its row stride in bytes
+  const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;
+  const int64_t w_stride = k * 2;
+  float* c = scratch;
+  uint16_t* w_step = reinterpret_cast<uint16_t*>(scratch + kC * kC);
+  const int64_t rtiles = AmxRoundUp(x_end - x_begin, 2 * kAmxTileRows) / kAmxTileRows;
+  T::Configure();
+  for (int64_t c0 = row_begin; c0 < row_end; c0 += kC) {
+    const int64_t nc = row_end - c0 < kC ? row_end - c0 : kC;
+    const uint16_t* w0 = w + c0 * k;
+    const uint16_t* w1 = w0 + kAmxTileRows * k;
+    for (int64_t rt = 0; rt < rtiles; rt += 2) {
+      for (int64_t i = 0; i < kC * kC; ++i) c[i] = 0.0f;
+      T::template Load<0>(c, kLds);
+      T::template Load<1>(c + kAmxTileRows, kLds);
+      T::template Load<2>(c + kAmxTileRows * kC, kLds);
+      T::template Load<3>(c + kAmxTileRows * kC + kAmxTileRows, kLds);
+      const uint16_t* b0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
+      const uint16_t* b1 = b0 + row_tile_bf16;
+      for (int64_t s = 0; s < steps; ++s) {
+        if (nc == kC && s < whole) {
+          T::template Load<4>(w0 + s * kAmxStepK, w_stride);
+          T::template Load<5>(w1 + s * kAmxStepK, w_stride);
+        } else {
+          AmxCopyWStep(w, k, c0, nc, s, w_step);
+          T::template Load<4>(w_step, kTileStride);
+          T::template Load<5>(w_step + kAmxTileBf16, kTileStride);
+        }
+        for (int term = 0; term < kAmxTerms; ++term) {
+          const int64_t bt = (s * kAmxTerms + term) * kAmxTileBf16;
+          T::template Load<6>(b0 + bt, kTileStride);
+          T::template Load<7>(b1 + bt, kTileStride);
+          T::template Dot<0, 4, 6>();
+          T::template Dot<1, 4, 7>();
+          T::template Dot<2, 5, 6>();
+          T::template Dot<3, 5, 7>();
+        }
+      }
+      T::template Store<0>(c, kLds);
+      T::template Store<1>(c + kAmxTileRows, kLds);
+      T::template Store<2>(c + kAmxTileRows * kC, kLds);
+      T::template Store<3>(c + kAmxTileRows * kC + kAmxTileRows, kLds);
+      // c[j][i]: weight row c0 + j, x row r0 + i.
+      const int64_t r0 = x_begin + rt * kAmxTileRows;
+      const int64_t nr = x_end - r0 < kC ? x_end - r0 : kC;
+      for (int64_t i = 0; i < nr; ++i) {
+        float* dst = out + (r0 + i) * ldo + c0;
+        for (int64_t j = 0; j < nc; ++j) {
+          dst[j] = c[j * kC + i] + (bias != nullptr ? bias[c0 + j] : 0.0f);
+        }
+      }
+    }
+  }
+  T::Release();
+}
+
 // Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x given as
 // PackXBf16x3 wrote it for all n rows. x_begin must be a multiple of 32. scratch:
 // kAmxStagingFloats + kAmxBTilesWords floats. Tile loads take any address, but packed_x and
 // scratch should be 64-byte aligned: a tile row that splits two cache lines halves the speed.
 template <class T>
-void GemmAmxBf16(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+void GemmAmxBf16(const uint16_t* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const uint16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch) {
+  static_assert(kAmxDecodeScratchFloats <= kAmxStagingFloats + kAmxBTilesWords);
+  if (n <= kAmxFewRows) {
+    return GemmAmxBf16Decode<T>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
+                                scratch);
+  }
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
   if (x_end - x_begin <= kAmxFewRows &&
       AmxFewRowsScratchFloats(steps) <= kAmxStagingFloats + kAmxBTilesWords) {

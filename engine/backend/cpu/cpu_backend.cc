@@ -439,9 +439,9 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
     return g.quant(*g.acts, x_begin, x_end, g.w, g.bias, g.out, g.m, row_begin, row_end);
   }
   if (g.amx) {
-    return kernels_.gemm_amx_bf16(amx_x_.get(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
-                                  g.bias, g.out, g.m, row_begin, row_end,
-                                  ThreadScratch(kAmxScratchFloats));
+    return kernels_.gemm_amx_bf16(amx_x_.get(), n, k, x_begin, x_end,
+                                  static_cast<const bf16_t*>(g.w), g.bias, g.out, g.m, row_begin,
+                                  row_end, ThreadScratch(kAmxScratchFloats));
   }
   // Float weights: the decode kernel always takes all n rows of x.
   switch (g.dtype) {
@@ -646,10 +646,12 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
       amx_x_bytes_ = bytes;
     }
-    pool_.ParallelFor(0, AmxPackedRows(n),
-                      std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
+    // Whole 16-row tiles per task (the packer transposes them for decode-sized n).
+    constexpr int64_t kTile = 16;
+    pool_.ParallelFor(0, AmxPackedRows(n) / kTile,
+                      std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k * kTile)),
                       [&](int64_t b, int64_t e) {
-                        kernels_.pack_x_bf16x3(xp, n, k, b, e, amx_x_.get());
+                        kernels_.pack_x_bf16x3(xp, n, k, b * kTile, e * kTile, amx_x_.get());
                       });
   }
   if (small_rows > 0) {

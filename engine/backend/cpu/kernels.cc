@@ -97,7 +97,7 @@ std::string SelfTest() {
 
   if (RaisesSigill([&] {
         internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data());
-        internal::AmxGemmBf16(packed.data(), k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
+        internal::AmxGemmBf16(packed.data(), n, k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
                               scratch.data());
       })) {
     return "a tile instruction raised SIGILL (AMX advertised but not usable here)";

@@ -110,13 +110,14 @@ struct KernelTable {
   GemmLargeNFn<bf16_t> gemm_large_bf16;
 
   // BF16 weights with n > float_small_n_max on the matrix unit; null in tables without one.
-  // pack_x_bf16x3 writes rows [row_begin, row_end) (up to AmxPackedRows(n)) of x [n, k] into the
-  // packed form (AmxPackedXBytes(n, k), any alignment); gemm_amx_bf16 then computes rows
-  // [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x_begin a
-  // multiple of 32, with kAmxScratchFloats floats of scratch (amx_gemm_impl.h).
+  // pack_x_bf16x3 writes rows [row_begin, row_end) (up to AmxPackedRows(n), multiples of 16) of
+  // x [n, k] into the packed form (AmxPackedXBytes(n, k), any alignment), which depends on n;
+  // gemm_amx_bf16 then computes rows [row_begin, row_end) of out = x @ w^T + bias for the x rows
+  // [x_begin, x_end), x_begin a multiple of 32, with kAmxScratchFloats floats of scratch
+  // (amx_gemm_impl.h).
   void (*pack_x_bf16x3)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
                         void* packed);
-  void (*gemm_amx_bf16)(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+  void (*gemm_amx_bf16)(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                         const bf16_t* w, const float* bias, float* out, int64_t ldo,
                         int64_t row_begin, int64_t row_end, float* scratch);
 
@@ -212,7 +213,7 @@ namespace internal {
 // AVX-512 F/BW/VL only (it uses no tile instruction).
 void AmxPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
               void* packed);
-void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+void AmxGemmBf16(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch);
 // The tile kernel's w packing (amx_gemm_impl.h's PackWBf16, in AVX-512 registers), exposed for

@@ -116,7 +116,8 @@ inline void SplitX16(__m512 v, __m512i* hi, __m512i* mid, __m512i* lo) {
   *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), l);
 }
 
-// PackXBf16x3 with 16 elements split at a time; the same bits.
+// PackXBf16x3 with 16 elements split at a time, and the transposes of a Gemm of at most
+// kAmxFewRows rows in registers; the same bits.
 void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
                     uint16_t* packed) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
@@ -142,6 +143,15 @@ void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int
       }
     }
   }
+  if (n <= kAmxFewRows) {
+    alignas(64) uint32_t transposed[kAmxTileRows * kAmxTileRows];
+    for (int64_t i = row_begin / kAmxTileRows * steps * kAmxTerms;
+         i < row_end / kAmxTileRows * steps * kAmxTerms; ++i) {
+      uint16_t* tile = packed + i * kAmxTileBf16;
+      PackWTile16x16(tile, kAmxStepK, transposed);
+      __builtin_memcpy(tile, transposed, sizeof(transposed));
+    }
+  }
 }
 
 }  // namespace
@@ -158,10 +168,10 @@ void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles
   HwTiles::PackW(reinterpret_cast<const uint16_t*>(w), k, c0, nc, ctiles, s0, ns, tiles);
 }
 
-void AmxGemmBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+void AmxGemmBf16(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch) {
-  GemmAmxBf16<HwTiles>(static_cast<const uint16_t*>(packed_x), k, x_begin, x_end,
+  GemmAmxBf16<HwTiles>(static_cast<const uint16_t*>(packed_x), n, k, x_begin, x_end,
                        reinterpret_cast<const uint16_t*>(w), bias, out, ldo, row_begin, row_end,
                        scratch);
 }

@@ -168,7 +168,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
   const float sentinel = -12345.0f;
   std::vector<float> out(c.n * c.m, sentinel);
   std::vector<float> scratch(kAmxScratchFloats, std::numeric_limits<float>::quiet_NaN());
-  GemmAmxBf16<EmulatedTiles>(packed.data(), c.k, c.x_begin, c.x_end, w.data(),
+  GemmAmxBf16<EmulatedTiles>(packed.data(), c.n, c.k, c.x_begin, c.x_end, w.data(),
                              c.bias ? bias.data() : nullptr, out.data(), c.m, c.row_begin,
                              c.row_end, scratch.data());
   ASSERT_FALSE(EmulatedTiles::configured) << "the tiles were not released";
@@ -228,22 +228,81 @@ TEST(AmxGemmTest, ElementsNearTheTopOfTheFloatRangeStaySplitFinite) {
   std::vector<uint16_t> packed(AmxPackedXBytes(32, 32) / 2);
   PackXBf16x3(x.data(), 32, 32, 0, 32, packed.data());
   std::vector<float> out(32 * 16), scratch(kAmxScratchFloats);
-  GemmAmxBf16<EmulatedTiles>(packed.data(), 32, 0, 32, w.data(), nullptr, out.data(), 16, 0, 16,
+  GemmAmxBf16<EmulatedTiles>(packed.data(), 32, 32, 0, 32, w.data(), nullptr, out.data(), 16, 0, 16,
                              scratch.data());
   const double want = 32.0 * 3.3895e38 * AmxBf16Value(AmxBf16Bits(1e-10f));
   for (float v : out) ASSERT_NEAR(v, want, want * 1e-6);
 }
+
+using PackXFn = void (*)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                         void* packed);
+using AmxGemmFn = void (*)(const void* packed_x, int64_t n, int64_t k, int64_t x_begin,
+                           int64_t x_end, const bf16_t* w, const float* bias, float* out,
+                           int64_t ldo, int64_t row_begin, int64_t row_end, float* scratch);
+
+// A Gemm of at most kAmxFewRows x rows (x packed transposed, GemmAmxBf16Decode: w as A tiles)
+// must give the bits that the same rows get as a short call of a larger Gemm (x packed as A
+// tiles, GemmAmxBf16FewRows, w packed into B tiles): the speculative decoder's row invariance
+// rests on it. The larger Gemm's x is the same rows with 65 - n rows of other values below.
+// Shapes: a partial last weight group (m % 32), k past the whole steps, row ranges from 32.
+void ExpectDecodeLoopGivesFewRowsBits(PackXFn pack, AmxGemmFn gemm) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto [n, k, m, x_begin] : {std::array<int64_t, 4>{1, 64, 32, 0},
+                                  {17, 70, 50, 0},
+                                  {32, 256, 64, 0},
+                                  {40, 96, 129, 32},
+                                  {64, 255, 48, 0},
+                                  {64, 512, 100, 32}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m) +
+                 " x from " + std::to_string(x_begin));
+    const int64_t big = kAmxFewRows + 1;
+    std::vector<float> x(big * k), bias(m);
+    std::vector<uint16_t> w(m * k);
+    for (float& v : x) v = dist(rng);
+    for (uint16_t& v : w) v = AmxBf16Bits(dist(rng));
+    for (float& v : bias) v = dist(rng);
+    std::vector<uint16_t> packed_small(AmxPackedXBytes(n, k) / 2),
+        packed_big(AmxPackedXBytes(big, k) / 2);
+    pack(x.data(), n, k, 0, AmxPackedRows(n), packed_small.data());
+    pack(x.data(), big, k, 0, AmxPackedRows(big), packed_big.data());
+    std::vector<float> got(big * m, 0.0f), want(big * m, 0.0f), scratch(kAmxScratchFloats);
+    const bf16_t* wb = reinterpret_cast<const bf16_t*>(w.data());
+    gemm(packed_small.data(), n, k, x_begin, n, wb, bias.data(), got.data(), m, 0, m,
+         scratch.data());
+    gemm(packed_big.data(), big, k, x_begin, n, wb, bias.data(), want.data(), m, 0, m,
+         scratch.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+}
+
+void EmulatedPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                   void* packed);
+void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
+                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                  int64_t row_end, float* scratch);
+
+TEST(AmxGemmTest, TheDecodeLoopGivesTheBitsOfAShortCallOfALargerGemm) {
+  ExpectDecodeLoopGivesFewRowsBits(&EmulatedPackX, &EmulatedGemm);
+}
+
+#if defined(__x86_64__)
+TEST(AmxGemmTest, OnTheUnitTheDecodeLoopGivesTheBitsOfAShortCallOfALargerGemm) {
+  if (!CpuHasIsa(Isa::kAmx)) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
+  ExpectDecodeLoopGivesFewRowsBits(&internal::AmxPackX, &internal::AmxGemmBf16);
+}
+#endif
 
 void EmulatedPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
                    void* packed) {
   PackXBf16x3(x, n, k, row_begin, row_end, static_cast<uint16_t*>(packed));
 }
 std::atomic<int64_t> emulated_calls{0};
-void EmulatedGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
-                  const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
-                  float* scratch) {
+void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
+                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                  int64_t row_end, float* scratch) {
   emulated_calls.fetch_add(1);
-  GemmAmxBf16<EmulatedTiles>(static_cast<const uint16_t*>(packed_x), k, x_begin, x_end,
+  GemmAmxBf16<EmulatedTiles>(static_cast<const uint16_t*>(packed_x), n, k, x_begin, x_end,
                              reinterpret_cast<const uint16_t*>(w), bias, out, ldo, row_begin,
                              row_end, scratch);
 }
