@@ -299,6 +299,8 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
       T::template Load<3>(c + kAmxTileRows * kC + kAmxTileRows, kLds);
       const uint16_t* b0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
       const uint16_t* b1 = b0 + row_tile_bf16;
+      // At most 16 x rows left: their padding tile would only multiply zeros.
+      const bool half = x_end - (x_begin + rt * kAmxTileRows) <= kAmxTileRows;
       for (int64_t s = 0; s < steps; ++s) {
         if (nc == kC && s < whole) {
           T::template Load<4>(w0 + s * kAmxStepK, w_stride);
@@ -311,6 +313,11 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
         for (int term = 0; term < kAmxTerms; ++term) {
           const int64_t bt = (s * kAmxTerms + term) * kAmxTileBf16;
           T::template Load<6>(b0 + bt, kTileStride);
+          if (half) {
+            T::template Dot<0, 4, 6>();
+            T::template Dot<2, 5, 6>();
+            continue;
+          }
           T::template Load<7>(b1 + bt, kTileStride);
           T::template Dot<0, 4, 6>();
           T::template Dot<1, 4, 7>();
