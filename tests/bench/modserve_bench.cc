@@ -921,7 +921,7 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
         // compute bound is a third of the tile probe (three bf16 terms per f32-accurate product).
         const bool on_tiles =
             g_amx_peak_gflops > 0 &&
-            b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).float_small_n_max;
+            b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).SmallNMax(DType::kBF16);
         const double peak = on_tiles ? g_amx_peak_gflops / 3 : g_fma_peak_gflops;
         const double compute_bound = peak > 0 ? peak * 1e9 / flops : bw_bound;
         const double roofline = std::min(bw_bound, compute_bound);

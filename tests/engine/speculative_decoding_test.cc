@@ -269,10 +269,11 @@ TEST(SpeculativeDecodingTest, MixedBatchWithPrefixCachingGivesEachRequestItsOwnO
   // Rows within the row-invariant bound get one-row bits whatever the call; beyond it, the
   // prefill kernels give a row the same bits in any call beyond it. So every prefill call here
   // is beyond it: L = 16 * c + 16 > bound, 6 * 16 > bound, and the 6 L rows fit one pass (a
-  // second chunk of 6 L - 512 rows could fall within the bound).
+  // second chunk of 6 L - 512 rows could fall within the bound). L >= 32, so that the shared
+  // prefix fills a whole cached page of 16 tokens.
   const int32_t bound = engine->max_row_invariant_rows();
   ASSERT_LT(bound, 6 * 16);
-  const int32_t prompt_len = 16 * (bound / 16) + 16;
+  const int32_t prompt_len = std::max(32, 16 * (bound / 16) + 16);
   ASSERT_LE(6 * prompt_len, EngineOptions{}.max_batch_tokens);
   const std::vector<TokenId> shared = Prompt(prompt_len - 1, 4, 2048);
   std::vector<Request> requests;

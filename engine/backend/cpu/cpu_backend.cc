@@ -611,7 +611,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
       mem.large = n > kQuantSmallNMax;
     } else {
-      mem.large = n > kernels_.float_small_n_max && mem.m > kGemmSkinnyRows;
+      mem.large = n > kernels_.SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
       any_amx = any_amx || mem.amx;
     }

@@ -45,8 +45,9 @@ class CpuBackend final : public Backend {
   int num_threads() const { return pool_.num_threads(); }
 
   std::string_view name() const override { return "cpu"; }
-  // Float weights: the decode kernels' range, up to the ISA's measured float_small_n_max (the
-  // prefill kernels beyond it sum in another order), except weights of at most
+  // Float weights: the decode kernels' range, up to the ISA's measured crossover for the dtype
+  // (KernelTable::SmallNMax; the prefill kernels beyond it sum in another order), except weights
+  // of at most
   // kGemmSkinnyRows rows, which take the decode kernels at every row count. Quantized weights:
   // every row count, since their prefill kernels make each block's f32 update in the decode
   // kernels' order (quant_kernels_avx2_impl.h; the scalar table has one kernel). Elementwise
@@ -54,7 +55,7 @@ class CpuBackend final : public Backend {
   int64_t MaxRowInvariantRows(DType weight_dtype, int64_t weight_rows) const override {
     return DTypeIsQuantized(weight_dtype) || weight_rows <= kGemmSkinnyRows
                ? std::numeric_limits<int64_t>::max()
-               : kernels_.float_small_n_max;
+               : kernels_.SmallNMax(weight_dtype);
   }
   Device device() const override { return Device::kCpu; }
   // On the pool, one task per chunk at least: a task (sampling one row) is worth a wake-up.

@@ -226,8 +226,9 @@ const KernelTable& AmxKernelTable() {
     KernelTable t = CpuHasIsa(Isa::kAvx512Vnni) ? Avx512VnniKernelTable()
                                                 : internal::kAvx512KernelTable;
     t.isa = Isa::kAmx;
-    // The tile Gemm from 17 rows on, as before AVX-512's own crossover moved to 48 (measured on
-    // Zen 4, which has no AMX; the unit has not been timed against GemmSmallN).
+    // F32 and F16 weights: the AVX-512 kernels from 17 rows on, as before AVX-512's own
+    // crossover moved to 48 (measured on Zen 4, which has no AMX). BF16: the tile Gemm from 9
+    // rows on (KernelTable::SmallNMax, kAmxSmallNMax, measured on a Xeon).
     t.float_small_n_max = kGemmSmallNMax;
     t.pack_x_bf16x3 = &internal::AmxPackX;
     t.gemm_amx_bf16 = &internal::AmxGemmBf16;

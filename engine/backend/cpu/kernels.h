@@ -96,6 +96,7 @@ struct KernelTable {
   Isa isa;
   // Float weights (F32/F16/BF16): GemmSmallN up to this many x rows, GemmLargeN above. Per ISA,
   // measured (kernel_bench crossover): GemmLargeN's packing of w only pays for itself beyond it.
+  // BF16 weights in a table with gemm_amx_bf16 switch at kAmxSmallNMax instead (SmallNMax).
   int64_t float_small_n_max;
 
   GemmSmallNFn<float> gemm_small_f32;
@@ -120,6 +121,9 @@ struct KernelTable {
   void (*gemm_amx_bf16)(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                         const bf16_t* w, const float* bias, float* out, int64_t ldo,
                         int64_t row_begin, int64_t row_end, float* scratch);
+  // The decode kernels' range for float weights of `dtype`: float_small_n_max, or
+  // kAmxSmallNMax for BF16 where the tiles take the rest.
+  int64_t SmallNMax(DType dtype) const;
 
   QuantizeActsFn quantize_acts;
   QuantGemmFn gemm_q8_0;
@@ -266,6 +270,19 @@ inline constexpr AmxTileConfig kAmxInt8TileConfig = {
 // The default of KernelTable::float_small_n_max: the float decode kernels up to this many x rows,
 // the packed prefill kernels above, where a table has measured nothing better.
 inline constexpr int64_t kGemmSmallNMax = 16;
+// The AMX table's for BF16 weights (KernelTable::SmallNMax): Gemms of more x rows run on the
+// tiles (GemmAmxBf16Decode up to 64 rows).
+// On a Xeon with AMX (2 threads, TinyLlama shape, context 128) the tiles read the weights at
+// 18-19 GB/s for every row count up to 16, where the AVX-512 decode kernel ran batch 1 and 4
+// faster (10.5-11.1 and 41.3-41.6 tok/s against 8.9-9.4 and 37.2-37.4) and batch 8, 12 and 16
+// slower (58-60, 64-69 and 76-78 tok/s against 72-73, 99-106 and 129-139). 8 keeps the
+// row-invariant range (CpuBackend::MaxRowInvariantRows) wide enough for a one-row step and its
+// drafts (docs/PERFORMANCE.md has the numbers).
+inline constexpr int64_t kAmxSmallNMax = 8;
+
+inline int64_t KernelTable::SmallNMax(DType dtype) const {
+  return dtype == DType::kBF16 && gemm_amx_bf16 != nullptr ? kAmxSmallNMax : float_small_n_max;
+}
 
 // Decode/prefill threshold of the quantized-weight kernels: the row kernels up to this many x
 // rows, the packed 8-row panels above. Measured (kernel_bench quant-compute, AVX2 and

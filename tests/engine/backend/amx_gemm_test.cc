@@ -314,20 +314,21 @@ TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
   KernelTable table = KernelsFor(CpuHasIsa(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar);
   table.pack_x_bf16x3 = &EmulatedPackX;
   table.gemm_amx_bf16 = &EmulatedGemm;
-  table.float_small_n_max = kGemmSmallNMax;  // the AMX table's crossover
+  table.float_small_n_max = kGemmSmallNMax;  // the AMX table's crossover for F32 and F16
   auto created = CpuBackend::Create({.num_threads = 3, .kernels = &table});
   ASSERT_TRUE(created.ok()) << created.status();
   CpuBackend& backend = **created;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (auto [n, k, m] : {std::array<int64_t, 3>{17, 64, 70},
+  for (auto [n, k, m] : {std::array<int64_t, 3>{12, 64, 70},
+                         {17, 64, 70},
                          {33, 70, 130},
                          {64, 96, 300},
                          {300, 40, 140},
                          {520, 64, 72},
                          {40, 40, 1100}}) {
     SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m));
-    ASSERT_GT(n, table.float_small_n_max);
+    ASSERT_GT(n, table.SmallNMax(DType::kBF16));
     ASSERT_GT(m, kGemmSkinnyRows);  // thinner weights always take the decode kernels
     std::vector<float> x(n * k), w32(m * k), bias(m), out_b(n * m, 0.0f), out_f(n * m, 0.0f);
     std::vector<bf16_t> wb(m * k);
