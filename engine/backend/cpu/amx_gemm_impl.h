@@ -162,6 +162,31 @@ inline constexpr int64_t kAmxStagingFloats = kAmxChunkRows * kAmxChunkCols;
 inline constexpr int64_t kAmxBTilesWords =
     (kAmxChunkCols / kAmxTileRows) * kAmxSliceSteps * kAmxTileRows * kAmxTileRows;
 
+// C tiles 0-3 of a 2 x 2 block loaded from (kStore false) or stored to a staging: tile 0 at c,
+// 1 at c + 16, 2 at c_lower, 3 at c_lower + 16 (rows lds bytes apart).
+template <class T, bool kStore>
+inline void AmxMoveC(float* c, float* c_lower, int64_t lds) {
+  auto move = [&]<int kT>(float* p) {
+    if constexpr (kStore) {
+      T::template Store<kT>(p, lds);
+    } else {
+      T::template Load<kT>(p, lds);
+    }
+  };
+  move.template operator()<0>(c);
+  move.template operator()<1>(c + kAmxTileRows);
+  move.template operator()<2>(c_lower);
+  move.template operator()<3>(c_lower + kAmxTileRows);
+}
+// The block's four products: C0 += A4 B6, C1 += A4 B7, C2 += A5 B6, C3 += A5 B7.
+template <class T>
+inline void AmxDot2x2() {
+  T::template Dot<0, 4, 6>();
+  T::template Dot<1, 4, 7>();
+  T::template Dot<2, 5, 6>();
+  T::template Dot<3, 5, 7>();
+}
+
 // One 2 x 2 block of C tiles, 32 x rows by 32 weight rows at c (rows lds bytes apart), plus the
 // products of ns k steps: x row tiles a0, a1 (three terms per step, PackXBf16x3's layout) against
 // the B tiles b0, b1 (one per step). C goes from c into the tiles and back.
@@ -171,10 +196,7 @@ inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* 
   constexpr int64_t kTileStride = kAmxStepK * 2;  // 64 bytes per A / B tile row
   constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
   float* c_lower = c + kAmxTileRows * (lds / static_cast<int64_t>(sizeof(float)));
-  T::template Load<0>(c, lds);
-  T::template Load<1>(c + kAmxTileRows, lds);
-  T::template Load<2>(c_lower, lds);
-  T::template Load<3>(c_lower + kAmxTileRows, lds);
+  AmxMoveC<T, false>(c, c_lower, lds);
   for (int64_t s = 0; s < ns; ++s) {
     T::template Load<6>(b0 + s * kBTileWords, kTileStride);
     T::template Load<7>(b1 + s * kBTileWords, kTileStride);
@@ -182,16 +204,10 @@ inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* 
       const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
       T::template Load<4>(a0 + at, kTileStride);
       T::template Load<5>(a1 + at, kTileStride);
-      T::template Dot<0, 4, 6>();
-      T::template Dot<1, 4, 7>();
-      T::template Dot<2, 5, 6>();
-      T::template Dot<3, 5, 7>();
+      AmxDot2x2<T>();
     }
   }
-  T::template Store<0>(c, lds);
-  T::template Store<1>(c + kAmxTileRows, lds);
-  T::template Store<2>(c_lower, lds);
-  T::template Store<3>(c_lower + kAmxTileRows, lds);
+  AmxMoveC<T, true>(c, c_lower, lds);
 }
 
 // out rows [r0, r0 + nr) and columns [c0, c0 + nc) = a C staging (rows lds floats apart) + bias.
@@ -284,6 +300,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
   const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;
   const int64_t w_stride = k * 2;
   float* c = scratch;
+  float* c_lower = c + kAmxTileRows * kC;
   uint16_t* w_step = reinterpret_cast<uint16_t*>(scratch + kC * kC);
   const int64_t rtiles = AmxRoundUp(x_end - x_begin, 2 * kAmxTileRows) / kAmxTileRows;
   T::Configure();
@@ -293,10 +310,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
     const uint16_t* w1 = w0 + kAmxTileRows * k;
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
       for (int64_t i = 0; i < kC * kC; ++i) c[i] = 0.0f;
-      T::template Load<0>(c, kLds);
-      T::template Load<1>(c + kAmxTileRows, kLds);
-      T::template Load<2>(c + kAmxTileRows * kC, kLds);
-      T::template Load<3>(c + kAmxTileRows * kC + kAmxTileRows, kLds);
+      AmxMoveC<T, false>(c, c_lower, kLds);
       const uint16_t* b0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
       const uint16_t* b1 = b0 + row_tile_bf16;
       // At most 16 x rows left: their padding tile would only multiply zeros.
@@ -319,16 +333,10 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
             continue;
           }
           T::template Load<7>(b1 + bt, kTileStride);
-          T::template Dot<0, 4, 6>();
-          T::template Dot<1, 4, 7>();
-          T::template Dot<2, 5, 6>();
-          T::template Dot<3, 5, 7>();
+          AmxDot2x2<T>();
         }
       }
-      T::template Store<0>(c, kLds);
-      T::template Store<1>(c + kAmxTileRows, kLds);
-      T::template Store<2>(c + kAmxTileRows * kC, kLds);
-      T::template Store<3>(c + kAmxTileRows * kC + kAmxTileRows, kLds);
+      AmxMoveC<T, true>(c, c_lower, kLds);
       // c[j][i]: weight row c0 + j, x row r0 + i.
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < kC ? x_end - r0 : kC;
