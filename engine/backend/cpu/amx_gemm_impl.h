@@ -307,7 +307,6 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
   for (int64_t c0 = row_begin; c0 < row_end; c0 += kC) {
     const int64_t nc = row_end - c0 < kC ? row_end - c0 : kC;
     const uint16_t* w0 = w + c0 * k;
-    const uint16_t* w1 = w0 + kAmxTileRows * k;
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
       for (int64_t i = 0; i < kC * kC; ++i) c[i] = 0.0f;
       AmxMoveC<T, false>(c, c_lower, kLds);
@@ -318,7 +317,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
       for (int64_t s = 0; s < steps; ++s) {
         if (nc == kC && s < whole) {
           T::template Load<4>(w0 + s * kAmxStepK, w_stride);
-          T::template Load<5>(w1 + s * kAmxStepK, w_stride);
+          T::template Load<5>(w0 + kAmxTileRows * k + s * kAmxStepK, w_stride);
         } else {
           AmxCopyWStep(w, k, c0, nc, s, w_step);
           T::template Load<4>(w_step, kTileStride);
