@@ -210,13 +210,18 @@ inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* 
   AmxMoveC<T, true>(c, c_lower, lds);
 }
 
-// out rows [r0, r0 + nr) and columns [c0, c0 + nc) = a C staging (rows lds floats apart) + bias.
-inline void AmxWriteOut(const float* staging, int64_t lds, int64_t nr, int64_t nc,
-                        const float* bias, float* out, int64_t ldo, int64_t r0, int64_t c0) {
+// out rows [r0, r0 + nr) and columns [c0, c0 + nc) = a C staging + bias, where out[r0 + i][c0 + j]
+// is staging[i * row_stride + j * col_stride] (col_stride 1 for x rows by weight rows; the decode
+// loop's weight rows by x rows are read transposed).
+inline void AmxWriteOut(const float* staging, int64_t row_stride, int64_t col_stride, int64_t nr,
+                        int64_t nc, const float* bias, float* out, int64_t ldo, int64_t r0,
+                        int64_t c0) {
   for (int64_t i = 0; i < nr; ++i) {
-    const float* src = staging + i * lds;
+    const float* src = staging + i * row_stride;
     float* dst = out + (r0 + i) * ldo + c0;
-    for (int64_t j = 0; j < nc; ++j) dst[j] = src[j] + (bias != nullptr ? bias[c0 + j] : 0.0f);
+    for (int64_t j = 0; j < nc; ++j) {
+      dst[j] = src[j * col_stride] + (bias != nullptr ? bias[c0 + j] : 0.0f);
+    }
   }
 }
 
@@ -257,7 +262,7 @@ void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, in
       AmxBlock<T>(c, kLds, a0, a0 + row_tile_bf16, b0, b1, steps);
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < 2 * kAmxTileRows ? x_end - r0 : 2 * kAmxTileRows;
-      AmxWriteOut(c, 2 * kAmxTileRows, nr, nc, bias, out, ldo, r0, c0);
+      AmxWriteOut(c, 2 * kAmxTileRows, 1, nr, nc, bias, out, ldo, r0, c0);
     }
   }
   T::Release();
@@ -310,10 +315,12 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
       for (int64_t i = 0; i < kC * kC; ++i) c[i] = 0.0f;
       AmxMoveC<T, false>(c, c_lower, kLds);
+      const int64_t r0 = x_begin + rt * kAmxTileRows;
+      const int64_t nr = x_end - r0 < kC ? x_end - r0 : kC;
       const uint16_t* b0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
       const uint16_t* b1 = b0 + row_tile_bf16;
       // At most 16 x rows left: their padding tile would only multiply zeros.
-      const bool half = x_end - (x_begin + rt * kAmxTileRows) <= kAmxTileRows;
+      const bool half = nr <= kAmxTileRows;
       for (int64_t s = 0; s < steps; ++s) {
         if (nc == kC && s < whole) {
           T::template Load<4>(w0 + s * kAmxStepK, w_stride);
@@ -337,14 +344,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
       }
       AmxMoveC<T, true>(c, c_lower, kLds);
       // c[j][i]: weight row c0 + j, x row r0 + i.
-      const int64_t r0 = x_begin + rt * kAmxTileRows;
-      const int64_t nr = x_end - r0 < kC ? x_end - r0 : kC;
-      for (int64_t i = 0; i < nr; ++i) {
-        float* dst = out + (r0 + i) * ldo + c0;
-        for (int64_t j = 0; j < nc; ++j) {
-          dst[j] = c[j * kC + i] + (bias != nullptr ? bias[c0 + j] : 0.0f);
-        }
-      }
+      AmxWriteOut(c, 1, kC, nr, nc, bias, out, ldo, r0, c0);
     }
   }
   T::Release();
@@ -397,7 +397,7 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t n, int64_t k, int64_t x_begin
           }
         }
       }
-      AmxWriteOut(staging, kAmxChunkCols, nr, nc, bias, out, ldo, r0, c0);
+      AmxWriteOut(staging, kAmxChunkCols, 1, nr, nc, bias, out, ldo, r0, c0);
     }
   }
   T::Release();
