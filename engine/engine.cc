@@ -128,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   backend::BackendOptions bo;
   bo.num_threads = options.num_threads;
+  bo.matmul_precision = options.matmul_precision;
   MODSERVE_ASSIGN_OR_RETURN(e->backend_, backend::CreateBackend(options.backend, bo));
   const ModelConfig& cfg = e->config();
   const int64_t page_bytes = KvCacheManager::BytesPerPage(

@@ -56,6 +56,9 @@ struct EngineOptions {
   std::string model_dir;  // a checkpoint directory
   std::string backend = "cpu";
   int num_threads = 0;             // CPU backend threads; 0 = every core
+  // How the CPU backend's AMX BF16 Gemm may round activations (backend.h, docs/DESIGN.md 4.2):
+  // kHighest (f32 precision, the default) unless a user trades accuracy for speed.
+  backend::MatmulPrecision matmul_precision = backend::MatmulPrecision::kHighest;
   int32_t max_batch_tokens = 512;  // rows of one forward pass (prefill chunks + decode tokens)
   int32_t max_seqs = 16;           // sequences in one forward pass
   int64_t kv_cache_bytes = int64_t{256} << 20;

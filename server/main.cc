@@ -71,6 +71,9 @@ ABSL_FLAG(std::string, chat_template, "",
           "Jinja chat template file for /v1/chat/completions, instead of the model's own");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = every core");
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, matmul_precision, "highest",
+          "how BF16-weight Gemms on AMX tiles may round activations: highest (f32 precision), "
+          "high (two bf16 terms, ~2^-16) or medium (bf16, ~2^-8; faster, less accurate)");
 ABSL_FLAG(int32_t, max_num_seqs, 16, "sequences in the running batch");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "tokens of one step (decodes plus prefill chunks)");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{256} << 20, "bytes of the paged KV cache");
@@ -133,6 +136,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   eo.kv_dtype = *kv_dtype;
+  absl::StatusOr<modserve::backend::MatmulPrecision> precision =
+      modserve::backend::ParseMatmulPrecision(absl::GetFlag(FLAGS_matmul_precision));
+  if (!precision.ok()) {
+    std::cerr << "modserve: --matmul_precision: " << precision.status().message() << std::endl;
+    return 2;
+  }
+  eo.matmul_precision = *precision;
   if (const std::string v = absl::GetFlag(FLAGS_prefix_caching); v == "true" || v == "false") {
     eo.prefix_caching = v == "true";
   } else {

@@ -32,6 +32,9 @@ ABSL_FLAG(double, threshold, -1.0, "override the routing threshold tau (the comp
                                    "the checkpoint's mod.threshold");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = every core");
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, matmul_precision, "highest",
+          "how BF16-weight Gemms on AMX tiles may round activations: highest (f32 precision), "
+          "high (two bf16 terms, ~2^-16) or medium (bf16, ~2^-8; faster, less accurate)");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating after EOS");
 ABSL_FLAG(int32_t, top_logprobs, 0, "alternatives per token to report in --json (0..20)");
 ABSL_FLAG(int32_t, prompt_logprobs, -1,
@@ -75,6 +78,11 @@ int main(int argc, char** argv) {
       modserve::engine::ParseKvDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
   if (!kv_dtype.ok()) return Fail("--kv_cache_dtype: " + std::string(kv_dtype.status().message()));
   opts.kv_dtype = *kv_dtype;
+  absl::StatusOr<modserve::backend::MatmulPrecision> precision =
+      modserve::backend::ParseMatmulPrecision(absl::GetFlag(FLAGS_matmul_precision));
+  if (!precision.ok())
+    return Fail("--matmul_precision: " + std::string(precision.status().message()));
+  opts.matmul_precision = *precision;
   opts.speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens);
   opts.speculative_threshold = absl::GetFlag(FLAGS_speculative_threshold);
   auto engine = Engine::Create(opts);

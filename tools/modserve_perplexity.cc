@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, thresholds, "",
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = every core");
 ABSL_FLAG(int32_t, max_seqs, 8, "sequences in one forward pass");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "rows of one forward pass");
+ABSL_FLAG(std::string, matmul_precision, "highest",
+          "how BF16-weight Gemms on AMX tiles may round activations: highest (f32 precision), "
+          "high (two bf16 terms, ~2^-16) or medium (bf16, ~2^-8; faster, less accurate)");
 
 namespace {
 
@@ -53,6 +56,11 @@ int main(int argc, char** argv) {
   opts.num_threads = absl::GetFlag(FLAGS_threads);
   opts.max_seqs = absl::GetFlag(FLAGS_max_seqs);
   opts.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  absl::StatusOr<modserve::backend::MatmulPrecision> precision =
+      modserve::backend::ParseMatmulPrecision(absl::GetFlag(FLAGS_matmul_precision));
+  if (!precision.ok())
+    return Fail("--matmul_precision: " + std::string(precision.status().message()));
+  opts.matmul_precision = *precision;
 
   std::vector<std::vector<int32_t>> windows;
   {

@@ -21,6 +21,37 @@
 
 namespace modserve::backend {
 
+// How a Gemm with BF16 weights may round its f32 activations where the hardware multiplies bf16
+// by bf16 (the CPU backend's AMX tile Gemm; every other kernel multiplies f32 x exactly and is
+// not affected). The names and meanings are PyTorch's float32 matmul precision:
+//   kHighest: x kept to f32 precision (three bf16 terms per x, one tile product per term);
+//   kHigh:    x as the sum of two bf16 terms (16 significant bits, within 2^-16 relative);
+//   kMedium:  x rounded to bf16 (8 significant bits, within 2^-8 relative), one tile product.
+// Lower precision changes the results beyond the f32 tolerance of docs/DESIGN.md (goldens hold
+// at kHighest only) and does not change the row-invariant range.
+enum class MatmulPrecision : uint8_t { kHighest, kHigh, kMedium };
+
+inline std::string_view MatmulPrecisionName(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::kHigh:
+      return "high";
+    case MatmulPrecision::kMedium:
+      return "medium";
+    default:
+      return "highest";
+  }
+}
+
+// "highest", "high" or "medium"; InvalidArgument naming the value otherwise.
+inline absl::StatusOr<MatmulPrecision> ParseMatmulPrecision(std::string_view name) {
+  for (MatmulPrecision p :
+       {MatmulPrecision::kHighest, MatmulPrecision::kHigh, MatmulPrecision::kMedium}) {
+    if (name == MatmulPrecisionName(p)) return p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("matmul precision \"", std::string(name),
+                                                 "\" is not one of highest, high, medium"));
+}
+
 // One value per op of Backend, for capability queries.
 // `Logits` is not an op of its own: it is Gemm with the LM head as w; GemmGroup runs wherever
 // Gemm does (Supports(kGemm, dtype) of each member's weight dtype).

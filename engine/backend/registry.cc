@@ -35,6 +35,7 @@ constexpr std::string_view kCuda = "cuda";
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpu(const BackendOptions& options) {
   cpu::CpuBackendOptions cpu_options;
   cpu_options.num_threads = options.num_threads;
+  cpu_options.matmul_precision = options.matmul_precision;
   MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<cpu::CpuBackend> backend,
                             cpu::CpuBackend::Create(cpu_options));
   return std::unique_ptr<Backend>(std::move(backend));

@@ -19,6 +19,8 @@ struct BackendOptions {
   int num_threads = 0;
   // CUDA backend: which device.
   int device_ordinal = 0;
+  // CPU backend: how its AMX BF16 Gemm may round x (backend.h). The CUDA backend ignores it.
+  MatmulPrecision matmul_precision = MatmulPrecision::kHighest;
 };
 
 // Every backend name this build knows, whether or not it can run here: {"cpu"} or {"cpu", "cuda"}.

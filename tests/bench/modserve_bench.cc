@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, graphs, "auto",
           "auto, on or off: decode steps captured once per shape and replayed; auto = on for "
           "every backend but the CPU");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache storage: f32, f16 or bf16");
+ABSL_FLAG(
+    std::string, matmul_precision, "highest",
+    "highest, high or medium: bf16 terms of x (3, 2, 1) in the AMX BF16 Gemm "
+    "(EngineOptions::matmul_precision); the AMX ceilings below divide the tile probe by them");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache page");
 ABSL_FLAG(double, temperature, 0.0,
           "sampling temperature of the decode requests (0 = greedy; otherwise no truncation and "
@@ -139,6 +143,9 @@ double DensePrefillFlops(const Shape& s, int64_t tokens) {
 double g_fma_peak_gflops = 0;
 // The AMX tile probe's bf16 products (0 where the kernels are not the AMX table).
 double g_amx_peak_gflops = 0;
+// --matmul_precision, and the bf16 terms of x it gives the tile Gemm (set once in Main).
+backend::MatmulPrecision g_precision = backend::MatmulPrecision::kHighest;
+int g_amx_terms = 3;
 
 // FLOPs of one decode token at an average context of `ctx`: every layer's matrices and attention
 // for a dense model; for MoD, the routed layers at the measured routed fraction (their attention
@@ -161,8 +168,8 @@ std::string PrefillGflops(const Shape& s, int tokens, double tps) {
   std::string text = absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
                                      100 * gflops / g_fma_peak_gflops);
   if (g_amx_peak_gflops > 0) {
-    absl::StrAppendFormat(&text, ", %.0f%% of a third of the AMX probe",
-                          300 * gflops / g_amx_peak_gflops);
+    absl::StrAppendFormat(&text, ", %.0f%% of 1/%d of the AMX probe",
+                          100 * g_amx_terms * gflops / g_amx_peak_gflops, g_amx_terms);
   }
   return text;
 }
@@ -821,6 +828,7 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, con
   opt.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   opt.max_seqs = batches.back();
   opt.kv_dtype = kv_dtype;
+  opt.matmul_precision = g_precision;
   opt.block_size = absl::GetFlag(FLAGS_kv_block_size);
   const int max_ctx = std::max(contexts.back(), absl::GetFlag(FLAGS_prefill_tokens));
   // Every sequence of the largest batch at the longest context, plus one step's reservation.
@@ -918,11 +926,12 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
                                               m.mod ? static_cast<int>(mod_layers.size()) : 0,
                                               m.mod ? r.routed_fraction() : 1.0);
         // A batch above the AMX table's crossover runs its BF16 Gemms on the tiles: there the
-        // compute bound is a third of the tile probe (three bf16 terms per f32-accurate product).
+        // compute bound is the tile probe over the bf16 terms of x (three per f32-accurate
+        // product at --matmul_precision highest).
         const bool on_tiles =
             g_amx_peak_gflops > 0 &&
             b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).SmallNMax(DType::kBF16);
-        const double peak = on_tiles ? g_amx_peak_gflops / 3 : g_fma_peak_gflops;
+        const double peak = on_tiles ? g_amx_peak_gflops / g_amx_terms : g_fma_peak_gflops;
         const double compute_bound = peak > 0 ? peak * 1e9 / flops : bw_bound;
         const double roofline = std::min(bw_bound, compute_bound);
         std::printf(
@@ -1117,6 +1126,15 @@ absl::Status Main() {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv_dtype '", kv, "' is not one of f32, f16, bf16"));
   }
+  {
+    absl::StatusOr<backend::MatmulPrecision> p =
+        backend::ParseMatmulPrecision(absl::GetFlag(FLAGS_matmul_precision));
+    if (!p.ok()) return p.status();
+    g_precision = *p;
+    g_amx_terms = g_precision == backend::MatmulPrecision::kMedium ? 1
+                  : g_precision == backend::MatmulPrecision::kHigh ? 2
+                                                                   : 3;
+  }
   std::vector<Shape> shapes;
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',', absl::SkipEmpty())) {
@@ -1160,9 +1178,11 @@ absl::Status Main() {
         : backend::cpu::AmxInt8UnavailableReason().empty()
             ? " (int8 tiles too)"
             : " (int8 tiles not: " + std::string(backend::cpu::AmxInt8UnavailableReason()) + ")";
-    std::printf("modserve-bench: %s, kernels %s%s, %d threads, KV %s, %d timed decode steps\n",
-                CpuModel("unknown").c_str(), std::string(backend::cpu::IsaName(isa)).c_str(),
-                amx.c_str(), threads, kv.c_str(), steps);
+    std::printf(
+        "modserve-bench: %s, kernels %s%s, %d threads, KV %s, matmul precision %s, %d timed "
+        "decode steps\n",
+        CpuModel("unknown").c_str(), std::string(backend::cpu::IsaName(isa)).c_str(), amx.c_str(),
+        threads, kv.c_str(), std::string(backend::MatmulPrecisionName(g_precision)).c_str(), steps);
     std::string kinds;
     bw = MeasureReadBandwidth(threads, /*huge_pages=*/true, &kinds);
     const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
@@ -1174,9 +1194,9 @@ absl::Status Main() {
       g_amx_peak_gflops = bench::MeasureAmxTilePeakGflops(threads);
       std::printf(
           "AMX tile probe (TDPBF16PS on registers, %d threads, best of 5): %.1f GFLOP/s of "
-          "bf16 products; the prefill Gemm splits x into three bf16 terms, so a third of "
-          "it (%.1f) is its f32-accurate ceiling\n",
-          threads, g_amx_peak_gflops, g_amx_peak_gflops / 3);
+          "bf16 products; the tile Gemm splits x into %d bf16 terms, so 1/%d of it (%.1f) is "
+          "its ceiling\n",
+          threads, g_amx_peak_gflops, g_amx_terms, g_amx_terms, g_amx_peak_gflops / g_amx_terms);
     }
     std::printf(
         "measured read bandwidth (2 GiB sum, %d threads, best of 7, strongest probe): %.2f GB/s "

@@ -19,12 +19,15 @@
 // sum is x to within 2^-24 relative: the same as x itself in f32. Each term is multiplied by the
 // same w tile, so the products are exact and only the f32 accumulation order differs from the
 // FMA kernels (the tolerance every Gemm kernel already meets). The price is three tile products
-// per 32 k instead of one.
+// per 32 k instead of one. Every function below takes the number of terms kept, kTerms, as a
+// template argument: 3 (the default, MatmulPrecision::kHighest), 2 (hi + mid, x to within 2^-16
+// relative, kHigh) or 1 (x rounded to bf16, within 2^-8, kMedium), each the first kTerms terms of
+// the same split, one tile product per term.
 //
 // Layouts (kernels.h has the sizes):
-// - packed x, written once per Gemm by PackXBf16x3: for row tile rt (16 rows), k step s (32 k)
-//   and term t (hi, mid, lo), one 1 KiB A tile of 16 rows x 32 bf16 at tile index
-//   (rt * steps + s) * 3 + t. Rows are padded with zeros to a multiple of 32, k to a multiple
+// - packed x, written once per Gemm by PackXBf16: for row tile rt (16 rows), k step s (32 k)
+//   and term t < kTerms (hi, mid, lo), one 1 KiB A tile of 16 rows x 32 bf16 at tile index
+//   (rt * steps + s) * kTerms + t. Rows are padded with zeros to a multiple of 32, k to a multiple
 //   of 32.
 //   For a Gemm of at most kAmxFewRows x rows in all (decode batches) every such tile is stored
 //   transposed instead, as a B tile: 16 rows (k pairs) x 16 columns (x rows) x 2 bf16, and
@@ -35,7 +38,7 @@
 
 inline constexpr int64_t kAmxTileRows = 16;  // rows of an A or C tile, columns of a C tile
 inline constexpr int64_t kAmxStepK = 32;     // k per A tile row (32 bf16 = 64 bytes)
-inline constexpr int kAmxTerms = 3;          // bf16 terms of each x
+inline constexpr int kAmxMaxTerms = 3;       // bf16 terms of each x, at most
 inline constexpr int64_t kAmxTileBf16 = kAmxTileRows * kAmxStepK;  // 512 bf16 = 1 KiB
 // A call works in chunks of kAmxChunkCols weight rows x kAmxChunkRows x rows (the backend's
 // tiles are exactly one chunk) and k slices of kAmxSliceSteps steps: the slice's B tiles
@@ -102,24 +105,25 @@ inline void AmxTransposeTileWords(uint16_t* tile) {
 // Rows [row_begin, row_end) of packed x (row_end may run past n into the zero padding, up to
 // AmxRoundUp(n, 32)). x [n, k] f32 row-major. For n <= kAmxFewRows the tiles are transposed, so
 // row_begin and row_end must then be multiples of 16 (whole tiles).
-inline void PackXBf16x3(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-                        uint16_t* packed) {
+template <int kTerms>
+inline void PackXBf16(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                      uint16_t* packed) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int64_t rt = r / kAmxTileRows, rr = r % kAmxTileRows;
     for (int64_t s = 0; s < steps; ++s) {
-      uint16_t* tiles = packed + (rt * steps + s) * kAmxTerms * kAmxTileBf16 + rr * kAmxStepK;
+      uint16_t* tiles = packed + (rt * steps + s) * kTerms * kAmxTileBf16 + rr * kAmxStepK;
       for (int64_t j = 0; j < kAmxStepK; ++j) {
         const int64_t kk = s * kAmxStepK + j;
         uint16_t t[3] = {0, 0, 0};
         if (r < n && kk < k) AmxSplit(x[r * k + kk], t);
-        for (int term = 0; term < kAmxTerms; ++term) tiles[term * kAmxTileBf16 + j] = t[term];
+        for (int term = 0; term < kTerms; ++term) tiles[term * kAmxTileBf16 + j] = t[term];
       }
     }
   }
   if (n <= kAmxFewRows) {
-    for (int64_t i = row_begin / kAmxTileRows * steps * kAmxTerms;
-         i < row_end / kAmxTileRows * steps * kAmxTerms; ++i) {
+    for (int64_t i = row_begin / kAmxTileRows * steps * kTerms;
+         i < row_end / kAmxTileRows * steps * kTerms; ++i) {
       AmxTransposeTileWords(packed + i * kAmxTileBf16);
     }
   }
@@ -188,9 +192,9 @@ inline void AmxDot2x2() {
 }
 
 // One 2 x 2 block of C tiles, 32 x rows by 32 weight rows at c (rows lds bytes apart), plus the
-// products of ns k steps: x row tiles a0, a1 (three terms per step, PackXBf16x3's layout) against
+// products of ns k steps: x row tiles a0, a1 (kTerms terms per step, PackXBf16's layout) against
 // the B tiles b0, b1 (one per step). C goes from c into the tiles and back.
-template <class T>
+template <class T, int kTerms>
 inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* a1,
                      const uint32_t* b0, const uint32_t* b1, int64_t ns) {
   constexpr int64_t kTileStride = kAmxStepK * 2;  // 64 bytes per A / B tile row
@@ -200,8 +204,8 @@ inline void AmxBlock(float* c, int64_t lds, const uint16_t* a0, const uint16_t* 
   for (int64_t s = 0; s < ns; ++s) {
     T::template Load<6>(b0 + s * kBTileWords, kTileStride);
     T::template Load<7>(b1 + s * kBTileWords, kTileStride);
-    for (int term = 0; term < kAmxTerms; ++term) {
-      const int64_t at = (s * kAmxTerms + term) * kAmxTileBf16;
+    for (int term = 0; term < kTerms; ++term) {
+      const int64_t at = (s * kTerms + term) * kAmxTileBf16;
       T::template Load<4>(a0 + at, kTileStride);
       T::template Load<5>(a1 + at, kTileStride);
       AmxDot2x2<T>();
@@ -239,14 +243,14 @@ inline constexpr int64_t AmxFewRowsScratchFloats(int64_t steps) {
 // in the tile registers. The products are the general loop's in the same order (steps, then terms),
 // so the outputs are the same bits. Needs AmxFewRowsScratchFloats(steps) of scratch (GemmAmxBf16
 // checks).
-template <class T>
+template <class T, int kTerms>
 void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                         const uint16_t* w, const float* bias, float* out, int64_t ldo,
                         int64_t row_begin, int64_t row_end, float* scratch) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
   constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
   constexpr int64_t kLds = 2 * kAmxTileRows * sizeof(float);  // the 32 x 32 staging
-  const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;
+  const int64_t row_tile_bf16 = steps * kTerms * kAmxTileBf16;
   uint32_t* b0 = reinterpret_cast<uint32_t*>(scratch);
   uint32_t* b1 = b0 + steps * kBTileWords;
   float* c = scratch + 2 * steps * kBTileWords;
@@ -259,7 +263,7 @@ void GemmAmxBf16FewRows(const uint16_t* packed_x, int64_t k, int64_t x_begin, in
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
       for (int64_t i = 0; i < 4 * kAmxTileRows * kAmxTileRows; ++i) c[i] = 0.0f;
       const uint16_t* a0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
-      AmxBlock<T>(c, kLds, a0, a0 + row_tile_bf16, b0, b1, steps);
+      AmxBlock<T, kTerms>(c, kLds, a0, a0 + row_tile_bf16, b0, b1, steps);
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < 2 * kAmxTileRows ? x_end - r0 : 2 * kAmxTileRows;
       AmxWriteOut(c, 2 * kAmxTileRows, 1, nr, nc, bias, out, ldo, r0, c0);
@@ -285,7 +289,7 @@ inline void AmxCopyWStep(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, i
 }
 
 // GemmAmxBf16 for a Gemm of at most kAmxFewRows x rows in all (decode batches), with x packed
-// transposed (PackXBf16x3). The roles of the general loop are swapped: 16 weight rows form an A
+// transposed (PackXBf16). The roles of the general loop are swapped: 16 weight rows form an A
 // tile as they lie in w (a tile load takes their 64-byte pieces k * 2 bytes apart), the x terms
 // are the B tiles, and C holds weight rows by x rows. No w is packed (only a group of fewer than
 // 32 rows at the end of the range, and a last step that runs past k, are copied with zeros into
@@ -294,7 +298,7 @@ inline void AmxCopyWStep(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, i
 // output element gets the same products in the same order as in the general loop (steps, then
 // terms, then the pairs of a step), so the outputs are the same bits. Needs
 // kAmxDecodeScratchFloats of scratch.
-template <class T>
+template <class T, int kTerms>
 void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                        const uint16_t* w, const float* bias, float* out, int64_t ldo,
                        int64_t row_begin, int64_t row_end, float* scratch) {
@@ -302,7 +306,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
   constexpr int64_t kTileStride = kAmxStepK * 2;
   constexpr int64_t kC = 2 * kAmxTileRows;      // the staging's side
   constexpr int64_t kLds = kC * sizeof(float);  // and its row stride in bytes
-  const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;
+  const int64_t row_tile_bf16 = steps * kTerms * kAmxTileBf16;
   const int64_t w_stride = k * 2;
   float* c = scratch;
   float* c_lower = c + kAmxTileRows * kC;
@@ -330,8 +334,8 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
           T::template Load<4>(w_step, kTileStride);
           T::template Load<5>(w_step + kAmxTileBf16, kTileStride);
         }
-        for (int term = 0; term < kAmxTerms; ++term) {
-          const int64_t bt = (s * kAmxTerms + term) * kAmxTileBf16;
+        for (int term = 0; term < kTerms; ++term) {
+          const int64_t bt = (s * kTerms + term) * kAmxTileBf16;
           T::template Load<6>(b0 + bt, kTileStride);
           if (half) {
             T::template Dot<0, 4, 6>();
@@ -351,29 +355,29 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
 }
 
 // Rows [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end), x given as
-// PackXBf16x3 wrote it for all n rows. x_begin must be a multiple of 32. scratch:
+// PackXBf16<kTerms> wrote it for all n rows. x_begin must be a multiple of 32. scratch:
 // kAmxStagingFloats + kAmxBTilesWords floats. Tile loads take any address, but packed_x and
 // scratch should be 64-byte aligned: a tile row that splits two cache lines halves the speed.
-template <class T>
+template <class T, int kTerms>
 void GemmAmxBf16(const uint16_t* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const uint16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch) {
   static_assert(kAmxDecodeScratchFloats <= kAmxStagingFloats + kAmxBTilesWords);
   if (n <= kAmxFewRows) {
-    return GemmAmxBf16Decode<T>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
-                                scratch);
+    return GemmAmxBf16Decode<T, kTerms>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin,
+                                        row_end, scratch);
   }
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
   if (x_end - x_begin <= kAmxFewRows &&
       AmxFewRowsScratchFloats(steps) <= kAmxStagingFloats + kAmxBTilesWords) {
-    return GemmAmxBf16FewRows<T>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end,
-                                 scratch);
+    return GemmAmxBf16FewRows<T, kTerms>(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin,
+                                         row_end, scratch);
   }
   float* staging = scratch;
   uint32_t* bp = reinterpret_cast<uint32_t*>(scratch + kAmxStagingFloats);
   constexpr int64_t kLds = kAmxChunkCols * sizeof(float);  // staging row stride in bytes
   constexpr int64_t kBTileWords = kAmxTileRows * kAmxTileRows;
-  const int64_t row_tile_bf16 = steps * kAmxTerms * kAmxTileBf16;  // one row tile of packed x
+  const int64_t row_tile_bf16 = steps * kTerms * kAmxTileBf16;  // one row tile of packed x
   T::Configure();
   for (int64_t c0 = row_begin; c0 < row_end; c0 += kAmxChunkCols) {
     const int64_t nc = row_end - c0 < kAmxChunkCols ? row_end - c0 : kAmxChunkCols;
@@ -390,10 +394,10 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t n, int64_t k, int64_t x_begin
           const uint32_t* b0 = bp + ct * kAmxSliceSteps * kBTileWords;
           const uint32_t* b1 = b0 + kAmxSliceSteps * kBTileWords;
           for (int64_t rt = 0; rt < rtiles; rt += 2) {
-            const uint16_t* a0 = packed_x + (r0 / kAmxTileRows + rt) * row_tile_bf16 +
-                                 s0 * kAmxTerms * kAmxTileBf16;
-            AmxBlock<T>(staging + rt * kAmxTileRows * kAmxChunkCols + ct * kAmxTileRows, kLds, a0,
-                        a0 + row_tile_bf16, b0, b1, ns);
+            const uint16_t* a0 =
+                packed_x + (r0 / kAmxTileRows + rt) * row_tile_bf16 + s0 * kTerms * kAmxTileBf16;
+            AmxBlock<T, kTerms>(staging + rt * kAmxTileRows * kAmxChunkCols + ct * kAmxTileRows,
+                                kLds, a0, a0 + row_tile_bf16, b0, b1, ns);
           }
         }
       }

@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
         absl::StrCat("cpu backend num_threads must be >= 0, got ", options.num_threads));
   }
   if (options.kernels != nullptr) {
-    return std::unique_ptr<CpuBackend>(new CpuBackend(*options.kernels, options.num_threads));
+    return std::unique_ptr<CpuBackend>(
+        new CpuBackend(*options.kernels, options.num_threads, options.matmul_precision));
   }
   Isa isa = options.isa.value_or(BestIsa());
   if (const char* env = std::getenv("MODSERVE_CPU_ISA");
@@ -100,11 +101,16 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
                                                std::string(IsaName(isa)),
                                                "' requested but this CPU/OS does not support it"));
   }
-  return std::unique_ptr<CpuBackend>(new CpuBackend(KernelsFor(isa), options.num_threads));
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(KernelsFor(isa), options.num_threads, options.matmul_precision));
 }
 
-CpuBackend::CpuBackend(const KernelTable& kernels, int num_threads)
-    : kernels_(kernels), pool_(num_threads) {}
+CpuBackend::CpuBackend(const KernelTable& kernels, int num_threads, MatmulPrecision precision)
+    : kernels_(kernels),
+      amx_terms_(precision == MatmulPrecision::kMedium ? 1
+                 : precision == MatmulPrecision::kHigh ? 2
+                                                       : 3),
+      pool_(num_threads) {}
 
 bool CpuBackend::Supports(OpKind op, DType dtype) const {
   const bool float_storage = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
@@ -441,7 +447,7 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
   if (g.amx) {
     return kernels_.gemm_amx_bf16(amx_x_.get(), n, k, x_begin, x_end,
                                   static_cast<const bf16_t*>(g.w), g.bias, g.out, g.m, row_begin,
-                                  row_end, ThreadScratch(kAmxScratchFloats));
+                                  row_end, ThreadScratch(kAmxScratchFloats), amx_terms_);
   }
   // Float weights: the decode kernel always takes all n rows of x.
   switch (g.dtype) {
@@ -639,7 +645,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
                       });
   }
   if (any_amx) {
-    // x split into its bf16 terms once for every AMX member (rows padded to 32).
+    // x split into its amx_terms_ bf16 terms once for every AMX member (rows padded to 32).
     // 64-byte aligned, as the tile loads want it (see ThreadScratch).
     if (const size_t bytes = AmxPackedXBytes(n, k); amx_x_bytes_ < bytes) {
       amx_x_.reset(static_cast<uint16_t*>(std::aligned_alloc(kAlignment, bytes)));
@@ -651,7 +657,8 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     pool_.ParallelFor(0, AmxPackedRows(n) / kTile,
                       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k * kTile)),
                       [&](int64_t b, int64_t e) {
-                        kernels_.pack_x_bf16x3(xp, n, k, b * kTile, e * kTile, amx_x_.get());
+                        kernels_.pack_x_bf16(xp, n, k, b * kTile, e * kTile, amx_x_.get(),
+                                             amx_terms_);
                       });
   }
   if (small_rows > 0) {

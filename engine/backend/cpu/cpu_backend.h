@@ -31,6 +31,9 @@ struct CpuBackendOptions {
   // A kernel table to run instead of KernelsFor(isa), e.g. one with a software model of a unit
   // this CPU lacks (tests). It must outlive the backend; isa is then ignored.
   const KernelTable* kernels = nullptr;
+  // Terms of x in the AMX BF16 Gemm (backend.h): 3, 2 or 1 for kHighest, kHigh, kMedium. Tables
+  // without that Gemm compute every Gemm at f32 whatever this says.
+  MatmulPrecision matmul_precision = MatmulPrecision::kHighest;
 };
 
 // Threads: engine thread only (see Backend). Owns a ThreadPool whose workers sleep between ops.
@@ -116,7 +119,7 @@ class CpuBackend final : public Backend {
                  const TensorView& out_kv_len) override;
 
  private:
-  CpuBackend(const KernelTable& kernels, int num_threads);
+  CpuBackend(const KernelTable& kernels, int num_threads, MatmulPrecision precision);
 
   template <typename W>
   void EmbedT(const TensorView& ids, const TensorView& table, const TensorView& out);
@@ -169,6 +172,7 @@ class CpuBackend final : public Backend {
   void Record(std::function<void()> op);
 
   const KernelTable& kernels_;
+  const int amx_terms_;  // bf16 terms of x in gemm_amx_bf16 (CpuBackendOptions::matmul_precision)
   // PrepareGemmWeight's copies by first byte: their size and the bytes of one row group.
   struct PreparedWeight {
     size_t bytes = 0;
@@ -203,7 +207,7 @@ class CpuBackend final : public Backend {
   size_t act_scratch_bytes_ = 0;
   // x as the BF16 decode kernel reads it (KernelTable::prepare_x_bf16), once per group.
   std::vector<float> small_bf16_x_;
-  // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16x3), once per group.
+  // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16), once per group.
   std::unique_ptr<uint16_t, FreeDeleter> amx_x_;  // 64-byte aligned
   size_t amx_x_bytes_ = 0;
 };

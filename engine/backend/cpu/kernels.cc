@@ -77,9 +77,10 @@ bool RaisesSigill(F f) {
   return faulted;
 }
 
-// A 40 x 70 x 50 Gemm (every padding path: rows, columns and k past a tile) on the unit against
-// a double-precision sum. Returns "" or what went wrong. An illegal instruction (a hypervisor
-// that advertises AMX but does not run it) is caught and reported instead of killing the process.
+// A 40 x 70 x 50 Gemm with all three terms of x (every padding path: rows, columns and k past a
+// tile) on the unit against a double-precision sum. Returns "" or what went wrong. An illegal
+// instruction (a hypervisor that advertises AMX but does not run it) is caught and reported instead
+// of killing the process.
 std::string SelfTest() {
   constexpr int64_t n = 40, k = 70, m = 50;
   std::vector<float> x(n * k), out(n * m, 0.0f), bias(m);
@@ -96,9 +97,9 @@ std::string SelfTest() {
   std::vector<float> scratch(kAmxScratchFloats);
 
   if (RaisesSigill([&] {
-        internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data());
+        internal::AmxPackX(x.data(), n, k, 0, AmxPackedRows(n), packed.data(), 3);
         internal::AmxGemmBf16(packed.data(), n, k, 0, n, w.data(), bias.data(), out.data(), m, 0, m,
-                              scratch.data());
+                              scratch.data(), 3);
       })) {
     return "a tile instruction raised SIGILL (AMX advertised but not usable here)";
   }
@@ -230,7 +231,7 @@ const KernelTable& AmxKernelTable() {
     // crossover moved to 48 (measured on Zen 4, which has no AMX). BF16: the tile Gemm from 9
     // rows on (KernelTable::SmallNMax, kAmxSmallNMax, measured on a Xeon).
     t.float_small_n_max = kGemmSmallNMax;
-    t.pack_x_bf16x3 = &internal::AmxPackX;
+    t.pack_x_bf16 = &internal::AmxPackX;
     t.gemm_amx_bf16 = &internal::AmxGemmBf16;
     if (CpuHasIsa(Isa::kAvx512Vnni)) {
       const KernelTable& q = internal::kAmxHostQuantGemms;

@@ -111,16 +111,17 @@ struct KernelTable {
   GemmLargeNFn<bf16_t> gemm_large_bf16;
 
   // BF16 weights with n > float_small_n_max on the matrix unit; null in tables without one.
-  // pack_x_bf16x3 writes rows [row_begin, row_end) (up to AmxPackedRows(n), multiples of 16) of
-  // x [n, k] into the packed form (AmxPackedXBytes(n, k), any alignment), which depends on n;
-  // gemm_amx_bf16 then computes rows [row_begin, row_end) of out = x @ w^T + bias for the x rows
-  // [x_begin, x_end), x_begin a multiple of 32, with kAmxScratchFloats floats of scratch
-  // (amx_gemm_impl.h).
-  void (*pack_x_bf16x3)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-                        void* packed);
+  // pack_x_bf16 writes rows [row_begin, row_end) (up to AmxPackedRows(n), multiples of 16) of
+  // x [n, k] into the packed form (at most AmxPackedXBytes(n, k), any alignment), which depends
+  // on n, as `terms` bf16 terms of each x (1 to 3, by MatmulPrecision: CpuBackend); gemm_amx_bf16
+  // then computes rows [row_begin, row_end) of out = x @ w^T + bias for the x rows
+  // [x_begin, x_end), x_begin a multiple of 32, with kAmxScratchFloats floats of scratch, from x
+  // packed with the same terms (amx_gemm_impl.h).
+  void (*pack_x_bf16)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                      void* packed, int terms);
   void (*gemm_amx_bf16)(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                         const bf16_t* w, const float* bias, float* out, int64_t ldo,
-                        int64_t row_begin, int64_t row_end, float* scratch);
+                        int64_t row_begin, int64_t row_end, float* scratch, int terms);
   // The decode kernels' range for float weights of `dtype`: float_small_n_max, or
   // kAmxSmallNMax for BF16 where the tiles take the rest.
   int64_t SmallNMax(DType dtype) const;
@@ -216,10 +217,10 @@ namespace internal {
 // kernels_amx.cc: the kAmx table's two kernels (see KernelTable::gemm_amx_bf16). AmxPackX needs
 // AVX-512 F/BW/VL only (it uses no tile instruction).
 void AmxPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-              void* packed);
+              void* packed, int terms);
 void AmxGemmBf16(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
-                 int64_t row_end, float* scratch);
+                 int64_t row_end, float* scratch, int terms);
 // The tile kernel's w packing (amx_gemm_impl.h's PackWBf16, in AVX-512 registers), exposed for
 // the test that holds it to the plain one; AVX-512 F/BW/VL only, no tile instruction.
 void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles, int64_t s0,
@@ -240,7 +241,7 @@ extern const KernelTable kAmxHostQuantGemms;
 extern const KernelTable kAmxInt8QuantGemms;
 }  // namespace internal
 
-// Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, three bf16 terms per element)
+// Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, up to three bf16 terms per element)
 // and scratch (a 256 x 128 f32 staging block and 64 KiB of packed w).
 constexpr int64_t AmxPackedRows(int64_t n) { return (n + 31) / 32 * 32; }
 constexpr size_t AmxPackedXBytes(int64_t n, int64_t k) {

@@ -84,8 +84,8 @@ void HwTiles::PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_
 }
 
 static_assert(kAmxScratchFloats == kAmxStagingFloats + kAmxBTilesWords);
-// One row of x pads to two row tiles of three 1 KiB terms.
-static_assert(AmxPackedXBytes(1, 1) == 2 * kAmxTerms * kAmxTileBf16 * 2);
+// One row of x pads to two row tiles of (at most) three 1 KiB terms.
+static_assert(AmxPackedXBytes(1, 1) == 2 * kAmxMaxTerms * kAmxTileBf16 * 2);
 
 // AmxBf16Bits of 16 lanes.
 inline __m512i Bf16BitsX16(__m512i u) {
@@ -116,15 +116,16 @@ inline void SplitX16(__m512 v, __m512i* hi, __m512i* mid, __m512i* lo) {
   *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), l);
 }
 
-// PackXBf16x3 with 16 elements split at a time, and the transposes of a Gemm of at most
+// PackXBf16<kTerms> with 16 elements split at a time, and the transposes of a Gemm of at most
 // kAmxFewRows rows in registers; the same bits.
-void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-                    uint16_t* packed) {
+template <int kTerms>
+void PackXBf16Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
+                  uint16_t* packed) {
   const int64_t steps = AmxRoundUp(k, kAmxStepK) / kAmxStepK;
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int64_t rt = r / kAmxTileRows, rr = r % kAmxTileRows;
     for (int64_t s = 0; s < steps; ++s) {
-      uint16_t* tiles = packed + (rt * steps + s) * kAmxTerms * kAmxTileBf16 + rr * kAmxStepK;
+      uint16_t* tiles = packed + (rt * steps + s) * kTerms * kAmxTileBf16 + rr * kAmxStepK;
       __m512i terms[2][3];
       for (int half = 0; half < 2; ++half) {
         const int64_t k0 = s * kAmxStepK + 16 * half;
@@ -135,7 +136,7 @@ void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int
         const __m512 v = _mm512_maskz_loadu_ps(mask, x + (r < n ? r * k + k0 : 0));
         SplitX16(v, &terms[half][0], &terms[half][1], &terms[half][2]);
       }
-      for (int t = 0; t < kAmxTerms; ++t) {
+      for (int t = 0; t < kTerms; ++t) {
         const __m256i a = _mm512_cvtepi32_epi16(terms[0][t]);
         const __m256i b = _mm512_cvtepi32_epi16(terms[1][t]);
         _mm512_storeu_si512(tiles + t * kAmxTileBf16,
@@ -145,8 +146,8 @@ void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int
   }
   if (n <= kAmxFewRows) {
     alignas(64) uint32_t transposed[kAmxTileRows * kAmxTileRows];
-    for (int64_t i = row_begin / kAmxTileRows * steps * kAmxTerms;
-         i < row_end / kAmxTileRows * steps * kAmxTerms; ++i) {
+    for (int64_t i = row_begin / kAmxTileRows * steps * kTerms;
+         i < row_end / kAmxTileRows * steps * kTerms; ++i) {
       uint16_t* tile = packed + i * kAmxTileBf16;
       PackWTile16x16(tile, kAmxStepK, transposed);
       __builtin_memcpy(tile, transposed, sizeof(transposed));
@@ -159,8 +160,16 @@ void PackXBf16x3Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int
 namespace internal {
 
 void AmxPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-              void* packed) {
-  PackXBf16x3Vec(x, n, k, row_begin, row_end, static_cast<uint16_t*>(packed));
+              void* packed, int terms) {
+  uint16_t* p = static_cast<uint16_t*>(packed);
+  switch (terms) {
+    case 1:
+      return PackXBf16Vec<1>(x, n, k, row_begin, row_end, p);
+    case 2:
+      return PackXBf16Vec<2>(x, n, k, row_begin, row_end, p);
+    default:
+      return PackXBf16Vec<3>(x, n, k, row_begin, row_end, p);
+  }
 }
 
 void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles, int64_t s0,
@@ -170,10 +179,20 @@ void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles
 
 void AmxGemmBf16(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
-                 int64_t row_end, float* scratch) {
-  GemmAmxBf16<HwTiles>(static_cast<const uint16_t*>(packed_x), n, k, x_begin, x_end,
-                       reinterpret_cast<const uint16_t*>(w), bias, out, ldo, row_begin, row_end,
-                       scratch);
+                 int64_t row_end, float* scratch, int terms) {
+  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
+  const uint16_t* pw = reinterpret_cast<const uint16_t*>(w);
+  switch (terms) {
+    case 1:
+      return GemmAmxBf16<HwTiles, 1>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
+                                     row_end, scratch);
+    case 2:
+      return GemmAmxBf16<HwTiles, 2>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
+                                     row_end, scratch);
+    default:
+      return GemmAmxBf16<HwTiles, 3>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
+                                     row_end, scratch);
+  }
 }
 
 }  // namespace internal

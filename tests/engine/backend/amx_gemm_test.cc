@@ -131,6 +131,24 @@ TEST(AmxSplitTest, ThreeBf16TermsCarryEveryFloatToF32Precision) {
   EXPECT_TRUE(std::isnan(AmxBf16Value(t[0])));
 }
 
+// The first `terms` terms (MatmulPrecision kHigh: 2, kMedium: 1) carry a normal x to within
+// 2^-(8 terms) relative: each term is x's remainder rounded to bf16's 8 significant bits.
+TEST(AmxSplitTest, FewerTermsCarryEveryFloatToTheirPrecision) {
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t u = bits(rng);
+    float v;
+    std::memcpy(&v, &u, 4);
+    if (!std::isfinite(v)) continue;
+    uint16_t t[3];
+    AmxSplit(v, t);
+    const double one = AmxBf16Value(t[0]), two = one + AmxBf16Value(t[1]);
+    ASSERT_LE(std::fabs(one - v), std::ldexp(std::fabs(v), -8) + 0x1p-125) << "x = " << v;
+    ASSERT_LE(std::fabs(two - v), std::ldexp(std::fabs(v), -16) + 0x1p-125) << "x = " << v;
+  }
+}
+
 struct Case {
   int64_t n, k, m;
   int64_t x_begin, x_end, row_begin, row_end;
@@ -146,12 +164,19 @@ std::string Describe(const Case& c) {
          std::to_string(c.w_scale);
 }
 
-// Against a double sum of the same bf16 w and f32 x. Bound: the split is exact to 2^-24 of each
-// |x|, and C takes 3k + 1 f32 additions (one per term and k, the bias), each rounding within
-// 2^-24 of a partial sum no larger than the sum of |terms|. A packing or indexing error is off
-// by the size of a whole term, far outside it. Outputs outside the call's ranges stay untouched.
+// Against a double sum of the same bf16 w and f32 x. Bound: the split's first `terms` terms are
+// exact to 2^-(8 terms) of each |x| (2^-24 for all three), and C takes terms * k + 1 f32
+// additions (one per term and k, the bias), each rounding within 2^-24 of a partial sum no larger
+// than the sum of |terms|. A packing or indexing error is off by the size of a whole term, far
+// outside it (at one term, by the size of a whole product). Outputs outside the call's ranges
+// stay untouched.
+double TermsBound(double magnitude, int terms, int64_t k) {
+  return magnitude * (std::ldexp(1.0, -8 * terms) + std::ldexp(terms * k + 2.0, -24)) + 1e-30;
+}
+
+template <int kTerms>
 void RunCase(const Case& c, std::mt19937& rng) {
-  SCOPED_TRACE(Describe(c));
+  SCOPED_TRACE(Describe(c) + " terms " + std::to_string(kTerms));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(c.n * c.k), bias(c.m);
   std::vector<uint16_t> w(c.m * c.k);
@@ -161,16 +186,19 @@ void RunCase(const Case& c, std::mt19937& rng) {
   std::vector<uint16_t> packed(AmxPackedXBytes(c.n, c.k) / 2, 0xffff);
   // Packed in two row ranges, as the backend's threads do.
   const int64_t rows = AmxPackedRows(c.n), half = rows / 2;
-  PackXBf16x3(x.data(), c.n, c.k, 0, half, packed.data());
-  PackXBf16x3(x.data(), c.n, c.k, half, rows, packed.data());
-  for (uint16_t v : packed) ASSERT_NE(v, 0xffff) << "a packed element was not written";
+  PackXBf16<kTerms>(x.data(), c.n, c.k, 0, half, packed.data());
+  PackXBf16<kTerms>(x.data(), c.n, c.k, half, rows, packed.data());
+  const size_t used = AmxPackedXBytes(c.n, c.k) / 2 / kAmxMaxTerms * kTerms;
+  for (size_t i = 0; i < packed.size(); ++i) {
+    ASSERT_EQ(packed[i] == 0xffff, i >= used) << "packed element " << i << " of " << used;
+  }
 
   const float sentinel = -12345.0f;
   std::vector<float> out(c.n * c.m, sentinel);
   std::vector<float> scratch(kAmxScratchFloats, std::numeric_limits<float>::quiet_NaN());
-  GemmAmxBf16<EmulatedTiles>(packed.data(), c.n, c.k, c.x_begin, c.x_end, w.data(),
-                             c.bias ? bias.data() : nullptr, out.data(), c.m, c.row_begin,
-                             c.row_end, scratch.data());
+  GemmAmxBf16<EmulatedTiles, kTerms>(packed.data(), c.n, c.k, c.x_begin, c.x_end, w.data(),
+                                     c.bias ? bias.data() : nullptr, out.data(), c.m, c.row_begin,
+                                     c.row_end, scratch.data());
   ASSERT_FALSE(EmulatedTiles::configured) << "the tiles were not released";
   int bad = 0;
   for (int64_t i = 0; i < c.n; ++i) {
@@ -187,7 +215,7 @@ void RunCase(const Case& c, std::mt19937& rng) {
         want += p;
         magnitude += std::fabs(p);
       }
-      const double bound = std::ldexp(magnitude, -24) * (3.0 * c.k + 2.0) + 1e-30;
+      const double bound = TermsBound(magnitude, kTerms, c.k);
       if (!(std::fabs(got - want) <= bound) && ++bad <= 5) {
         ADD_FAILURE() << "out[" << i << ", " << j << "] = " << got << ", want " << want
                       << " (bound " << bound << ")";
@@ -217,7 +245,28 @@ TEST(AmxGemmTest, TileLoopsMatchADoubleSumOverOddShapesAndRanges) {
       {32, 64, 32, 0, 32, 0, 32, true, 1e-20f, 1e20f},
       {32, 64, 32, 0, 32, 0, 32, false, 1e-3f, 1e3f},
   };
-  for (const Case& c : cases) RunCase(c, rng);
+  for (const Case& c : cases) RunCase<3>(c, rng);
+}
+
+// MatmulPrecision kHigh and kMedium: the same loops over two terms and one, held to the bound of
+// their precision. A layout that still assumed three terms per step would read the wrong tiles.
+TEST(AmxGemmTest, TwoTermAndOneTermLoopsMatchADoubleSumToTheirPrecision) {
+  std::mt19937 rng(12);
+  const Case cases[] = {
+      {1, 32, 16, 0, 1, 0, 16, true},
+      {17, 33, 17, 0, 17, 0, 17, true},
+      {40, 70, 50, 0, 40, 0, 50, true},
+      {64, 255, 129, 0, 64, 0, 129, true},
+      {65, 256, 128, 32, 65, 0, 128, false},
+      {100, 257, 200, 64, 100, 17, 190, true},
+      {257, 96, 40, 0, 257, 0, 40, true},
+      {33, 520, 47, 0, 33, 5, 47, true},
+      {32, 64, 32, 0, 32, 0, 32, true, 1e-20f, 1e20f},
+  };
+  for (const Case& c : cases) {
+    RunCase<2>(c, rng);
+    RunCase<1>(c, rng);
+  }
 }
 
 TEST(AmxGemmTest, ElementsNearTheTopOfTheFloatRangeStaySplitFinite) {
@@ -226,61 +275,66 @@ TEST(AmxGemmTest, ElementsNearTheTopOfTheFloatRangeStaySplitFinite) {
   std::vector<float> x(32 * 32, 3.3895e38f), bias(16, 0.0f);
   std::vector<uint16_t> w(16 * 32, AmxBf16Bits(1e-10f));
   std::vector<uint16_t> packed(AmxPackedXBytes(32, 32) / 2);
-  PackXBf16x3(x.data(), 32, 32, 0, 32, packed.data());
+  PackXBf16<3>(x.data(), 32, 32, 0, 32, packed.data());
   std::vector<float> out(32 * 16), scratch(kAmxScratchFloats);
-  GemmAmxBf16<EmulatedTiles>(packed.data(), 32, 32, 0, 32, w.data(), nullptr, out.data(), 16, 0, 16,
-                             scratch.data());
+  GemmAmxBf16<EmulatedTiles, 3>(packed.data(), 32, 32, 0, 32, w.data(), nullptr, out.data(), 16, 0,
+                                16, scratch.data());
   const double want = 32.0 * 3.3895e38 * AmxBf16Value(AmxBf16Bits(1e-10f));
   for (float v : out) ASSERT_NEAR(v, want, want * 1e-6);
 }
 
 using PackXFn = void (*)(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-                         void* packed);
+                         void* packed, int terms);
 using AmxGemmFn = void (*)(const void* packed_x, int64_t n, int64_t k, int64_t x_begin,
                            int64_t x_end, const bf16_t* w, const float* bias, float* out,
-                           int64_t ldo, int64_t row_begin, int64_t row_end, float* scratch);
+                           int64_t ldo, int64_t row_begin, int64_t row_end, float* scratch,
+                           int terms);
 
 // A Gemm of at most kAmxFewRows x rows (x packed transposed, GemmAmxBf16Decode: w as A tiles)
 // must give the bits that the same rows get as a short call of a larger Gemm (x packed as A
 // tiles, GemmAmxBf16FewRows, w packed into B tiles): the speculative decoder's row invariance
 // rests on it. The larger Gemm's x is the same rows with 65 - n rows of other values below.
-// Shapes: a partial last weight group (m % 32), k past the whole steps, row ranges from 32.
+// Shapes: a partial last weight group (m % 32), k past the whole steps, row ranges from 32; each
+// with 3, 2 and 1 terms of x (MatmulPrecision).
 void ExpectDecodeLoopGivesFewRowsBits(PackXFn pack, AmxGemmFn gemm) {
   std::mt19937 rng(17);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (auto [n, k, m, x_begin] : {std::array<int64_t, 4>{1, 64, 32, 0},
-                                  {17, 70, 50, 0},
-                                  {32, 256, 64, 0},
-                                  {40, 96, 129, 32},
-                                  {64, 255, 48, 0},
-                                  {64, 512, 100, 32}}) {
-    SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m) +
-                 " x from " + std::to_string(x_begin));
-    const int64_t big = kAmxFewRows + 1;
-    std::vector<float> x(big * k), bias(m);
-    std::vector<uint16_t> w(m * k);
-    for (float& v : x) v = dist(rng);
-    for (uint16_t& v : w) v = AmxBf16Bits(dist(rng));
-    for (float& v : bias) v = dist(rng);
-    std::vector<uint16_t> packed_small(AmxPackedXBytes(n, k) / 2),
-        packed_big(AmxPackedXBytes(big, k) / 2);
-    pack(x.data(), n, k, 0, AmxPackedRows(n), packed_small.data());
-    pack(x.data(), big, k, 0, AmxPackedRows(big), packed_big.data());
-    std::vector<float> got(big * m, 0.0f), want(big * m, 0.0f), scratch(kAmxScratchFloats);
-    const bf16_t* wb = reinterpret_cast<const bf16_t*>(w.data());
-    gemm(packed_small.data(), n, k, x_begin, n, wb, bias.data(), got.data(), m, 0, m,
-         scratch.data());
-    gemm(packed_big.data(), big, k, x_begin, n, wb, bias.data(), want.data(), m, 0, m,
-         scratch.data());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  for (int terms = 3; terms >= 1; --terms) {
+    for (auto [n, k, m, x_begin] : {std::array<int64_t, 4>{1, 64, 32, 0},
+                                    {17, 70, 50, 0},
+                                    {32, 256, 64, 0},
+                                    {40, 96, 129, 32},
+                                    {64, 255, 48, 0},
+                                    {64, 512, 100, 32}}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                   " m=" + std::to_string(m) + " x from " + std::to_string(x_begin) + " terms " +
+                   std::to_string(terms));
+      const int64_t big = kAmxFewRows + 1;
+      std::vector<float> x(big * k), bias(m);
+      std::vector<uint16_t> w(m * k);
+      for (float& v : x) v = dist(rng);
+      for (uint16_t& v : w) v = AmxBf16Bits(dist(rng));
+      for (float& v : bias) v = dist(rng);
+      std::vector<uint16_t> packed_small(AmxPackedXBytes(n, k) / 2),
+          packed_big(AmxPackedXBytes(big, k) / 2);
+      pack(x.data(), n, k, 0, AmxPackedRows(n), packed_small.data(), terms);
+      pack(x.data(), big, k, 0, AmxPackedRows(big), packed_big.data(), terms);
+      std::vector<float> got(big * m, 0.0f), want(big * m, 0.0f), scratch(kAmxScratchFloats);
+      const bf16_t* wb = reinterpret_cast<const bf16_t*>(w.data());
+      gemm(packed_small.data(), n, k, x_begin, n, wb, bias.data(), got.data(), m, 0, m,
+           scratch.data(), terms);
+      gemm(packed_big.data(), big, k, x_begin, n, wb, bias.data(), want.data(), m, 0, m,
+           scratch.data(), terms);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
   }
 }
 
 void EmulatedPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-                   void* packed);
+                   void* packed, int terms);
 void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                   const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
-                  int64_t row_end, float* scratch);
+                  int64_t row_end, float* scratch, int terms);
 
 TEST(AmxGemmTest, TheDecodeLoopGivesTheBitsOfAShortCallOfALargerGemm) {
   ExpectDecodeLoopGivesFewRowsBits(&EmulatedPackX, &EmulatedGemm);
@@ -294,17 +348,37 @@ TEST(AmxGemmTest, OnTheUnitTheDecodeLoopGivesTheBitsOfAShortCallOfALargerGemm) {
 #endif
 
 void EmulatedPackX(const float* x, int64_t n, int64_t k, int64_t row_begin, int64_t row_end,
-                   void* packed) {
-  PackXBf16x3(x, n, k, row_begin, row_end, static_cast<uint16_t*>(packed));
+                   void* packed, int terms) {
+  uint16_t* p = static_cast<uint16_t*>(packed);
+  switch (terms) {
+    case 1:
+      return PackXBf16<1>(x, n, k, row_begin, row_end, p);
+    case 2:
+      return PackXBf16<2>(x, n, k, row_begin, row_end, p);
+    default:
+      return PackXBf16<3>(x, n, k, row_begin, row_end, p);
+  }
 }
 std::atomic<int64_t> emulated_calls{0};
+std::atomic<int> emulated_terms{0};  // of the last emulated Gemm
 void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                   const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
-                  int64_t row_end, float* scratch) {
+                  int64_t row_end, float* scratch, int terms) {
   emulated_calls.fetch_add(1);
-  GemmAmxBf16<EmulatedTiles>(static_cast<const uint16_t*>(packed_x), n, k, x_begin, x_end,
-                             reinterpret_cast<const uint16_t*>(w), bias, out, ldo, row_begin,
-                             row_end, scratch);
+  emulated_terms.store(terms);
+  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
+  const uint16_t* pw = reinterpret_cast<const uint16_t*>(w);
+  switch (terms) {
+    case 1:
+      return GemmAmxBf16<EmulatedTiles, 1>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
+                                           row_end, scratch);
+    case 2:
+      return GemmAmxBf16<EmulatedTiles, 2>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
+                                           row_end, scratch);
+    default:
+      return GemmAmxBf16<EmulatedTiles, 3>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
+                                           row_end, scratch);
+  }
 }
 
 // The backend's side of the AMX path (x packed once per group by the pool, 2-D tiles, the
@@ -312,7 +386,7 @@ void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, i
 // that is this CPU's plus the emulated kernels.
 TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
   KernelTable table = KernelsFor(CpuHasIsa(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar);
-  table.pack_x_bf16x3 = &EmulatedPackX;
+  table.pack_x_bf16 = &EmulatedPackX;
   table.gemm_amx_bf16 = &EmulatedGemm;
   table.float_small_n_max = kGemmSmallNMax;  // the AMX table's crossover for F32 and F16
   auto created = CpuBackend::Create({.num_threads = 3, .kernels = &table});
@@ -372,6 +446,92 @@ TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
   }
 }
 
+// One BF16 Gemm of 40 x rows (above every crossover) through `backend`, held to the bound of
+// `terms` terms of x; returns the outputs.
+std::vector<float> Bf16GemmWithinTermsBound(CpuBackend& backend, int terms) {
+  constexpr int64_t n = 40, k = 96, m = 70;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n * k), out(n * m, 0.0f);
+  std::vector<bf16_t> w(m * k);
+  for (float& v : x) v = dist(rng);
+  for (bf16_t& v : w) v = F32ToBf16(dist(rng));
+  backend.Gemm(TensorView(x.data(), DType::kF32, {n, k}),
+               TensorView(w.data(), DType::kBF16, {m, k}), TensorView(),
+               TensorView(out.data(), DType::kF32, {n, m}));
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double want = 0, magnitude = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = static_cast<double>(x[i * k + kk]) * Bf16ToF32(w[j * k + kk]);
+        want += p;
+        magnitude += std::fabs(p);
+      }
+      if (!(std::fabs(out[i * m + j] - want) <= TermsBound(magnitude, terms, k)) && ++bad <= 5) {
+        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << out[i * m + j] << ", want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  return out;
+}
+
+constexpr std::pair<MatmulPrecision, int> kPrecisionTerms[] = {
+    {MatmulPrecision::kHighest, 3}, {MatmulPrecision::kHigh, 2}, {MatmulPrecision::kMedium, 1}};
+
+// CpuBackendOptions::matmul_precision reaches the tile kernels as their number of terms, and
+// each precision gives other outputs than the last (so no setting is silently ignored).
+TEST(AmxGemmTest, TheBackendRunsTheTileKernelsAtItsMatmulPrecision) {
+  KernelTable table = KernelsFor(CpuHasIsa(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar);
+  table.pack_x_bf16 = &EmulatedPackX;
+  table.gemm_amx_bf16 = &EmulatedGemm;
+  std::vector<float> previous;
+  for (auto [precision, terms] : kPrecisionTerms) {
+    SCOPED_TRACE(std::string(MatmulPrecisionName(precision)));
+    auto created =
+        CpuBackend::Create({.num_threads = 2, .kernels = &table, .matmul_precision = precision});
+    ASSERT_TRUE(created.ok()) << created.status();
+    const std::vector<float> out = Bf16GemmWithinTermsBound(**created, terms);
+    EXPECT_EQ(emulated_terms.load(), terms);
+    if (!previous.empty()) {
+      EXPECT_NE(out, previous);
+    }
+    previous = out;
+  }
+}
+
+TEST(AmxGemmTest, OnTheUnitTheBackendRunsTheTileGemmAtItsMatmulPrecision) {
+  if (!CpuHasIsa(Isa::kAmx)) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
+  std::vector<float> previous;
+  for (auto [precision, terms] : kPrecisionTerms) {
+    SCOPED_TRACE(std::string(MatmulPrecisionName(precision)));
+    auto created =
+        CpuBackend::Create({.num_threads = 2, .isa = Isa::kAmx, .matmul_precision = precision});
+    ASSERT_TRUE(created.ok()) << created.status();
+    const std::vector<float> out = Bf16GemmWithinTermsBound(**created, terms);
+    if (!previous.empty()) {
+      EXPECT_NE(out, previous);
+    }
+    previous = out;
+  }
+}
+
+TEST(MatmulPrecisionTest, NamesParseAndAnythingElseIsRefusedByName) {
+  for (auto [precision, terms] : kPrecisionTerms) {
+    const absl::StatusOr<MatmulPrecision> parsed =
+        ParseMatmulPrecision(MatmulPrecisionName(precision));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, precision);
+  }
+  for (const char* bad : {"", "Highest", "low", "bf16", "highest "}) {
+    const absl::StatusOr<MatmulPrecision> parsed = ParseMatmulPrecision(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(parsed.status().message().find(std::string("\"") + bad + "\""), std::string::npos)
+        << parsed.status();
+  }
+}
+
 #if defined(__x86_64__)
 // The hardware path's packers (AVX-512 registers) against the plain ones above, bit for bit: x
 // with every kind of float the split treats apart, w with whole and partial tiles and steps.
@@ -406,11 +566,13 @@ TEST(AmxPackTest, VectorPackersWriteThePlainPackersBits) {
       }
     }
     const int64_t rows = AmxPackedRows(n), half = rows / 2 / 16 * 16;
-    std::vector<uint16_t> want(AmxPackedXBytes(n, k) / 2, 0x5555), got(want.size(), 0x5555);
-    PackXBf16x3(x.data(), n, k, 0, rows, want.data());
-    internal::AmxPackX(x.data(), n, k, 0, half, got.data());
-    internal::AmxPackX(x.data(), n, k, half, rows, got.data());
-    EXPECT_EQ(got, want);
+    for (int terms = 1; terms <= 3; ++terms) {
+      std::vector<uint16_t> want(AmxPackedXBytes(n, k) / 2, 0x5555), got(want.size(), 0x5555);
+      EmulatedPackX(x.data(), n, k, 0, rows, want.data(), terms);
+      internal::AmxPackX(x.data(), n, k, 0, half, got.data(), terms);
+      internal::AmxPackX(x.data(), n, k, half, rows, got.data(), terms);
+      EXPECT_EQ(got, want) << terms << " terms";
+    }
   }
   for (auto [m, k, c0, nc, s0, ns] : {std::array<int64_t, 6>{16, 32, 0, 16, 0, 1},
                                       {40, 100, 3, 37, 0, 4},
