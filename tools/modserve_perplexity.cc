@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, thresholds, "",
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = every core");
 ABSL_FLAG(int32_t, max_seqs, 8, "sequences in one forward pass");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "rows of one forward pass");
+ABSL_FLAG(std::string, logprobs_out, "",
+          "also write each window's per-token log-probabilities here, as JSON "
+          "{\"logprobs\": [[...], ...]} (one list per window and threshold, in run order)");
 ABSL_FLAG(std::string, matmul_precision, "highest",
           "how BF16-weight Gemms on AMX tiles may round activations: highest (f32 precision), "
           "high (two bf16 terms, ~2^-16) or medium (bf16, ~2^-8; faster, less accurate)");
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
   Engine& e = **engine;
   const int n_layers = static_cast<int>(e.config().n_layers);
 
+  nlohmann::json all_logprobs = nlohmann::json::array();
   for (const std::optional<double>& tau : thresholds) {
     std::vector<modserve::engine::Request> reqs;
     for (const auto& w : windows) {
@@ -127,11 +131,14 @@ int main(int argc, char** argv) {
     int64_t predicted = 0, fed = 0;
     std::map<int, int64_t> routed;
     for (const auto& res : *results) {
+      nlohmann::json window_logprobs = nlohmann::json::array();
       for (const auto& p : res.prompt_logprobs) {
         if (!p.logprob) continue;
         nll -= static_cast<double>(*p.logprob);
+        window_logprobs.push_back(*p.logprob);
         ++predicted;
       }
+      all_logprobs.push_back(std::move(window_logprobs));
       for (size_t k = 0; k < res.routed_layers.size(); ++k) {
         for (uint8_t d : res.routing[k]) routed[res.routed_layers[k]] += d;
       }
@@ -156,6 +163,11 @@ int main(int argc, char** argv) {
     // Block computations skipped, over all layers (dense layers skip none).
     out["skipped_fraction"] = skipped / n_layers;
     std::cout << out.dump() << std::endl;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_logprobs_out); !path.empty()) {
+    std::ofstream f(path);
+    f << nlohmann::json{{"logprobs", all_logprobs}}.dump() << std::endl;
+    if (!f) return Fail("--logprobs_out: cannot write '" + path + "'");
   }
   return 0;
 }

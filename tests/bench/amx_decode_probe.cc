@@ -10,7 +10,11 @@
 //              (T0) or L2 (T1), or the next 32-row group into L2
 //   k-slices   natural-A in k slices of dist steps, C kept in a staging between slices
 //   A-order    the weights pre-packed per 32-row group as consecutive 2 KiB steps (one stream)
+//   1 x 4      natural-A with one 16-row weight tile against every x tile of the call (C 0-3 for
+//              up to 64 x rows): each weight tile is loaded once, every x tile once per product
 // Usage: amx_decode_probe M K N [DIST]   (N <= 64 x rows, a multiple of 16; DIST default 8)
+// TERMS=1 or 2 in the environment: that many bf16 terms of x per product instead of three
+// (--matmul_precision medium and high).
 // Prints GB/s of weights and the useful GFLOP/s (2 n m k per call), 2 threads, best of 3 rounds.
 // Outputs are not checked here: the engine's loops are (tests/engine/backend/amx_gemm_test.cc).
 #include <immintrin.h>
@@ -36,10 +40,22 @@ struct Shape {
   const uint16_t* x;  // x terms, [x tile][step][term] 1 KiB tiles (as A or as B tiles alike)
 };
 
-enum Variant { kPackB, kNaturalA, kPfT0, kPfNextGroup, kPfT1, kKSlices, kAOrder, kVariants };
+enum Variant {
+  kPackB,
+  kNaturalA,
+  kPfT0,
+  kPfNextGroup,
+  kPfT1,
+  kKSlices,
+  kAOrder,
+  kOneByFour,
+  kVariants
+};
 constexpr const char* kNames[kVariants] = {
     "pack-B",   "natural-A", "+pf T0 dist steps", "+pf next group T1", "+pf T1 dist steps",
-    "k-slices", "A-order"};
+    "k-slices", "A-order",   "1 x 4"};
+
+int g_terms = 3;  // bf16 terms of x per product (TERMS)
 
 inline void Zero4() {
   _tile_zero(0);
@@ -59,17 +75,17 @@ inline void Load4(const float* c) {
   _tile_loadd(2, c + 512, 128);
   _tile_loadd(3, c + 528, 128);
 }
-// The three terms of step s against A tiles 4, 5 (loaded by the caller): x tiles xt, xt + 1 as B
+// The terms of step s against A tiles 4, 5 (loaded by the caller): x tiles xt, xt + 1 as B
 // tiles, or only xt where it is the last (half).
 inline void Terms(const uint16_t* b0, const uint16_t* b1, int64_t s, bool half) {
-  for (int t = 0; t < 3; ++t) {
-    _tile_loadd(6, b0 + (s * 3 + t) * 512, 64);
+  for (int t = 0; t < g_terms; ++t) {
+    _tile_loadd(6, b0 + (s * g_terms + t) * 512, 64);
     if (half) {
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(2, 5, 6);
       continue;
     }
-    _tile_loadd(7, b1 + (s * 3 + t) * 512, 64);
+    _tile_loadd(7, b1 + (s * g_terms + t) * 512, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
@@ -81,7 +97,7 @@ inline void Terms(const uint16_t* b0, const uint16_t* b1, int64_t s, bool half) 
 void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, uint32_t* bt,
          float* staging, float* sink) {
   alignas(64) float c[32 * 32];
-  const int64_t k = sh.k, steps = sh.steps, xtiles = sh.n / 16, xtile = steps * 3 * 512;
+  const int64_t k = sh.k, steps = sh.steps, xtiles = sh.n / 16, xtile = steps * g_terms * 512;
   if (v == kPackB) {  // x as A tiles 4, 5; the group's weights as B tiles 6, 7
     for (int64_t c0 = r0; c0 < r1; c0 += 32) {
       // As GemmAmxBf16FewRows packs: each 16-row column tile for the whole k.
@@ -94,9 +110,9 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
         for (int64_t s = 0; s < steps; ++s) {
           _tile_loadd(6, bt + s * 256, 64);
           _tile_loadd(7, bt + (steps + s) * 256, 64);
-          for (int t = 0; t < 3; ++t) {
-            _tile_loadd(4, a0 + (s * 3 + t) * 512, 64);
-            _tile_loadd(5, a0 + xtile + (s * 3 + t) * 512, 64);
+          for (int t = 0; t < g_terms; ++t) {
+            _tile_loadd(4, a0 + (s * g_terms + t) * 512, 64);
+            _tile_loadd(5, a0 + xtile + (s * g_terms + t) * 512, 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
@@ -106,6 +122,35 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
         Store4(c);
         *sink += c[0];
       }
+    }
+    return;
+  }
+  if (v == kOneByFour) {  // C xt += A4 (16 weight rows) . B6 (x tile xt)
+    for (int64_t c0 = r0; c0 < r1; c0 += 16) {
+      const uint16_t* wa = w + c0 * k;
+      Zero4();
+      for (int64_t s = 0; s < steps; ++s) {
+        _tile_loadd(4, wa + 32 * s, 2 * k);
+        for (int t = 0; t < g_terms; ++t) {
+          const uint16_t* b = sh.x + (s * g_terms + t) * 512;
+          _tile_loadd(6, b, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          if (xtiles > 1) {
+            _tile_loadd(7, b + xtile, 64);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          if (xtiles > 2) {
+            _tile_loadd(6, b + 2 * xtile, 64);
+            _tile_dpbf16ps(2, 4, 6);
+          }
+          if (xtiles > 3) {
+            _tile_loadd(7, b + 3 * xtile, 64);
+            _tile_dpbf16ps(3, 4, 7);
+          }
+        }
+      }
+      Store4(c);
+      *sink += c[0];
     }
     return;
   }
@@ -187,6 +232,7 @@ int Main(int argc, char** argv) {
     std::printf("AMX unusable here: %s\n", std::string(AmxUnavailableReason()).c_str());
     return 0;
   }
+  if (const char* t = std::getenv("TERMS"); t != nullptr) g_terms = std::clamp(std::atoi(t), 1, 3);
   const int64_t steps = k / 32;
   const size_t w_bytes = static_cast<size_t>(m * k * 2);
   const size_t huge = size_t{2} << 20, rounded = (w_bytes + huge - 1) / huge * huge;
@@ -202,7 +248,7 @@ int Main(int argc, char** argv) {
     ws.push_back(p);
   }
   // x rows padded to 32 (pack-B reads a second x tile), as the engine pads them.
-  const int64_t x_elems = (n + 31) / 32 * 32 * k * 3;
+  const int64_t x_elems = (n + 31) / 32 * 32 * k * g_terms;
   std::vector<uint16_t> x_store(x_elems + 32);
   uint16_t* x = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(x_store.data()) + 63) &
                                             ~uintptr_t{63});
@@ -232,9 +278,9 @@ int Main(int argc, char** argv) {
       best[v] = std::max(best[v], static_cast<double>(w_bytes) * calls / sec / 1e9);
     }
   }
-  std::printf("amx_decode_probe m=%lld k=%lld n=%lld dist=%lld, 2 threads, %d copies\n",
+  std::printf("amx_decode_probe m=%lld k=%lld n=%lld dist=%lld, %d terms, 2 threads, %d copies\n",
               static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n),
-              static_cast<long long>(dist), copies);
+              static_cast<long long>(dist), g_terms, copies);
   for (int v = 0; v < kVariants; ++v) {
     std::printf("  %-20s %6.1f GB/s of weights  %7.0f GFLOP/s\n", kNames[v], best[v],
                 best[v] / 2 * 2 * static_cast<double>(n));

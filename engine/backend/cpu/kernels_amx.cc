@@ -18,12 +18,16 @@ struct HwTiles : AmxTileRegs<kAmxTileConfig> {
   template <int kC, int kA, int kB>
   static void Dot() {
     static_assert((kC == 0 && kA == 4 && kB == 6) || (kC == 1 && kA == 4 && kB == 7) ||
-                      (kC == 2 && kA == 5 && kB == 6) || (kC == 3 && kA == 5 && kB == 7),
-                  "only the four products of GemmAmxBf16's 2 x 2 tile have an instruction here");
+                      (kC == 2 && kA == 5 && kB == 6) || (kC == 3 && kA == 5 && kB == 7) ||
+                      (kC == 2 && kA == 4 && kB == 6) || (kC == 3 && kA == 4 && kB == 7),
+                  "only the products of GemmAmxBf16's 2 x 2 block and of GemmAmxBf16DecodeWide's "
+                  "1 x 4 row have an instruction here");
     if constexpr (kC == 0 && kA == 4 && kB == 6) _tile_dpbf16ps(0, 4, 6);
     if constexpr (kC == 1 && kA == 4 && kB == 7) _tile_dpbf16ps(1, 4, 7);
     if constexpr (kC == 2 && kA == 5 && kB == 6) _tile_dpbf16ps(2, 5, 6);
     if constexpr (kC == 3 && kA == 5 && kB == 7) _tile_dpbf16ps(3, 5, 7);
+    if constexpr (kC == 2 && kA == 4 && kB == 6) _tile_dpbf16ps(2, 4, 6);
+    if constexpr (kC == 3 && kA == 4 && kB == 7) _tile_dpbf16ps(3, 4, 7);
   }
   static void PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
                     int64_t s0, int64_t ns, uint32_t* bp);

@@ -6,7 +6,11 @@ activations for its quantized matmuls), which isolates loading bugs (names, Q/K 
 mapping) from rounding: greedy_ids and modserve-generate on the F32 file should agree token for
 token with top-1/top-2 margins within ~1e-2.
 
-  .venv/bin/python tests/bench/llamacpp/gguf_to_f32.py IN.gguf OUT.gguf
+  .venv/bin/python tests/bench/llamacpp/gguf_to_f32.py IN.gguf OUT.gguf [bf16]
+
+With `bf16`, the matrices (tensors of two dimensions) are stored as BF16 instead (rounded to
+nearest even from the dequantized values), the rest F32: a BF16 copy of a quantized model, for
+the BF16 kernels (the AMX tile Gemm and --matmul_precision).
 """
 import sys
 
@@ -17,9 +21,10 @@ from gguf import quants
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4) or (len(sys.argv) == 4 and sys.argv[3] != "bf16"):
         sys.exit(__doc__)
-    src, dst = sys.argv[1:]
+    src, dst = sys.argv[1:3]
+    bf16 = len(sys.argv) == 4
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
@@ -28,12 +33,16 @@ def main():
         vtype = gguf.GGUFValueType(f.types[0])
         sub = gguf.GGUFValueType(f.types[1]) if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, f.contents(), vtype, sub_type=sub)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if bf16 else gguf.LlamaFileType.ALL_F32)
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         qtype = gguf.GGMLQuantizationType(int(t.tensor_type))
         a = np.asarray(quants.dequantize(t.data, qtype), dtype=np.float32).reshape(shape)
-        w.add_tensor(t.name, a)
+        if bf16 and a.ndim == 2:
+            b = quants.quantize(a, gguf.GGMLQuantizationType.BF16)
+            w.add_tensor(t.name, b, raw_shape=b.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(t.name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
