@@ -51,9 +51,14 @@ enum Variant {
   kOneByFour,
   kVariants
 };
-constexpr const char* kNames[kVariants] = {
-    "pack-B",   "natural-A", "+pf T0 dist steps", "+pf next group T1", "+pf T1 dist steps",
-    "k-slices", "A-order",   "1 x 4"};
+constexpr const char* kNames[kVariants] = {"pack-B",
+                                           "natural-A",
+                                           "+pf T0 dist steps",
+                                           "+pf next group T1",
+                                           "+pf T1 dist steps",
+                                           "k-slices",
+                                           "A-order",
+                                           "1 x 4"};
 
 int g_terms = 3;  // bf16 terms of x per product (TERMS)
 
