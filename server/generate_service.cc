@@ -522,6 +522,7 @@ grpc::ServerUnaryReactor* GenerateService::GetModelInfo(grpc::CallbackServerCont
   response->set_kv_cache_dtype(std::string(DTypeName(engine_->kv_dtype())));
   response->set_kv_bytes_per_token_dense(c.n_layers * engine_->kv_bytes_per_token_layer());
   response->set_prefix_caching(o.prefix_caching);
+  response->set_matmul_precision(std::string(backend::MatmulPrecisionName(o.matmul_precision)));
   response->set_prefix_cache_queries(loop_->prefix_cache_queries());
   response->set_prefix_cache_hits(loop_->prefix_cache_hits());
   response->set_prefix_cache_blocks(loop_->prefix_cache_blocks());

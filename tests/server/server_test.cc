@@ -609,6 +609,7 @@ TEST(ServerTest, HealthServesOnceLoadedAndModelInfoDescribesTheCheckpoint) {
   EXPECT_THAT(Ids(info.routed_layers()), ::testing::ElementsAre(0, 2));
   EXPECT_FALSE(info.has_tokenizer());
   EXPECT_EQ(info.kv_cache_dtype(), "F32");
+  EXPECT_EQ(info.matmul_precision(), "highest");
 }
 
 }  // namespace

@@ -1,13 +1,18 @@
 """--matmul_precision of every program that takes it: a value other than highest, high or medium
 is refused before any work (exit status non-zero, the message naming the flag and the value),
-and each valid value runs (modserve-generate on the demo checkpoint, which has F32 weights: the
-same tokens at every setting, since only the AMX BF16 Gemm reads it).
-Usage: matmul_precision_flag_test.py MODEL_DIR GENERATE SERVER PERPLEXITY BENCH"""
+each valid value runs (modserve-generate on the demo checkpoint, which has F32 weights: the
+same tokens at every setting, since only the AMX BF16 Gemm reads it), and the server reports
+its value in GetModelInfo.
+Usage: matmul_precision_flag_test.py MODEL_DIR GENERATE SERVER PERPLEXITY BENCH CLIENT"""
 
 import json
+import os
 import subprocess
 import sys
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from loopback import Server  # noqa: E402
 
 ARGS = {}
 
@@ -42,7 +47,16 @@ class MatmulPrecisionFlagTest(unittest.TestCase):
         self.assertEqual(tokens["high"], tokens["highest"])
         self.assertEqual(tokens["medium"], tokens["highest"])
 
+    def test_the_server_reports_its_precision(self):
+        for precision in ("medium", "highest"):
+            with Server(ARGS["server"], ARGS["model"], "--matmul_precision", precision) as s:
+                p = subprocess.run([ARGS["client"], "--server", s.address, "info"],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn(f'matmul_precision: "{precision}"', p.stdout)
+
 
 if __name__ == "__main__":
-    ARGS.update(zip(["model", "generate", "server", "perplexity", "bench"], sys.argv[1:6]))
+    ARGS.update(zip(["model", "generate", "server", "perplexity", "bench", "client"],
+                    sys.argv[1:7]))
     unittest.main(argv=sys.argv[:1])
