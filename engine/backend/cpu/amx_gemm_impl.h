@@ -470,3 +470,22 @@ void GemmAmxBf16(const uint16_t* packed_x, int64_t n, int64_t k, int64_t x_begin
   }
   T::Release();
 }
+
+// GemmAmxBf16<T, terms> for a run-time count of terms (1, 2 or 3; anything else is taken as 3),
+// as the kernel table's entry takes it.
+template <class T>
+void GemmAmxBf16Terms(int terms, const uint16_t* packed_x, int64_t n, int64_t k, int64_t x_begin,
+                      int64_t x_end, const uint16_t* w, const float* bias, float* out, int64_t ldo,
+                      int64_t row_begin, int64_t row_end, float* scratch) {
+  switch (terms) {
+    case 1:
+      return GemmAmxBf16<T, 1>(packed_x, n, k, x_begin, x_end, w, bias, out, ldo, row_begin,
+                               row_end, scratch);
+    case 2:
+      return GemmAmxBf16<T, 2>(packed_x, n, k, x_begin, x_end, w, bias, out, ldo, row_begin,
+                               row_end, scratch);
+    default:
+      return GemmAmxBf16<T, 3>(packed_x, n, k, x_begin, x_end, w, bias, out, ldo, row_begin,
+                               row_end, scratch);
+  }
+}

@@ -184,19 +184,9 @@ void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles
 void AmxGemmBf16(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                  const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                  int64_t row_end, float* scratch, int terms) {
-  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
-  const uint16_t* pw = reinterpret_cast<const uint16_t*>(w);
-  switch (terms) {
-    case 1:
-      return GemmAmxBf16<HwTiles, 1>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
-                                     row_end, scratch);
-    case 2:
-      return GemmAmxBf16<HwTiles, 2>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
-                                     row_end, scratch);
-    default:
-      return GemmAmxBf16<HwTiles, 3>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
-                                     row_end, scratch);
-  }
+  GemmAmxBf16Terms<HwTiles>(terms, static_cast<const uint16_t*>(packed_x), n, k, x_begin, x_end,
+                            reinterpret_cast<const uint16_t*>(w), bias, out, ldo, row_begin,
+                            row_end, scratch);
 }
 
 }  // namespace internal

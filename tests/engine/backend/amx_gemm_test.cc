@@ -366,19 +366,9 @@ void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, i
                   int64_t row_end, float* scratch, int terms) {
   emulated_calls.fetch_add(1);
   emulated_terms.store(terms);
-  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
-  const uint16_t* pw = reinterpret_cast<const uint16_t*>(w);
-  switch (terms) {
-    case 1:
-      return GemmAmxBf16<EmulatedTiles, 1>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
-                                           row_end, scratch);
-    case 2:
-      return GemmAmxBf16<EmulatedTiles, 2>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
-                                           row_end, scratch);
-    default:
-      return GemmAmxBf16<EmulatedTiles, 3>(px, n, k, x_begin, x_end, pw, bias, out, ldo, row_begin,
-                                           row_end, scratch);
-  }
+  GemmAmxBf16Terms<EmulatedTiles>(terms, static_cast<const uint16_t*>(packed_x), n, k, x_begin,
+                                  x_end, reinterpret_cast<const uint16_t*>(w), bias, out, ldo,
+                                  row_begin, row_end, scratch);
 }
 
 // The backend's side of the AMX path (x packed once per group by the pool, 2-D tiles, the
