@@ -290,13 +290,15 @@ using AmxGemmFn = void (*)(const void* packed_x, int64_t n, int64_t k, int64_t x
                            int64_t ldo, int64_t row_begin, int64_t row_end, float* scratch,
                            int terms);
 
-// A Gemm of at most kAmxFewRows x rows (x packed transposed, GemmAmxBf16Decode: w as A tiles)
-// must give the bits that the same rows get as a short call of a larger Gemm (x packed as A
-// tiles, GemmAmxBf16FewRows, w packed into B tiles): the speculative decoder's row invariance
-// rests on it. The larger Gemm's x is the same rows with 65 - n rows of other values below.
-// Shapes: a partial last weight group (m % 32), k past the whole steps, row ranges from 32; each
-// with 3, 2 and 1 terms of x (MatmulPrecision).
-void ExpectDecodeLoopGivesFewRowsBits(PackXFn pack, AmxGemmFn gemm) {
+// A Gemm of at most kAmxFewRows x rows (x packed transposed; GemmAmxBf16Decode, or DecodeWide
+// from 33 rows: w as A tiles) must give the bits that the same rows get in a larger Gemm (x
+// packed as A tiles, w packed into B tiles), both computed in one call of all its rows (the
+// general loop: chunks of 256 x rows, k slices) and as a short call of it (GemmAmxBf16FewRows):
+// the speculative decoder's row invariance rests on it. The larger Gemm's x is the same rows
+// with 300 - n rows of other values below. Shapes: a partial last weight pair (m % 32), k past
+// the whole steps and past one slice, row ranges from 32; each with 3, 2 and 1 terms of x
+// (MatmulPrecision).
+void ExpectDecodeLoopGivesTheBitsOfALargerGemm(PackXFn pack, AmxGemmFn gemm) {
   std::mt19937 rng(17);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (int terms = 3; terms >= 1; --terms) {
@@ -305,11 +307,12 @@ void ExpectDecodeLoopGivesFewRowsBits(PackXFn pack, AmxGemmFn gemm) {
                                     {32, 256, 64, 0},
                                     {40, 96, 129, 32},
                                     {64, 255, 48, 0},
-                                    {64, 512, 100, 32}}) {
+                                    {64, 512, 100, 32},
+                                    {48, 300, 40, 0}}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) +
                    " m=" + std::to_string(m) + " x from " + std::to_string(x_begin) + " terms " +
                    std::to_string(terms));
-      const int64_t big = kAmxFewRows + 1;
+      constexpr int64_t big = 300;
       std::vector<float> x(big * k), bias(m);
       std::vector<uint16_t> w(m * k);
       for (float& v : x) v = dist(rng);
@@ -319,13 +322,18 @@ void ExpectDecodeLoopGivesFewRowsBits(PackXFn pack, AmxGemmFn gemm) {
           packed_big(AmxPackedXBytes(big, k) / 2);
       pack(x.data(), n, k, 0, AmxPackedRows(n), packed_small.data(), terms);
       pack(x.data(), big, k, 0, AmxPackedRows(big), packed_big.data(), terms);
-      std::vector<float> got(big * m, 0.0f), want(big * m, 0.0f), scratch(kAmxScratchFloats);
+      std::vector<float> got(big * m, 0.0f), whole(big * m, 0.0f), short_call(big * m, 0.0f),
+          scratch(kAmxScratchFloats);
       const bf16_t* wb = reinterpret_cast<const bf16_t*>(w.data());
       gemm(packed_small.data(), n, k, x_begin, n, wb, bias.data(), got.data(), m, 0, m,
            scratch.data(), terms);
-      gemm(packed_big.data(), big, k, x_begin, n, wb, bias.data(), want.data(), m, 0, m,
+      gemm(packed_big.data(), big, k, 0, big, wb, bias.data(), whole.data(), m, 0, m,
            scratch.data(), terms);
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      gemm(packed_big.data(), big, k, x_begin, n, wb, bias.data(), short_call.data(), m, 0, m,
+           scratch.data(), terms);
+      const size_t from = x_begin * m, bytes = (n - x_begin) * m * sizeof(float);
+      EXPECT_EQ(std::memcmp(got.data() + from, whole.data() + from, bytes), 0);
+      EXPECT_EQ(std::memcmp(got.data() + from, short_call.data() + from, bytes), 0);
     }
   }
 }
@@ -336,14 +344,14 @@ void EmulatedGemm(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, i
                   const bf16_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
                   int64_t row_end, float* scratch, int terms);
 
-TEST(AmxGemmTest, TheDecodeLoopGivesTheBitsOfAShortCallOfALargerGemm) {
-  ExpectDecodeLoopGivesFewRowsBits(&EmulatedPackX, &EmulatedGemm);
+TEST(AmxGemmTest, TheDecodeLoopsGiveTheBitsOfALargerGemm) {
+  ExpectDecodeLoopGivesTheBitsOfALargerGemm(&EmulatedPackX, &EmulatedGemm);
 }
 
 #if defined(__x86_64__)
-TEST(AmxGemmTest, OnTheUnitTheDecodeLoopGivesTheBitsOfAShortCallOfALargerGemm) {
+TEST(AmxGemmTest, OnTheUnitTheDecodeLoopsGiveTheBitsOfALargerGemm) {
   if (!CpuHasIsa(Isa::kAmx)) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
-  ExpectDecodeLoopGivesFewRowsBits(&internal::AmxPackX, &internal::AmxGemmBf16);
+  ExpectDecodeLoopGivesTheBitsOfALargerGemm(&internal::AmxPackX, &internal::AmxGemmBf16);
 }
 #endif
 
