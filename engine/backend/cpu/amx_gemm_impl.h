@@ -19,10 +19,10 @@
 // sum is x to within 2^-24 relative: the same as x itself in f32. Each term is multiplied by the
 // same w tile, so the products are exact and only the f32 accumulation order differs from the
 // FMA kernels (the tolerance every Gemm kernel already meets). The price is three tile products
-// per 32 k instead of one. Every function below takes the number of terms kept, kTerms, as a
-// template argument: 3 (the default, MatmulPrecision::kHighest), 2 (hi + mid, x to within 2^-16
-// relative, kHigh) or 1 (x rounded to bf16, within 2^-8, kMedium), each the first kTerms terms of
-// the same split, one tile product per term.
+// per 32 k instead of one. The packer and the loops below take the number of terms kept, kTerms,
+// as a template argument: 3 (the default, MatmulPrecision::kHighest), 2 (hi + mid, x to within
+// 2^-16 relative, kHigh) or 1 (x rounded to bf16, within 2^-8, kMedium), each the first kTerms
+// terms of the same split, one tile product per term.
 //
 // Layouts (kernels.h has the sizes):
 // - packed x, written once per Gemm by PackXBf16: for row tile rt (16 rows), k step s (32 k)
