@@ -49,6 +49,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv_cache_bytes", type=int, default=1 << 30)
     ap.add_argument("--json", help="also write every run's loadgen results here")
+    ap.add_argument("--server_args", default="",
+                    help="more modserve flags, space separated (e.g. '--matmul_precision medium')")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     rng = random.Random(1)
@@ -63,7 +65,8 @@ def main():
             for c in levels:
                 with Server(os.path.join(args.build, "bin", "modserve"), model,
                             "--max_num_seqs", str(max(levels)), "--threads", str(args.threads),
-                            "--kv_cache_bytes", str(args.kv_cache_bytes)) as srv:
+                            "--kv_cache_bytes", str(args.kv_cache_bytes),
+                            *args.server_args.split()) as srv:
                     out = os.path.join(tmp, "run.json")
                     t0 = time.time()
                     subprocess.run([os.path.join(args.build, "bin", "modserve-loadgen"),
@@ -83,8 +86,9 @@ def main():
                     rows.append(r)
                     print(f"{r['model']} x{c}: {r['tokens_per_second']:.1f} tok/s "
                           f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-    print(f"served_throughput: {cpu_model()}; --threads {args.threads}; {args.waves} requests per "
-          f"stream, {args.prompt_tokens}-token prompts, {args.max_new_tokens} new tokens, greedy\n")
+    print(f"served_throughput: {cpu_model()}; --threads {args.threads} {args.server_args}; "
+          f"{args.waves} requests per stream, {args.prompt_tokens}-token prompts, "
+          f"{args.max_new_tokens} new tokens, greedy\n")
     print("| checkpoint | streams | tokens/s | TTFT p50 (ms) | ITL p50 / p99 (ms) | "
           "tokens per step | block compute skipped | requests ok |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
