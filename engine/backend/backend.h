@@ -42,6 +42,11 @@ inline std::string_view MatmulPrecisionName(MatmulPrecision p) {
   }
 }
 
+// The bf16 terms of each x that a bf16 x bf16 unit multiplies at precision p: 3, 2 or 1.
+inline int Bf16TermsOf(MatmulPrecision p) {
+  return p == MatmulPrecision::kMedium ? 1 : p == MatmulPrecision::kHigh ? 2 : 3;
+}
+
 // "highest", "high" or "medium"; InvalidArgument naming the value otherwise.
 inline absl::StatusOr<MatmulPrecision> ParseMatmulPrecision(std::string_view name) {
   for (MatmulPrecision p :

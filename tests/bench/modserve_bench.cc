@@ -143,9 +143,8 @@ double DensePrefillFlops(const Shape& s, int64_t tokens) {
 double g_fma_peak_gflops = 0;
 // The AMX tile probe's bf16 products (0 where the kernels are not the AMX table).
 double g_amx_peak_gflops = 0;
-// --matmul_precision, and the bf16 terms of x it gives the tile Gemm (set once in Main).
+// --matmul_precision (set once in Main); the tile Gemm's ceilings divide by its terms of x.
 backend::MatmulPrecision g_precision = backend::MatmulPrecision::kHighest;
-int g_amx_terms = 3;
 
 // FLOPs of one decode token at an average context of `ctx`: every layer's matrices and attention
 // for a dense model; for MoD, the routed layers at the measured routed fraction (their attention
@@ -168,8 +167,9 @@ std::string PrefillGflops(const Shape& s, int tokens, double tps) {
   std::string text = absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
                                      100 * gflops / g_fma_peak_gflops);
   if (g_amx_peak_gflops > 0) {
+    const int terms = backend::Bf16TermsOf(g_precision);
     absl::StrAppendFormat(&text, ", %.0f%% of 1/%d of the AMX probe",
-                          100 * g_amx_terms * gflops / g_amx_peak_gflops, g_amx_terms);
+                          100 * terms * gflops / g_amx_peak_gflops, terms);
   }
   return text;
 }
@@ -931,7 +931,8 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
         const bool on_tiles =
             g_amx_peak_gflops > 0 &&
             b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).SmallNMax(DType::kBF16);
-        const double peak = on_tiles ? g_amx_peak_gflops / g_amx_terms : g_fma_peak_gflops;
+        const double peak =
+            on_tiles ? g_amx_peak_gflops / backend::Bf16TermsOf(g_precision) : g_fma_peak_gflops;
         const double compute_bound = peak > 0 ? peak * 1e9 / flops : bw_bound;
         const double roofline = std::min(bw_bound, compute_bound);
         std::printf(
@@ -1131,9 +1132,6 @@ absl::Status Main() {
         backend::ParseMatmulPrecision(absl::GetFlag(FLAGS_matmul_precision));
     if (!p.ok()) return p.status();
     g_precision = *p;
-    g_amx_terms = g_precision == backend::MatmulPrecision::kMedium ? 1
-                  : g_precision == backend::MatmulPrecision::kHigh ? 2
-                                                                   : 3;
   }
   std::vector<Shape> shapes;
   for (absl::string_view name :
@@ -1192,11 +1190,12 @@ absl::Status Main() {
                 threads, g_fma_peak_gflops);
     if (isa == backend::cpu::Isa::kAmx) {
       g_amx_peak_gflops = bench::MeasureAmxTilePeakGflops(threads);
+      const int terms = backend::Bf16TermsOf(g_precision);
       std::printf(
           "AMX tile probe (TDPBF16PS on registers, %d threads, best of 5): %.1f GFLOP/s of "
           "bf16 products; the tile Gemm splits x into %d bf16 terms, so 1/%d of it (%.1f) is "
           "its ceiling\n",
-          threads, g_amx_peak_gflops, g_amx_terms, g_amx_terms, g_amx_peak_gflops / g_amx_terms);
+          threads, g_amx_peak_gflops, terms, terms, g_amx_peak_gflops / terms);
     }
     std::printf(
         "measured read bandwidth (2 GiB sum, %d threads, best of 7, strongest probe): %.2f GB/s "

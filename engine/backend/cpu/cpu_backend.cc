@@ -106,11 +106,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
 }
 
 CpuBackend::CpuBackend(const KernelTable& kernels, int num_threads, MatmulPrecision precision)
-    : kernels_(kernels),
-      amx_terms_(precision == MatmulPrecision::kMedium ? 1
-                 : precision == MatmulPrecision::kHigh ? 2
-                                                       : 3),
-      pool_(num_threads) {}
+    : kernels_(kernels), amx_terms_(Bf16TermsOf(precision)), pool_(num_threads) {}
 
 bool CpuBackend::Supports(OpKind op, DType dtype) const {
   const bool float_storage = dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
