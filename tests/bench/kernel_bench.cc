@@ -7,6 +7,10 @@
 // isa-rates one core's vector instruction rates, tests/bench/isa_rates.h; crossover-shapes the
 // float crossover on the 110m and TinyLlama matrices). Prefill GFLOP/s are printed against an
 // f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
+// QUANT_TYPES=Q4_K,Q6_K (DTypeName spellings) and QUANT_ROWS=1,4 in the environment: the quant
+// modes time only those weight types and (decode) x row counts.
+// MATMUL_PRECISION=highest|high|medium in the environment: the backend's --matmul_precision (bf16
+// terms of x on the AMX tiles; highest when unset).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
 // read from disk through its mapping (on a VM, 4 KiB pages cost ~30% of the bandwidth).
 #include <sys/mman.h>
@@ -219,8 +223,22 @@ double ReadOnlyGbs(const std::vector<TensorView>& views, size_t w_bytes, int cop
 
 // Decode Gemm with quantized w: bytes moved = the quantized weight bytes (x and out are
 // ~0.1% of them). Copies of one quantized matrix (>= 1 GiB in all) keep every call in DRAM.
+// Whether the comma-separated list in environment variable `var` names `item` (unset: all).
+bool EnvListHas(const char* var, std::string_view item) {
+  const char* list = std::getenv(var);
+  if (list == nullptr) return true;
+  for (std::string_view rest = list; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    if (rest.substr(0, comma) == item) return true;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
 void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, double bandwidth,
                       const char* label) {
+  if (!EnvListHas("QUANT_TYPES", DTypeName(dtype))) return;
   std::mt19937 rng(5);
   HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
   const size_t w_bytes = DTypeRowBytes(dtype, k) * m;
@@ -237,6 +255,7 @@ void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, do
     views.push_back(AsRun(backend, TensorView(weights[c].data(), dtype, {m, k}), true, &name));
   }
   for (int64_t n : {1, 4, 16}) {
+    if (!EnvListHas("QUANT_ROWS", std::to_string(n))) continue;
     std::vector<float> x(n * k), out(n * m);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (float& v : x) v = dist(rng);
@@ -270,6 +289,7 @@ void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, do
 
 void BenchQuantPrefill(CpuBackend& backend, DType dtype, int64_t m, int64_t k, int64_t n,
                        double peak) {
+  if (!EnvListHas("QUANT_TYPES", DTypeName(dtype))) return;
   std::mt19937 rng(6);
   HugeBuffer<uint8_t> w = QuantizedWeights(dtype, m, k, rng);
   std::vector<float> x(n * k), out(n * m);
@@ -598,6 +618,14 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
+  if (const char* p = std::getenv("MATMUL_PRECISION"); p != nullptr) {
+    auto precision = ParseMatmulPrecision(p);
+    if (!precision.ok()) {
+      std::fprintf(stderr, "kernel_bench: %s\n", precision.status().ToString().c_str());
+      return 2;
+    }
+    options.matmul_precision = *precision;
+  }
   auto created = CpuBackend::Create(options);
   if (!created.ok()) {
     std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
@@ -610,10 +638,11 @@ int Main(int argc, char** argv) {
                 ? "usable (int8 tiles too)"
                 : "usable (int8 tiles not: " + std::string(AmxInt8UnavailableReason()) + ")"
           : "unusable: " + std::string(AmxUnavailableReason());
-  std::printf("cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s, amx %s\n",
-              bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(),
-              backend.num_threads(), CpuHasAvx512Bf16() ? "present (unused)" : "absent",
-              amx.c_str());
+  std::printf(
+      "cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s, amx %s, matmul_precision %s\n",
+      bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
+      CpuHasAvx512Bf16() ? "present (unused)" : "absent", amx.c_str(),
+      std::string(MatmulPrecisionName(options.matmul_precision)).c_str());
   if (only == "isa-rates") {
     // One core, register-only chains (isa_rates.h): the instruction rates the kernels are built
     // around, and each against the ymm FMA's.
