@@ -12,7 +12,12 @@
 //   A-order    the weights pre-packed per 32-row group as consecutive 2 KiB steps (one stream)
 //   1 x 4      natural-A with one 16-row weight tile against every x tile of the call (C 0-3 for
 //              up to 64 x rows): each weight tile is loaded once, every x tile once per product
+//   engine loop  the engine's kernel entry (internal::AmxGemmBf16) on the thread's half of the
+//              rows in one call, x packed by the engine's packer: the loop as it ships, without
+//              the backend's pool and per-call work around it
 // Usage: amx_decode_probe M K N [DIST]   (N <= 64 x rows, a multiple of 16; DIST default 8)
+// SYNC=1 in the environment: both threads finish each call before either starts the next, as
+// the backend's pool does (otherwise each thread runs its calls on its own).
 // TERMS=1 or 2 in the environment: that many bf16 terms of x per product instead of three
 // (--matmul_precision medium and high).
 // Prints GB/s of weights and the useful GFLOP/s (2 n m k per call), 2 threads, best of 3 rounds.
@@ -21,6 +26,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +44,9 @@ using Clock = std::chrono::steady_clock;
 struct Shape {
   int64_t k, n, steps, dist;
   const uint16_t* x;  // x terms, [x tile][step][term] 1 KiB tiles (as A or as B tiles alike)
+  int64_t m = 0;
+  const void* packed = nullptr;  // AmxPackX's x for the engine's loop
+  float* out = nullptr;          // [n, m]
 };
 
 enum Variant {
@@ -49,6 +58,7 @@ enum Variant {
   kKSlices,
   kAOrder,
   kOneByFour,
+  kEngine,
   kVariants
 };
 constexpr const char* kNames[kVariants] = {"pack-B",
@@ -58,8 +68,10 @@ constexpr const char* kNames[kVariants] = {"pack-B",
                                            "+pf T1 dist steps",
                                            "k-slices",
                                            "A-order",
-                                           "1 x 4"};
+                                           "1 x 4",
+                                           "engine loop"};
 
+std::atomic<int> g_arrived{0};  // calls finished by both threads together (SYNC)
 int g_terms = 3;  // bf16 terms of x per product (TERMS)
 
 inline void Zero4() {
@@ -128,6 +140,13 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
         *sink += c[0];
       }
     }
+    return;
+  }
+  if (v == kEngine) {  // the engine's own loop (x packed by its packer) on this thread's rows
+    modserve::backend::cpu::internal::AmxGemmBf16(sh.packed, sh.n, k, 0, sh.n,
+                                                  reinterpret_cast<const modserve::bf16_t*>(w),
+                                                  nullptr, sh.out, sh.m, r0, r1, staging, g_terms);
+    *sink += sh.out[r0];
     return;
   }
   if (v == kOneByFour) {  // C xt += A4 (16 weight rows) . B6 (x tile xt)
@@ -258,7 +277,13 @@ int Main(int argc, char** argv) {
   uint16_t* x = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(x_store.data()) + 63) &
                                             ~uintptr_t{63});
   for (int64_t i = 0; i < x_elems; ++i) x[i] = static_cast<uint16_t>(0x3f80 + i % 64);
-  const Shape sh{k, n, steps, dist, x};
+  std::vector<float> xf(n * k), outs(n * m);
+  for (int64_t i = 0; i < n * k; ++i) xf[i] = 0.001f * static_cast<float>(i % 997) - 0.5f;
+  const size_t packed_bytes = (modserve::backend::cpu::AmxPackedXBytes(n, k) + 63) / 64 * 64;
+  void* packed = std::aligned_alloc(64, packed_bytes);
+  modserve::backend::cpu::internal::AmxPackX(
+      xf.data(), n, k, 0, modserve::backend::cpu::AmxPackedRows(n), packed, g_terms);
+  const Shape sh{k, n, steps, dist, x, m, packed, outs.data()};
   const int calls = std::max<int>(copies, static_cast<int>(0.5e9 / (w_bytes / 12.0)));
   double best[kVariants] = {};
   for (int round = 0; round < 3; ++round) {
@@ -266,15 +291,27 @@ int Main(int argc, char** argv) {
       auto work = [&](int th) {
         _tile_loadconfig(&modserve::backend::cpu::kAmxTileConfig);  // 16 x 64 B
         std::vector<uint32_t> bt(2 * steps * 256 + 16);
-        std::vector<float> staging(m / 2 / 32 * ((n / 16 + 1) / 2) * 1024 + 16);
+        // 64-byte aligned, as the engine's scratch is (ThreadScratch).
+        const size_t staging_floats = std::max<int64_t>(m / 2 / 32 * ((n / 16 + 1) / 2) * 1024 + 16,
+                                                        modserve::backend::cpu::kAmxScratchFloats);
+        float* staging = static_cast<float*>(
+            std::aligned_alloc(64, (staging_floats * sizeof(float) + 63) / 64 * 64));
         float sink = 0;
         const int64_t a = th * m / 2, b = a + m / 2;
+        const bool sync = std::getenv("SYNC") != nullptr;
         for (int c = 0; c < calls; ++c) {
-          Run(static_cast<Variant>(v), sh, ws[c % copies], a, b, bt.data(), staging.data(), &sink);
+          Run(static_cast<Variant>(v), sh, ws[c % copies], a, b, bt.data(), staging, &sink);
+          if (sync) {  // both threads finish call c before either starts c + 1
+            g_arrived.fetch_add(1);
+            while (g_arrived.load() < 2 * (c + 1)) {
+            }
+          }
         }
         _tile_release();
+        std::free(staging);
         if (sink == 42.0f) std::printf(" ");
       };
+      g_arrived.store(0);
       const auto t0 = Clock::now();
       std::thread other(work, 1);
       work(0);
@@ -291,6 +328,7 @@ int Main(int argc, char** argv) {
                 best[v] / 2 * 2 * static_cast<double>(n));
   }
   for (uint16_t* p : ws) std::free(p);
+  std::free(packed);
   return 0;
 }
 

@@ -8,9 +8,11 @@
 //   static void Configure();                      // palette 1, every tile 16 x 64 B
 //   template <int kT> static void Load(const void* base, int64_t stride);
 //   template <int kT> static void Store(void* base, int64_t stride);
+//   template <int kT> static void Zero();         // C tiles 0-3: every element +0.0f
 //   template <int kC, int kA, int kB> static void Dot();  // TDPBF16PS: C += A . B
 //   static void Release();
 //   static void PackW(...);  // PackWBf16's arguments and result (a vector version may stand in)
+//   static void WriteOutTransposed(...);  // AmxWriteOutTransposed's (likewise)
 // Dot's contract (Intel SDM, TDPBF16PS): C is 16 x 16 f32, A 16 rows of 32 bf16, B 16 rows of
 // 16 bf16 pairs; C[m][n] += A[m][2p] * B[p][2n] + A[m][2p + 1] * B[p][2n + 1] for p < 16.
 //
@@ -229,6 +231,15 @@ inline void AmxWriteOut(const float* staging, int64_t row_stride, int64_t col_st
   }
 }
 
+// The decode loops' write-out: staging c[j * cs + i] holds weight row c0 + j by x row r0 + i, so
+// out[r0 + i][c0 + j] = c[j * cs + i] + bias (AmxWriteOut with the staging read transposed). The
+// tiles' version transposes 16 x 16 blocks in registers; both add the same numbers.
+inline void AmxWriteOutTransposed(const float* c, int64_t cs, int64_t nr, int64_t nc,
+                                  const float* bias, float* out, int64_t ldo, int64_t r0,
+                                  int64_t c0) {
+  AmxWriteOut(c, 1, cs, nr, nc, bias, out, ldo, r0, c0);
+}
+
 // Scratch floats GemmAmxBf16FewRows uses for k / 32 = steps: the B tiles of two column tiles for
 // the whole k, then a 32 x 32 C staging.
 inline constexpr int64_t AmxFewRowsScratchFloats(int64_t steps) {
@@ -313,11 +324,10 @@ void GemmAmxBf16DecodeWide(const uint16_t* packed_x, int64_t k, int64_t x_begin,
   for (int64_t c0 = row_begin; c0 < row_end; c0 += kAmxTileRows) {
     const int64_t nc = row_end - c0 < kAmxTileRows ? row_end - c0 : kAmxTileRows;
     const uint16_t* w0 = w + c0 * k;
-    for (int64_t i = 0; i < 4 * kAmxTileRows * kAmxTileRows; ++i) c[i] = 0.0f;
-    T::template Load<0>(c, kLds);
-    T::template Load<1>(c + kAmxTileRows, kLds);
-    T::template Load<2>(c + 2 * kAmxTileRows, kLds);
-    T::template Load<3>(c + 3 * kAmxTileRows, kLds);
+    T::template Zero<0>();
+    T::template Zero<1>();
+    T::template Zero<2>();
+    T::template Zero<3>();
     for (int64_t s = 0; s < steps; ++s) {
       if (nc == kAmxTileRows && s < whole) {
         T::template Load<4>(w0 + s * kAmxStepK, w_stride);
@@ -343,7 +353,7 @@ void GemmAmxBf16DecodeWide(const uint16_t* packed_x, int64_t k, int64_t x_begin,
     T::template Store<1>(c + kAmxTileRows, kLds);
     T::template Store<2>(c + 2 * kAmxTileRows, kLds);
     T::template Store<3>(c + 3 * kAmxTileRows, kLds);
-    AmxWriteOut(c, 1, 4 * kAmxTileRows, nr, nc, bias, out, ldo, x_begin, c0);
+    T::WriteOutTransposed(c, 4 * kAmxTileRows, nr, nc, bias, out, ldo, x_begin, c0);
   }
   T::Release();
 }
@@ -381,8 +391,10 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
     const int64_t nc = row_end - c0 < kC ? row_end - c0 : kC;
     const uint16_t* w0 = w + c0 * k;
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
-      for (int64_t i = 0; i < kC * kC; ++i) c[i] = 0.0f;
-      AmxMoveC<T, false>(c, c_lower, kLds);
+      T::template Zero<0>();
+      T::template Zero<1>();
+      T::template Zero<2>();
+      T::template Zero<3>();
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < kC ? x_end - r0 : kC;
       const uint16_t* b0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
@@ -412,7 +424,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
       }
       AmxMoveC<T, true>(c, c_lower, kLds);
       // c[j][i]: weight row c0 + j, x row r0 + i.
-      AmxWriteOut(c, 1, kC, nr, nc, bias, out, ldo, r0, c0);
+      T::WriteOutTransposed(c, kC, nr, nc, bias, out, ldo, r0, c0);
     }
   }
   T::Release();

@@ -23,7 +23,15 @@ struct AmxTileRegs {
     if constexpr (kT == 6) _tile_loadd(6, base, stride);
     if constexpr (kT == 7) _tile_loadd(7, base, stride);
   }
-  // Both Gemms keep their C tiles in tiles 0-3, the only ones they store.
+  // Both Gemms keep their C tiles in tiles 0-3, the only ones they store or clear.
+  template <int kT>
+  static void Zero() {
+    static_assert(kT >= 0 && kT < 4, "C tiles 0-3");
+    if constexpr (kT == 0) _tile_zero(0);
+    if constexpr (kT == 1) _tile_zero(1);
+    if constexpr (kT == 2) _tile_zero(2);
+    if constexpr (kT == 3) _tile_zero(3);
+  }
   template <int kT>
   static void Store(void* base, int64_t stride) {
     static_assert(kT >= 0 && kT < 4, "C tiles 0-3");

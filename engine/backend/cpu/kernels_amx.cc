@@ -31,6 +31,9 @@ struct HwTiles : AmxTileRegs<kAmxTileConfig> {
   }
   static void PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
                     int64_t s0, int64_t ns, uint32_t* bp);
+  static void WriteOutTransposed(const float* c, int64_t cs, int64_t nr, int64_t nc,
+                                 const float* bias, float* out, int64_t ldo, int64_t r0,
+                                 int64_t c0);
 };
 
 #include "engine/backend/cpu/amx_gemm_impl.h"
@@ -82,6 +85,30 @@ void HwTiles::PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_
       } else {
         PackWBf16(w, k, c0 + ct * kAmxTileRows, kAmxTileRows, 1, s0 + s, 1,
                   col_tiles + s * kTileWords);
+      }
+    }
+  }
+}
+
+// AmxWriteOutTransposed a 16 x 16 block at a time: PackWTile16x16 (a transpose of 32-bit words)
+// turns 16 weight rows of the staging into 16 x rows of 16 outputs, which take the bias (or 0.0f,
+// as the plain loop adds) in one vector add and go out in one masked store each. A decode loop's
+// staging holds at least 16 weight rows and 16 x rows per block, so the reads stay inside it.
+void HwTiles::WriteOutTransposed(const float* c, int64_t cs, int64_t nr, int64_t nc,
+                                 const float* bias, float* out, int64_t ldo, int64_t r0,
+                                 int64_t c0) {
+  alignas(64) uint32_t block[kAmxTileRows * kAmxTileRows];
+  for (int64_t j0 = 0; j0 < nc; j0 += kAmxTileRows) {
+    const int64_t cols = nc - j0 < kAmxTileRows ? nc - j0 : kAmxTileRows;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    const __m512 b =
+        bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + c0 + j0) : _mm512_setzero_ps();
+    for (int64_t i0 = 0; i0 < nr; i0 += kAmxTileRows) {
+      PackWTile16x16(reinterpret_cast<const uint16_t*>(c + j0 * cs + i0), 2 * cs, block);
+      const int64_t rows = nr - i0 < kAmxTileRows ? nr - i0 : kAmxTileRows;
+      for (int64_t i = 0; i < rows; ++i) {
+        const __m512 v = _mm512_castsi512_ps(_mm512_load_si512(block + i * kAmxTileRows));
+        _mm512_mask_storeu_ps(out + (r0 + i0 + i) * ldo + c0 + j0, mask, _mm512_add_ps(v, b));
       }
     }
   }

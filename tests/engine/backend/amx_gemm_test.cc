@@ -39,6 +39,14 @@ struct EmulatedTiles {
     }
   }
   template <int kT>
+  static void Zero() {
+    ASSERT_TRUE(configured) << "tile zero before the configuration";
+    std::memset(tile[kT], 0, sizeof(tile[kT]));
+  }
+  static void WriteOutTransposed(const float* c, int64_t cs, int64_t nr, int64_t nc,
+                                 const float* bias, float* out, int64_t ldo, int64_t r0,
+                                 int64_t c0);
+  template <int kT>
   static void Store(void* base, int64_t stride) {
     ASSERT_TRUE(configured) << "tile store before the configuration";
     for (int r = 0; r < 16; ++r) {
@@ -82,6 +90,12 @@ struct EmulatedTiles {
 void EmulatedTiles::PackW(const uint16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles,
                           int64_t s0, int64_t ns, uint32_t* bp) {
   PackWBf16(w, k, c0, nc, ctiles, s0, ns, bp);
+}
+
+void EmulatedTiles::WriteOutTransposed(const float* c, int64_t cs, int64_t nr, int64_t nc,
+                                       const float* bias, float* out, int64_t ldo, int64_t r0,
+                                       int64_t c0) {
+  AmxWriteOutTransposed(c, cs, nr, nc, bias, out, ldo, r0, c0);
 }
 
 static_assert(kAmxScratchFloats == kAmxStagingFloats + kAmxBTilesWords);
@@ -606,6 +620,17 @@ TEST(AmxAvailabilityTest, TheIsaIsUsableExactlyWhenNoReasonIsGiven) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
     EXPECT_EQ(KernelsFor(isa).gemm_amx_bf16, nullptr) << IsaName(isa);
   }
+}
+
+// A self-test that ran and got wrong numbers is a kernel bug (or a faulty unit), not a CPU without
+// AMX: it must fail here. Otherwise the engine falls back to the AVX-512 kernels at run time and
+// every on-unit test above skips, so a broken tile kernel would pass the suite unseen. (No unit,
+// no permission, or a tile instruction that raises SIGILL still skip.)
+TEST(AmxAvailabilityTest, TheSelfTestsOnTheUnitDoNotFail) {
+  for (const std::string_view reason : {AmxUnavailableReason(), AmxInt8UnavailableReason()}) {
+    EXPECT_EQ(reason.find("self-test Gemm"), std::string_view::npos) << reason;
+  }
+  if (!CpuHasIsa(Isa::kAmx)) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
 }
 
 // The AMX table takes its quantized Gemms from the AMX-INT8 file exactly when no reason is given
