@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -71,6 +72,27 @@ DType FitType(DType wanted, int64_t row_len) {
     return DType::kQ8_0;
   }
   return DType::kF16;
+}
+
+// Runs fn over [0, rows) in contiguous ranges on up to `threads` threads (the caller one of them),
+// no range much below 16K elements of rows `row_len` long, and returns the status of the lowest
+// failing range: the same error whatever the thread count. fn writes disjoint rows.
+absl::Status ForRowRanges(int64_t rows, int64_t row_len, int threads,
+                          const std::function<absl::Status(int64_t, int64_t)>& fn) {
+  constexpr int64_t kMinElems = int64_t{1} << 14;
+  const int64_t by_size = std::max<int64_t>(1, rows * std::max<int64_t>(row_len, 1) / kMinElems);
+  const int64_t parts = std::min<int64_t>({static_cast<int64_t>(threads), by_size, rows});
+  if (parts <= 1) return fn(0, rows);
+  std::vector<absl::Status> status(static_cast<size_t>(parts));
+  auto run = [&](int64_t p) { status[p] = fn(rows * p / parts, rows * (p + 1) / parts); };
+  std::vector<std::thread> workers;
+  for (int64_t p = 1; p < parts; ++p) workers.emplace_back(run, p);
+  run(0);
+  for (std::thread& t : workers) t.join();
+  for (absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // Orders tensors as llama.cpp's converter does: token_embd, each block in order, then the head.
@@ -307,6 +329,9 @@ absl::Status ExportGguf(const ExportOptions& opts,
     return Rank(a.gguf_name) < Rank(b.gguf_name);
   });
   std::map<std::string, int> type_counts;
+  const int threads = opts.num_threads > 0
+                          ? opts.num_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   for (const engine::TensorNamePair& t : table) {
     // A MoD adapter's routers and predictors are in its own file, the rest in the base's.
     const engine::Checkpoint& from = model.adapter() != nullptr && model.adapter()->Contains(t.hf_name)
@@ -342,20 +367,24 @@ absl::Status ExportGguf(const ExportOptions& opts,
     const size_t dst_row_bytes = DTypeRowBytes(type, row_len);
     w.AddTensor(t.gguf_name, *engine::GgmlTypeFromDType(type), ne,
                 [=, src_row = std::move(src_row)](uint8_t* dst) -> absl::Status {
-                  std::vector<float> row(static_cast<size_t>(row_len));
                   const uint8_t* base = static_cast<const uint8_t*>(src.data);
-                  for (int64_t g = 0; g < rows; ++g) {
-                    quant::DequantizeRow(src.dtype,
-                                         base + static_cast<size_t>(src_row[g]) * src_row_bytes,
-                                         row_len, row.data());
-                    absl::Status s = quant::QuantizeRow(
-                        type, row.data(), row_len, dst + static_cast<size_t>(g) * dst_row_bytes);
-                    if (!s.ok()) {
-                      return absl::Status(s.code(), absl::StrCat("tensor '", tensor_name,
-                                                                 "' row ", g, ": ", s.message()));
+                  // Rows [begin, end) into dst; the first failing row's status.
+                  auto quantize = [&](int64_t begin, int64_t end) -> absl::Status {
+                    std::vector<float> row(static_cast<size_t>(row_len));
+                    for (int64_t g = begin; g < end; ++g) {
+                      quant::DequantizeRow(src.dtype,
+                                           base + static_cast<size_t>(src_row[g]) * src_row_bytes,
+                                           row_len, row.data());
+                      absl::Status s = quant::QuantizeRow(
+                          type, row.data(), row_len, dst + static_cast<size_t>(g) * dst_row_bytes);
+                      if (!s.ok()) {
+                        return absl::Status(s.code(), absl::StrCat("tensor '", tensor_name,
+                                                                   "' row ", g, ": ", s.message()));
+                      }
                     }
-                  }
-                  return absl::OkStatus();
+                    return absl::OkStatus();
+                  };
+                  return ForRowRanges(rows, row_len, threads, quantize);
                 });
   }
   MODSERVE_RETURN_IF_ERROR(w.Write(opts.out_path));

@@ -26,6 +26,8 @@ struct ExportOptions {
   // Without a convertible tokenizer.json the export fails unless this is set; the file then
   // has no tokenizer metadata (modserve serves token ids; llama.cpp refuses such a file).
   bool allow_no_tokenizer = false;
+  // Threads that quantize a tensor's rows (0: every core). The file's bytes do not depend on it.
+  int num_threads = 0;
 };
 
 // Writes opts.out_path; `log` receives one line per notable decision (fallback types, the

@@ -3,6 +3,7 @@
 //
 //   modserve-quantize --model models/demo --out demo-q8_0.gguf --type q8_0
 //   modserve-quantize --model DIR --out model-q4_k.gguf --type q4_k --embed_type q8_0
+#include <cstdint>
 #include <iostream>
 #include <string>
 
@@ -17,6 +18,9 @@ ABSL_FLAG(std::string, type, "q8_0",
           "type of the weight matrices: q8_0, q4_k, q5_k, q4_0, q4_1, q6_k, f16, bf16 or f32 "
           "(norms, routers and predictors stay f32)");
 ABSL_FLAG(std::string, embed_type, "", "type of token_embd and output; empty = --type");
+ABSL_FLAG(int32_t, threads, 0,
+          "threads that quantize each tensor's rows; 0 = every core (the file is the same for "
+          "every count)");
 ABSL_FLAG(bool, allow_no_tokenizer, false,
           "write the file without tokenizer metadata when tokenizer.json is absent or cannot be "
           "converted (tokenizer.ggml.model \"no_vocab\": modserve serves token ids, llama.cpp "
@@ -46,6 +50,8 @@ int main(int argc, char** argv) {
     if (!opts.embed_type) return Fail("--embed_type: unknown type '" + e + "'");
   }
   opts.allow_no_tokenizer = absl::GetFlag(FLAGS_allow_no_tokenizer);
+  opts.num_threads = absl::GetFlag(FLAGS_threads);
+  if (opts.num_threads < 0) return Fail("--threads must be >= 0");
   const absl::Status s = modserve::tools::ExportGguf(
       opts, [](std::string_view line) { std::cerr << "modserve-quantize: " << line << "\n"; });
   if (!s.ok()) return Fail(s.ToString());

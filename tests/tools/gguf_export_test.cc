@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -232,6 +233,33 @@ TEST(GgufExportTest, DemoTokenizerEncodesLikeItsTokenizerJson) {
       ASSERT_THAT(b, IsOk());
       EXPECT_EQ(*b, *a);
       EXPECT_EQ(*(*got)->Decode(*b, true), *(*want)->Decode(*a, true));
+    }
+  }
+}
+
+// The rows of a tensor are quantized on several threads; the file must not depend on how many.
+TEST(GgufExportTest, TheFileIsTheSameForEveryThreadCount) {
+  const std::string demo = std::string(MODSERVE_SOURCE_DIR) + "/models/demo";
+  ScratchDir out;
+  for (DType type : {DType::kQ4_K, DType::kQ8_0}) {
+    SCOPED_TRACE(std::string(DTypeName(type)));
+    std::string first;
+    for (int threads : {1, 2, 3, 7}) {
+      ExportOptions opts;
+      opts.model_dir = demo;
+      opts.out_path = out.File(absl::StrCat("demo-", threads, ".gguf"));
+      opts.weight_type = type;
+      opts.num_threads = threads;
+      ASSERT_THAT(ExportGguf(opts, [](std::string_view) {}), IsOk());
+      std::ifstream in(opts.out_path, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+      ASSERT_GT(bytes.size(), 1000u);
+      if (threads == 1) {
+        first = bytes;
+      } else {
+        EXPECT_TRUE(bytes == first) << threads << " threads";
+      }
     }
   }
 }
