@@ -221,8 +221,6 @@ double ReadOnlyGbs(const std::vector<TensorView>& views, size_t w_bytes, int cop
   return best;
 }
 
-// Decode Gemm with quantized w: bytes moved = the quantized weight bytes (x and out are
-// ~0.1% of them). Copies of one quantized matrix (>= 1 GiB in all) keep every call in DRAM.
 // Whether the comma-separated list in environment variable `var` names `item` (unset: all).
 bool EnvListHas(const char* var, std::string_view item) {
   const char* list = std::getenv(var);
@@ -236,6 +234,8 @@ bool EnvListHas(const char* var, std::string_view item) {
   return false;
 }
 
+// Decode Gemm with quantized w: bytes moved = the quantized weight bytes (x and out are
+// ~0.1% of them). Copies of one quantized matrix (>= 1 GiB in all) keep every call in DRAM.
 void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, double bandwidth,
                       const char* label) {
   if (!EnvListHas("QUANT_TYPES", DTypeName(dtype))) return;
