@@ -8,7 +8,8 @@
 // float crossover on the 110m and TinyLlama matrices). Prefill GFLOP/s are printed against an
 // f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
 // QUANT_TYPES=Q4_K,Q6_K (DTypeName spellings) and QUANT_ROWS=1,4 in the environment: the quant
-// modes time only those weight types and (decode) x row counts.
+// modes time only those weight types and (decode) x row counts. DECODE_ROWS=16,32,64: the float
+// decode rows at those x row counts (of 1, 4, 16, 32, 64; unset: 1, 4, 16).
 // MATMUL_PRECISION=highest|high|medium in the environment: the backend's --matmul_precision (bf16
 // terms of x on the AMX tiles; highest when unset).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
@@ -120,6 +121,19 @@ HugeBuffer<T> RandomWeights(size_t count, std::mt19937& rng) {
   return w;
 }
 
+// Whether the comma-separated list in environment variable `var` names `item` (unset: all).
+bool EnvListHas(const char* var, std::string_view item) {
+  const char* list = std::getenv(var);
+  if (list == nullptr) return true;
+  for (std::string_view rest = list; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    if (rest.substr(0, comma) == item) return true;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
 // Decode Gemm: rotates through enough weight copies (>= 2 GiB, beyond the L3) that every call
 // streams its weights from DRAM, as a real decode step over all layers does.
 template <typename T>
@@ -129,7 +143,11 @@ void BenchDecodeGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k, dou
   const int copies = static_cast<int>(std::max<size_t>(2, (size_t{2} << 30) / w_bytes));
   std::vector<HugeBuffer<T>> weights;
   for (int c = 0; c < copies; ++c) weights.push_back(RandomWeights<T>(m * k, rng));
-  for (int64_t n : {1, 4, 16}) {
+  for (int64_t n : {1, 4, 16, 32, 64}) {
+    const bool wanted = std::getenv("DECODE_ROWS") == nullptr
+                            ? n <= 16
+                            : EnvListHas("DECODE_ROWS", std::to_string(n));
+    if (!wanted) continue;
     std::vector<float> x(n * k, 0.5f), out(n * m);
     TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
     for (int c = 0; c < copies; ++c) {  // warm-up: page in, fault in
@@ -219,19 +237,6 @@ double ReadOnlyGbs(const std::vector<TensorView>& views, size_t w_bytes, int cop
   }
   if (sink.load() == 42) std::printf(" ");  // keeps the sums alive
   return best;
-}
-
-// Whether the comma-separated list in environment variable `var` names `item` (unset: all).
-bool EnvListHas(const char* var, std::string_view item) {
-  const char* list = std::getenv(var);
-  if (list == nullptr) return true;
-  for (std::string_view rest = list; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    if (rest.substr(0, comma) == item) return true;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  return false;
 }
 
 // Decode Gemm with quantized w: bytes moved = the quantized weight bytes (x and out are
