@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/backend/cpu/thread_pool.h"
@@ -125,11 +127,8 @@ HugeBuffer<T> RandomWeights(size_t count, std::mt19937& rng) {
 bool EnvListHas(const char* var, std::string_view item) {
   const char* list = std::getenv(var);
   if (list == nullptr) return true;
-  for (std::string_view rest = list; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    if (rest.substr(0, comma) == item) return true;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    if (std::string_view(part.data(), part.size()) == item) return true;
   }
   return false;
 }
