@@ -184,6 +184,14 @@ inline void AmxMoveC(float* c, float* c_lower, int64_t lds) {
   move.template operator()<2>(c_lower);
   move.template operator()<3>(c_lower + kAmxTileRows);
 }
+// C tiles 0-3 cleared (every element +0.0f).
+template <class T>
+inline void AmxZeroC() {
+  T::template Zero<0>();
+  T::template Zero<1>();
+  T::template Zero<2>();
+  T::template Zero<3>();
+}
 // The block's four products: C0 += A4 B6, C1 += A4 B7, C2 += A5 B6, C3 += A5 B7.
 template <class T>
 inline void AmxDot2x2() {
@@ -324,10 +332,7 @@ void GemmAmxBf16DecodeWide(const uint16_t* packed_x, int64_t k, int64_t x_begin,
   for (int64_t c0 = row_begin; c0 < row_end; c0 += kAmxTileRows) {
     const int64_t nc = row_end - c0 < kAmxTileRows ? row_end - c0 : kAmxTileRows;
     const uint16_t* w0 = w + c0 * k;
-    T::template Zero<0>();
-    T::template Zero<1>();
-    T::template Zero<2>();
-    T::template Zero<3>();
+    AmxZeroC<T>();
     for (int64_t s = 0; s < steps; ++s) {
       if (nc == kAmxTileRows && s < whole) {
         T::template Load<4>(w0 + s * kAmxStepK, w_stride);
@@ -391,10 +396,7 @@ void GemmAmxBf16Decode(const uint16_t* packed_x, int64_t k, int64_t x_begin, int
     const int64_t nc = row_end - c0 < kC ? row_end - c0 : kC;
     const uint16_t* w0 = w + c0 * k;
     for (int64_t rt = 0; rt < rtiles; rt += 2) {
-      T::template Zero<0>();
-      T::template Zero<1>();
-      T::template Zero<2>();
-      T::template Zero<3>();
+      AmxZeroC<T>();
       const int64_t r0 = x_begin + rt * kAmxTileRows;
       const int64_t nr = x_end - r0 < kC ? x_end - r0 : kC;
       const uint16_t* b0 = packed_x + (x_begin / kAmxTileRows + rt) * row_tile_bf16;
