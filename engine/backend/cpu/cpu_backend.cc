@@ -54,6 +54,10 @@ static_assert(kGemmRowBlock % 32 == 0);
 // them, few enough that batch-1 decode at a few hundred keys keeps both threads busy.
 constexpr int64_t kKeyTile = 64;
 constexpr int64_t kKeysPerSplit = 256;
+static_assert(kKeysPerSplit == kAmxAttnKeys);
+// Attention on the matrix unit (bf16 K/V, CPUs with AMX): the rows of a block share the K/V
+// tiles of each split, so a prefill chunk's rows go in blocks of this many.
+constexpr int64_t kAttnTileBlockRows = 32;
 
 void FreeAligned(void* data, void* /*ctx*/) { std::free(data); }
 
@@ -777,6 +781,81 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
 
 // ---- Attention -------------------------------------------------------------------------------
 
+void CpuBackend::RunAttentionBlocks(const AttentionParams& p, const float* q, const bf16_t* pool,
+                                    const int32_t* page_table, int64_t max_pages,
+                                    const int32_t* seq_of, const int32_t* kv_len,
+                                    const int64_t* first, float* partial, int64_t partial_stride,
+                                    float* out) {
+  const int64_t hd = p.head_dim, kv = p.n_kv_heads, bs = p.block_size, nh = p.n_heads;
+  const int64_t group = nh / kv;
+  const std::vector<std::pair<int64_t, int64_t>>& blocks = attn_blocks_;
+  const std::vector<int64_t>& block_first = attn_block_first_task_;
+  pool_.ParallelFor(0, block_first.back(), 1, [&](int64_t tb, int64_t te) {
+    // Scratch: the kernel's tiles, then its outputs m, l, acc for a block's q-rows, then the
+    // K and V row pointers of a split.
+    const int64_t kernel_floats = static_cast<int64_t>(AmxAttnScratchBytes(hd) / sizeof(float));
+    const int64_t f_max = kAttnTileBlockRows * group;
+    const int64_t ptr_at = (kernel_floats + f_max * (hd + 2) + 15) / 16 * 16;
+    float* scratch = ThreadScratch(ptr_at + 2 * kAmxAttnKeys * sizeof(void*) / sizeof(float));
+    float* m = scratch + kernel_floats;
+    float* l = m + f_max;
+    float* acc = l + f_max;
+    const bf16_t** keys = reinterpret_cast<const bf16_t**>(scratch + ptr_at);
+    const bf16_t** values = keys + kAmxAttnKeys;
+    int64_t bi =
+        std::upper_bound(block_first.begin(), block_first.end(), tb) - block_first.begin() - 1;
+    for (int64_t task = tb; task < te; ++task) {
+      while (task >= block_first[bi + 1]) ++bi;
+      const auto [b, e] = blocks[bi];
+      const int64_t s = task - block_first[bi], key_begin = s * kKeysPerSplit;
+      const int64_t num_keys = std::min(kKeysPerSplit, kv_len[e - 1] - key_begin);
+      const int32_t* pages = page_table + seq_of[b] * max_pages;
+      for (int64_t g = 0; g < kv; ++g) {
+        for (int64_t j = 0; j < num_keys; ++j) {
+          const int64_t key = key_begin + j;
+          const bf16_t* page = pool + pages[key / bs] * 2 * kv * bs * hd;
+          keys[j] = page + (g * bs + key % bs) * hd;
+          values[j] = page + ((kv + g) * bs + key % bs) * hd;
+        }
+        const AmxAttnBlock block = {.q = q + (b * nh + g * group) * hd,
+                                    .ldq = nh * hd,
+                                    .rows = e - b,
+                                    .group = group,
+                                    .head_dim = hd,
+                                    .kv_len0 = kv_len[b],
+                                    .key_begin = key_begin,
+                                    .num_keys = num_keys,
+                                    .keys = keys,
+                                    .values = values,
+                                    .scale = p.scale,
+                                    .terms = amx_terms_,
+                                    .m = m,
+                                    .l = l,
+                                    .acc = acc,
+                                    .scratch = scratch};
+        kernels_.attn_block_bf16(block);
+        for (int64_t i = b; i < e; ++i) {
+          if (kv_len[i] <= key_begin) continue;  // no key of this split
+          const bool split = first[i + 1] - first[i] > 1;
+          for (int64_t h = 0; h < group; ++h) {
+            const int64_t f = (i - b) * group + h;
+            if (!split) {
+              float* dst = out + (i * nh + g * group + h) * hd;
+              const float inv_l = 1.0f / l[f];
+              for (int64_t d = 0; d < hd; ++d) dst[d] = acc[f * hd + d] * inv_l;
+            } else {
+              float* part = partial + ((first[i] + s) * kv + g) * partial_stride;
+              part[h] = m[f];
+              part[group + h] = l[f];
+              std::copy(acc + f * hd, acc + (f + 1) * hd, part + 2 * group + h * hd);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 // Flash-style: one task per (row, split) covers every kv head, so it reads whole pages (K of
 // every head, then V of every head: 2 * n_kv_heads * block_size rows in a row) rather than one
 // head's slice of each. Keys are visited in tiles of kKeyTile; a tile's scores (every kv head's,
@@ -921,14 +1000,43 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       }
     }
   };
-  // Tasks in row order; a chunk's first task finds its row by binary search, later ones step.
-  pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
-    int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
-    for (int64_t task = b; task < e; ++task) {
-      while (task >= first[i + 1]) ++i;
-      run_task(i, task);
+  // With bf16 K/V on a CPU with AMX every row takes the tile kernel: runs of rows of one sequence
+  // whose kv lengths count up by one (a prefill chunk, or a routed layer's rows of one) in blocks
+  // of kAttnTileBlockRows, any other row (a decode row) as a block of its own; a task is one
+  // block and one split of its last row's keys. Otherwise the row kernels, a task per row and
+  // split, in row order (a chunk's first task finds its row by binary search, later ones step).
+  bool tiles = false;
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    tiles = kernels_.attn_block_bf16 != nullptr && hd % 32 == 0 && hd <= kAmxAttnMaxHeadDim;
+  }
+  if (tiles) {
+    std::vector<std::pair<int64_t, int64_t>>& blocks = attn_blocks_;
+    std::vector<int64_t>& block_first = attn_block_first_task_;
+    blocks.clear();
+    block_first.assign(1, 0);
+    for (int64_t i = 0; i < n;) {
+      int64_t e = i + 1;
+      while (e < n && e - i < kAttnTileBlockRows && seq_of[e] == seq_of[i] &&
+             kv_len[e] == kv_len[e - 1] + 1) {
+        ++e;
+      }
+      blocks.emplace_back(i, e);
+      block_first.push_back(block_first.back() + first[e] - first[e - 1]);
+      i = e;
     }
-  });
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      RunAttentionBlocks(p, qp, pool, pt, max_pages, seq_of, kv_len, first.data(), partial,
+                         partial_stride, o);
+    }
+  } else {
+    pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
+      int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
+      for (int64_t task = b; task < e; ++task) {
+        while (task >= first[i + 1]) ++i;
+        run_task(i, task);
+      }
+    });
+  }
   if (num_tasks == n) return;
 
   // Merge the splits of each (row, kv head) that has several, in split order.

@@ -160,6 +160,12 @@ class CpuBackend final : public Backend {
   void AttentionT(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
                   const TensorView& page_table, const TensorView& row_seq,
                   const TensorView& row_kv_len, const TensorView& out);
+  // AttentionT's tasks for the blocks of rows in attn_blocks_ (bf16 K/V, the matrix unit): each
+  // leaves its rows' outputs in out, or their split's part in partial.
+  void RunAttentionBlocks(const AttentionParams& p, const float* q, const bf16_t* pool,
+                          const int32_t* page_table, int64_t max_pages, const int32_t* seq_of,
+                          const int32_t* kv_len, const int64_t* first, float* partial,
+                          int64_t partial_stride, float* out);
   template <typename W>
   void WeightToF32(const W* src, int64_t count, float* dst) const;
 
@@ -198,6 +204,9 @@ class CpuBackend final : public Backend {
   std::vector<float> norm_weight_;   // [d] f32: the RmsNorm weight converted once per call
   std::vector<float> attn_partial_;        // [tasks, n_kv_heads, group, head_dim + 2] f32
   std::vector<int64_t> attn_first_task_;  // [n + 1]: row i's attention tasks start here
+  // Attention's blocks of rows on the matrix unit: [begin, end) rows.
+  std::vector<std::pair<int64_t, int64_t>> attn_blocks_;
+  std::vector<int64_t> attn_block_first_task_;  // [blocks + 1]: block b's tasks start here
   // QuantizedActs of the quantized-weight Gemm's x, one per activation layout a group needs
   // (64-byte aligned), grown to the largest seen.
   struct FreeDeleter {

@@ -233,6 +233,7 @@ const KernelTable& AmxKernelTable() {
     t.float_small_n_max = kGemmSmallNMax;
     t.pack_x_bf16 = &internal::AmxPackX;
     t.gemm_amx_bf16 = &internal::AmxGemmBf16;
+    t.attn_block_bf16 = &internal::AmxAttnBlockBf16;
     if (CpuHasIsa(Isa::kAvx512Vnni)) {
       const KernelTable& q = internal::kAmxHostQuantGemms;
       t.gemm_q6_k_x16 = q.gemm_q6_k_x16;

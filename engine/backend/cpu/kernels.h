@@ -92,6 +92,46 @@ using QuantGemmFn = void (*)(const QuantizedActs& acts, int64_t x_begin, int64_t
 // side by side; every prefill kernel (n > kQuantSmallNMax, below) reads natural order.
 constexpr ActLayout ActLayoutFor(DType w, int64_t n);
 
+// Attention of a block of consecutive query rows of one sequence (a prefill chunk) for one kv
+// head and one split of its keys, on the matrix unit (KernelTable::attn_block_bf16). Row r < rows
+// has kv length kv_len0 + r; its q heads h < group are the block's q-rows f = r * group + h, at
+// q + r * ldq + h * head_dim. Row r sees the split's keys key_begin + j for j < num_keys and
+// key_begin + j < kv_len0 + r. Scores s = scale * q . k, with q and the probabilities split into
+// `terms` bf16 terms (1 to 3, as the tile Gemm splits x: MatmulPrecision) and K/V exactly bf16,
+// so at 3 terms every product is exact and only the f32 sums' order differs from the row
+// kernels. Per q-row f the kernel writes m[f] = max s (-inf where the row sees no key),
+// l[f] = sum e^(s - m) and acc[f * head_dim ..] = sum e^(s - m) v: the split's part of the
+// softmax, which the caller normalises or merges with the row's other splits. Every output of
+// q-row f depends on that row's q and kv length and on the keys alone, not on the other rows of
+// the block or where the block begins.
+struct AmxAttnBlock {
+  const float* q;
+  int64_t ldq, rows, group;
+  int64_t head_dim;  // a multiple of 32, at most kAmxAttnMaxHeadDim
+  int64_t kv_len0;
+  int64_t key_begin, num_keys;  // 1 <= num_keys <= kAmxAttnKeys
+  const bf16_t* const* keys;    // [num_keys]: the K vector of key key_begin + j
+  const bf16_t* const* values;  // [num_keys]: its V vector
+  float scale;
+  int terms;
+  float* m;
+  float* l;
+  float* acc;
+  void* scratch;  // AmxAttnScratchBytes(head_dim), 64-byte aligned
+};
+inline constexpr int64_t kAmxAttnKeys = 256;
+inline constexpr int64_t kAmxAttnMaxHeadDim = 256;
+// The kernel's tiles: K as B tiles (16 keys x 32 dims each), V as B tiles (32 keys x 16 dims),
+// one q tile's terms (16 q-rows x 32 dims), the probabilities' terms (16 q-rows x 32 keys), the
+// scores (16 x kAmxAttnKeys f32), the output (16 x head_dim f32) and a 1 KiB gather block.
+constexpr size_t AmxAttnScratchBytes(int64_t head_dim) {
+  const int64_t steps = head_dim / 32;
+  return static_cast<size_t>(kAmxAttnKeys / 16 * steps + kAmxAttnKeys / 32 * steps * 2 + steps * 3 +
+                             kAmxAttnKeys / 32 * 3 + 1) *
+             1024 +
+         static_cast<size_t>(16 * (kAmxAttnKeys + head_dim)) * sizeof(float);
+}
+
 struct KernelTable {
   Isa isa;
   // Float weights (F32/F16/BF16): GemmSmallN up to this many x rows, GemmLargeN above. Per ISA,
@@ -179,6 +219,10 @@ struct KernelTable {
                                const bf16_t* const* runs, const int64_t* run_len, int64_t num_runs,
                                int64_t offset, int64_t head_dim, const float* rescale, float* acc);
 
+  // One block of prefill rows' attention on the matrix unit, for bf16 K/V (AmxAttnBlock, below);
+  // null in tables without one.
+  void (*attn_block_bf16)(const AmxAttnBlock& block);
+
   // out[i] = silu(gate[i]) * up[i] and x[i] = silu(x[i]) for i < n, silu(g) = g / (1 + e^-g)
   // with a vectorised exp (within 2 ulp of expf); out may alias gate or up. Each element's
   // result depends on its inputs alone, not on its position in the call.
@@ -225,6 +269,8 @@ void AmxGemmBf16(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, in
 // the test that holds it to the plain one; AVX-512 F/BW/VL only, no tile instruction.
 void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles, int64_t s0,
               int64_t ns, uint32_t* tiles);
+// KernelTable::attn_block_bf16 of the AMX table.
+void AmxAttnBlockBf16(const AmxAttnBlock& block);
 #endif
 // Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
 extern const KernelTable kScalarKernelTable;

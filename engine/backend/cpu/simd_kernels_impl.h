@@ -538,25 +538,7 @@ void AttnScores(const float* q, int64_t num_q, const K* keys, int64_t num_keys, 
   });
 }
 
-// e^x for every lane, clamped to [-87, 88] (results stay normal floats): x = n ln2 + r with
-// |r| <= ln2 / 2, e^r = 1 + r + r^2 P(r) with Cephes' expf coefficients (P of degree 5), times
-// 2^n. Within 2 ulp of exp over [-87, 0] on every ISA (tests/engine/backend/cpu_kernels_test.cc).
-template <class S>
-typename S::V VecExp(typename S::V x) {
-  using V = typename S::V;
-  x = S::Min(S::Max(x, S::Set1(-87.0f)), S::Set1(88.0f));
-  const V n = S::Round(S::Mul(x, S::Set1(1.44269504088896341f)));
-  V r = S::Fma(n, S::Set1(-0.693359375f), x);  // ln2 in two parts: n * hi is exact
-  r = S::Fma(n, S::Set1(2.12194440e-4f), r);
-  V p = S::Set1(1.9875691500e-4f);
-  p = S::Fma(p, r, S::Set1(1.3981999507e-3f));
-  p = S::Fma(p, r, S::Set1(8.3334519073e-3f));
-  p = S::Fma(p, r, S::Set1(4.1665795894e-2f));
-  p = S::Fma(p, r, S::Set1(1.6666665459e-1f));
-  p = S::Fma(p, r, S::Set1(5.0000001201e-1f));
-  p = S::Fma(p, S::Mul(r, r), S::Add(r, S::Set1(1.0f)));
-  return S::Ldexp(p, n);
-}
+#include "engine/backend/cpu/vec_exp_impl.h"
 
 // One key tile of the online softmax of one head: m' = max(m, max_t s[t]); s[t] = e^(s[t] - m');
 // l = l * e^(m - m') + sum_t s[t]; m = m'. Returns e^(m - m'), 0 on the first tile (m = -inf).

@@ -309,6 +309,53 @@ TEST_P(BackendConformanceTest, AttentionMixedPrefillAndDecodeMatchesReference) {
   }
 }
 
+TEST_P(BackendConformanceTest, AttentionPrefillRunsMatchReference) {
+  // Runs of 32 or more rows of one sequence with kv lengths counting up by one (prefill chunks),
+  // which the CPU backend sends to the matrix unit with bf16 K/V on CPUs with AMX: a chunk that
+  // crosses the 256-key split boundary, one that starts a sequence, one whose last block has a
+  // single row (97 = 3 x 32 + 1), beside decode rows; head dims 32 to 256, MQA and odd GQA
+  // groups, pages of 5 keys (tiles of 16 keys span pages) and of 64. A head dim that is not a
+  // multiple of 32 (48) keeps the row kernels everywhere.
+  for (DType dt : kStorageDTypes) {
+    for (auto [n_heads, n_kv_heads, head_dim, block_size] :
+         std::vector<std::tuple<int, int, int, int>>{{8, 4, 64, 16},
+                                                     {6, 2, 32, 16},
+                                                     {9, 3, 64, 5},
+                                                     {4, 1, 128, 64},
+                                                     {2, 2, 256, 16},
+                                                     {4, 2, 48, 16}}) {
+      std::mt19937 rng(n_heads * 1000 + head_dim * 10 + block_size + static_cast<int>(dt));
+      AttentionCase c;
+      c.params = {.n_heads = n_heads,
+                  .n_kv_heads = n_kv_heads,
+                  .head_dim = head_dim,
+                  .block_size = block_size,
+                  .scale = 1.0f / std::sqrt(float(head_dim))};
+      c.name = "prefill " + std::to_string(n_heads) + "/" + std::to_string(n_kv_heads) +
+               " hd=" + std::to_string(head_dim) + " bs=" + std::to_string(block_size);
+      // Sequence 0: 70 rows on top of 230 cached entries (kv lengths 231..300). Sequence 1: a
+      // decode row at 600. Sequence 2: 97 rows from the start (1..97). Sequence 3: 20 rows
+      // (too few for the tiles) at 11..30.
+      const std::vector<int64_t> lens = {300, 600, 97, 30};
+      std::vector<int64_t> pages_per_seq;
+      for (int64_t len : lens) pages_per_seq.push_back((len + block_size - 1) / block_size);
+      c.num_pages = std::accumulate(pages_per_seq.begin(), pages_per_seq.end(), int64_t{0}) + 2;
+      c.seq_pages = ScatteredPages(rng, c.num_pages, pages_per_seq);
+      auto add_run = [&](int32_t seq, int32_t first_len, int32_t count) {
+        for (int32_t r = 0; r < count; ++r) {
+          c.row_seq.push_back(seq);
+          c.row_kv_len.push_back(first_len + r);
+        }
+      };
+      add_run(0, 231, 70);
+      add_run(1, 600, 1);
+      add_run(2, 1, 97);
+      add_run(3, 11, 20);
+      RunAttentionCase(this, c, dt, rng());
+    }
+  }
+}
+
 TEST_P(BackendConformanceTest, AttentionLongContextDecodeMatchesReference) {
   // Batch-1 and batch-3 decode at contexts long enough that the CPU backend splits the context
   // across threads (split-K + combine), with one kv head (MQA) and with GQA.
