@@ -718,7 +718,8 @@ absl::StatusOr<StepResult> Engine::Step(absl::Span<const StepEntry> entries) {
     const int32_t pending = static_cast<int32_t>(s->tokens.size()) - s->num_fed;
     const int32_t n = std::min(entries[i].num_tokens, pending);
     plan.push_back({entries[i].seq_id, absl::MakeConstSpan(s->tokens).subspan(s->num_fed, n),
-                    s->num_fed, s->threshold, s->WantsPromptLogprobs()});
+                    s->num_fed, s->threshold, s->WantsPromptLogprobs(),
+                    static_cast<int32_t>(s->request.prompt.size())});
   }
   ++num_steps_;
   if (options_.faults.backend_fault_step > 0 && num_steps_ >= options_.faults.backend_fault_step) {

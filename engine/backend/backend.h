@@ -183,6 +183,11 @@ struct AttentionParams {
   int head_dim = 0;
   int block_size = 0;  // tokens per KV page
   float scale = 0.0f;  // multiplies q . k; usually 1 / sqrt(head_dim)
+  // Every row of the call is a token of its request's prompt (prefill). A backend may run such
+  // rows with other kernels than the rest (the CPU backend's tiles, docs/DESIGN.md 5), as long
+  // as a prompt row gets the same bits in every prompt call: the engine never mixes the kinds in
+  // one call, so a row's bits do not depend on what shares its step.
+  bool prompt = false;
 };
 
 enum class ActivationKind : uint8_t {

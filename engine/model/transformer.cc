@@ -353,8 +353,18 @@ void Transformer::RunBlock(int layer, const TensorView& rows, int64_t m, const B
   backend_->RopeAndAppendKv(rope, q_.View(DType::kF32, {m, H, hd}),
                             k_.View(DType::kF32, {m, KV, hd}), v_.View(DType::kF32, {m, KV, hd}),
                             ix.pos, ix.slots, pool);
-  backend_->Attention(attn, q_.View(DType::kF32, {m, H, hd}), pool, ix.page_table, ix.row_seq,
-                      ix.row_kv_len, att);
+  const TensorView q3 = q_.View(DType::kF32, {m, H, hd});
+  if (ix.segments.empty()) {
+    backend_->Attention(attn, q3, pool, ix.page_table, ix.row_seq, ix.row_kv_len, att);
+  }
+  for (const AttnSegment& g : ix.segments) {
+    backend::AttentionParams seg = attn;
+    seg.prompt = g.prompt;
+    const int64_t rows_n = g.end - g.begin;
+    backend_->Attention(seg, q3.rows(g.begin, rows_n), pool, ix.page_table,
+                        ix.row_seq.rows(g.begin, rows_n), ix.row_kv_len.rows(g.begin, rows_n),
+                        att.rows(g.begin, rows_n));
+  }
   backend_->Gemm(att, lw.o_proj, {}, o);
   backend_->Add(rows, o, rows);
   // y = h + MLP(RMSNorm_post(h)), MLP(z) = down(silu(gate(z)) * up(z))
@@ -376,6 +386,7 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
   }
   StepOutput out;
   out.row_offsets.push_back(0);
+  h_prompt_row_.clear();
   for (const StepSequence& s : seqs) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     if (n == 0)
@@ -398,6 +409,9 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
       }
     }
     out.row_offsets.push_back(out.row_offsets.back() + static_cast<int32_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      h_prompt_row_.push_back(s.start_pos + t < s.prompt_len ? 1 : 0);
+    }
   }
   const int64_t N = out.row_offsets.back();
   if (N > options_.max_batch_tokens) {
@@ -541,9 +555,22 @@ absl::StatusOr<StepOutput> Transformer::Step(absl::Span<const StepSequence> seqs
           Upload(backend_, h_page_table_, num_seqs * page_stride, page_table_, DType::kI32)}) {
       if (!st.ok()) return fail(st);
     }
-    const BlockIndex ix{pos_.View(DType::kI32, {m}), slots_.View(DType::kI32, {m}),
-                        row_seq_.View(DType::kI32, {m}), row_kv_len_.View(DType::kI32, {m}),
-                        page_table_.View(DType::kI32, {num_seqs, page_stride})};
+    // Attention's calls: runs of prompt rows and of other rows, each kind in calls of its own.
+    h_segments_.clear();
+    for (int64_t j = 0; j < m; ++j) {
+      const bool prompt = h_prompt_row_[h_idx_[j]] != 0;
+      if (h_segments_.empty() || h_segments_.back().prompt != prompt) {
+        h_segments_.push_back({j, j + 1, prompt});
+      } else {
+        h_segments_.back().end = j + 1;
+      }
+    }
+    const BlockIndex ix{pos_.View(DType::kI32, {m}),
+                        slots_.View(DType::kI32, {m}),
+                        row_seq_.View(DType::kI32, {m}),
+                        row_kv_len_.View(DType::kI32, {m}),
+                        page_table_.View(DType::kI32, {num_seqs, page_stride}),
+                        h_segments_};
     if (!routed) {
       RunBlock(l, x, N, ix);  // x' = the dense block
       continue;
@@ -786,9 +813,10 @@ Transformer::~Transformer() { DropGraphs(); }
 
 bool Transformer::UseGraph(absl::Span<const StepSequence> seqs) const {
   if (!Enabled(options_.graphs) || !backend_->SupportsGraphs()) return false;
-  // Decode steps only: one token per sequence, the logits of that token.
+  // Decode steps only: one token per sequence, the logits of that token, none of the prompt (a
+  // graph replays its calls' parameters, and a prompt row's attention call is another).
   for (const StepSequence& q : seqs) {
-    if (q.tokens.size() != 1) return false;
+    if (q.tokens.size() != 1 || q.start_pos < q.prompt_len) return false;
   }
   return static_cast<int64_t>(seqs.size()) <= kMaxGraphBucket;
 }

@@ -52,6 +52,9 @@ struct StepSequence {
                                      // nothing); routed layer k selects
                                      // sigmoid(z) > LayerThreshold(mod, k, r) (config.h)
   bool all_logits = false;           // logits for every new token, else for the last one only
+  int32_t prompt_len = 0;            // tokens at positions below it are the request's prompt:
+                                     // their attention runs as prompt rows
+                                     // (AttentionParams::prompt)
 };
 
 // What a step produced, on the host.
@@ -130,8 +133,15 @@ class Transformer {
   absl::Status UploadWeights();
   // Where a block's rows find their positions, KV slots, sequences and visible-key counts ([m]
   // i32 each) and the layer's page table ([num_seqs, stride] i32), filled on the device.
+  // Rows [begin, end) of a block's attention: prompt rows or not (AttentionParams::prompt).
+  struct AttnSegment {
+    int64_t begin, end;
+    bool prompt;
+  };
   struct BlockIndex {
     TensorView pos, slots, row_seq, row_kv_len, page_table;
+    // Attention's calls, in row order; empty: one call, no prompt rows.
+    absl::Span<const AttnSegment> segments = {};
   };
   // The dense block on `m` rows held in `rows` ([m, d_model] f32, updated in place to y).
   void RunBlock(int layer, const TensorView& rows, int64_t m, const BlockIndex& ix);
@@ -253,6 +263,8 @@ class Transformer {
 
   // Host staging (same shapes), reused every step.
   std::vector<int32_t> h_ids_, h_idx_, h_pos_, h_slots_, h_row_seq_, h_row_kv_len_, h_page_table_;
+  std::vector<uint8_t> h_prompt_row_;    // per step row: a prompt token (StepSequence::prompt_len)
+  std::vector<AttnSegment> h_segments_;  // the current block's attention calls
   std::vector<float> h_zcut_, h_probs_;
   std::vector<absl::Span<const PageId>> h_pages_;  // [max_seqs] one layer's page lists
   std::vector<int32_t> h_route_;

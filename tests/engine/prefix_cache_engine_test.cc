@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "gtest/gtest.h"
+#include "tests/common/real_model.h"
 
 namespace modserve::engine {
 namespace {
@@ -202,6 +203,43 @@ TEST(PrefixCacheEngineTest, BatchOfRequestsSharingASystemPromptMatchesEachAlone)
     ExpectSameOutput((*out)[i], GenerateOne(*plain, requests[i]));
   }
   ExpectNoPagesHeld(*cached);
+}
+
+// A model whose large matrices are all quantized gets the same bits from the cache on the CPU
+// backend (docs/DESIGN.md 4.1), with a bf16 KV cache too: the request served from the cache
+// computes its last prompt rows (5 here) in a smaller step than the one that filled it (37), and
+// on a CPU with AMX the prompt rows' attention runs on the tiles in both.
+TEST(PrefixCacheEngineTest, QuantizedModelGetsTheSameBitsFromTheCache) {
+  MODSERVE_REQUIRE_SMOLLM2(gguf);
+  EngineOptions eo;
+  eo.model_dir = gguf;
+  eo.num_threads = 2;
+  eo.kv_cache_bytes = 32 << 20;
+  eo.prefix_caching = true;
+  eo.kv_dtype = DType::kBF16;
+  auto created = Engine::Create(eo);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  std::vector<TokenId> prompt =
+      e.tokenizer()
+          ->Encode(
+              "The history of the printing press begins in the fifteenth century, when "
+              "movable type changed how books were made and who could read them. Its",
+              true)
+          .value();
+  prompt.resize(37);
+  const Request r = MakeRequest(prompt, 16, false);
+  const GenerationResult first = GenerateOne(e, r);
+  const GenerationResult again = GenerateOne(e, r);
+  EXPECT_EQ(e.prefix_cache_stats().hits, 32);
+  EXPECT_EQ(again.token_ids, first.token_ids);
+  EXPECT_EQ(again.logprobs, first.logprobs);  // bit for bit
+  ASSERT_EQ(again.top_logprobs.size(), first.top_logprobs.size());
+  for (size_t i = 0; i < first.top_logprobs.size(); ++i) {
+    for (size_t k = 0; k < first.top_logprobs[i].size(); ++k) {
+      EXPECT_EQ(again.top_logprobs[i][k].logprob, first.top_logprobs[i][k].logprob) << i;
+    }
+  }
 }
 
 // Random requests over a few shared prefixes, driven step by step: random chunk sizes, random

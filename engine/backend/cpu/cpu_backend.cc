@@ -1000,14 +1000,17 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       }
     }
   };
-  // With bf16 K/V on a CPU with AMX every row takes the tile kernel: runs of rows of one sequence
-  // whose kv lengths count up by one (a prefill chunk, or a routed layer's rows of one) in blocks
-  // of kAttnTileBlockRows, any other row (a decode row) as a block of its own; a task is one
-  // block and one split of its last row's keys. Otherwise the row kernels, a task per row and
-  // split, in row order (a chunk's first task finds its row by binary search, later ones step).
+  // Prompt rows (AttentionParams::prompt) with bf16 K/V on a CPU with AMX take the tile kernel:
+  // runs of rows of one sequence whose kv lengths count up by one (a prefill chunk, or a routed
+  // layer's rows of one) in blocks of kAttnTileBlockRows, any other row as a block of its own; a
+  // task is one block and one split of its last row's keys. A row's bits do not depend on its
+  // block, so a prompt row gets the same bits in every prompt call. Every other row (decode,
+  // drafts, verification) takes the row kernels, a task per row and split, in row order (a
+  // chunk's first task finds its row by binary search, later ones step).
   bool tiles = false;
   if constexpr (std::is_same_v<T, bf16_t>) {
-    tiles = kernels_.attn_block_bf16 != nullptr && hd % 32 == 0 && hd <= kAmxAttnMaxHeadDim;
+    tiles =
+        p.prompt && kernels_.attn_block_bf16 != nullptr && hd % 32 == 0 && hd <= kAmxAttnMaxHeadDim;
   }
   if (tiles) {
     std::vector<std::pair<int64_t, int64_t>>& blocks = attn_blocks_;

@@ -1,7 +1,7 @@
-// Attention of prefill blocks on the matrix unit (KernelTable::attn_block_bf16, kernels_amx.cc):
-// the kernel against a double-precision softmax at each bf16 term count, a q-row's outputs
-// against the same q-row in other blocks (bit for bit), and the CPU backend's rows against the
-// same rows in other runs and at each matmul precision. Every case skips on CPUs without usable
+// Attention on the matrix unit (KernelTable::attn_block_bf16, kernels_amx.cc): the kernel against
+// a double-precision softmax at each bf16 term count, a q-row's outputs against the same q-row in
+// other blocks (bit for bit), and the CPU backend's rows against the same rows in other runs and
+// alone (bit for bit) and at each matmul precision. Every case skips on CPUs without usable
 // AMX; the conformance suite holds the backend's prefill runs to the reference op everywhere.
 #include <gtest/gtest.h>
 
@@ -174,11 +174,15 @@ TEST(AmxAttentionTest, OnTheUnitAQRowsOutputsDoNotDependOnTheBlockAroundIt) {
   }
 }
 
-// One sequence's prefill rows kv_len0 .. kv_len0 + rows - 1 through CpuBackend::Attention with
+// One sequence's prompt rows kv_len0 .. kv_len0 + rows - 1 through CpuBackend::Attention with
 // bf16 K/V in shuffled pages of 16 keys: the output [rows, n_heads * head_dim].
 struct BackendCase {
-  AttentionParams params{
-      .n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .block_size = 16, .scale = 0.125f};
+  AttentionParams params{.n_heads = 8,
+                         .n_kv_heads = 2,
+                         .head_dim = 64,
+                         .block_size = 16,
+                         .scale = 0.125f,
+                         .prompt = true};
   int64_t num_pages = 40;  // 640 keys
   std::vector<float> q;    // [640, n_heads, head_dim]: row of kv length L is q[L - 1]
   std::vector<bf16_t> pool;
@@ -213,24 +217,48 @@ struct BackendCase {
   }
 };
 
-TEST(AmxAttentionTest, OnTheUnitTheBackendGivesARowTheSameBitsInEveryPrefillRun) {
+TEST(AmxAttentionTest, OnTheUnitTheBackendGivesAPromptRowTheSameBitsInEveryCall) {
   if (!AmxUsable()) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
   auto created = CpuBackend::Create({.num_threads = 2, .isa = Isa::kAmx});
   ASSERT_TRUE(created.ok()) << created.status();
   std::mt19937 rng(5);
   BackendCase c(rng);
   const int64_t width = int64_t{c.params.n_heads} * c.params.head_dim;
-  // Rows 200..299 as one run (blocks from 200, 232, 264, 296; the split boundary at 256) and
-  // rows 243..299 as another (blocks from 243, 275): same bits for every shared row.
+  // Rows 200..299 as one run (blocks from 200, 232, 264, 296; the split boundary at 256), rows
+  // 243..299 as another (blocks from 243, 275), and single rows as the prefix cache's short
+  // steps send them: same bits for every shared row.
   const std::vector<float> whole = c.Run(**created, 200, 100), later = c.Run(**created, 243, 57);
   for (int64_t r = 0; r < 57; ++r) {
     EXPECT_EQ(0, std::memcmp(later.data() + r * width, whole.data() + (r + 43) * width,
                              width * sizeof(float)))
         << "row of kv length " << 243 + r;
   }
+  for (int32_t len : {200, 231, 232, 256, 257, 299}) {
+    const std::vector<float> one = c.Run(**created, len, 1);
+    EXPECT_EQ(0, std::memcmp(one.data(), whole.data() + (len - 200) * width, width * sizeof(float)))
+        << "row of kv length " << len << " alone";
+  }
 }
 
-TEST(AmxAttentionTest, OnTheUnitTheBackendRunsPrefillAttentionAtItsMatmulPrecision) {
+TEST(AmxAttentionTest, OnTheUnitRowsNotOfThePromptKeepTheRowKernels) {
+  if (!AmxUsable()) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
+  // Decode, draft and verification rows (AttentionParams::prompt false) get the AVX-512 row
+  // kernels' bits on the AMX table, so a verification row gets a one-row decode step's bits;
+  // prompt rows get the tiles' (other) bits.
+  auto amx = CpuBackend::Create({.num_threads = 2, .isa = Isa::kAmx});
+  auto vector = CpuBackend::Create(
+      {.num_threads = 2, .isa = CpuHasIsa(Isa::kAvx512Vnni) ? Isa::kAvx512Vnni : Isa::kAvx512});
+  ASSERT_TRUE(amx.ok() && vector.ok());
+  std::mt19937 rng(8);
+  BackendCase c(rng);
+  c.params.prompt = false;
+  EXPECT_EQ(c.Run(**amx, 200, 60), c.Run(**vector, 200, 60));
+  const std::vector<float> rows = c.Run(**amx, 200, 60);
+  c.params.prompt = true;
+  EXPECT_NE(c.Run(**amx, 200, 60), rows);
+}
+
+TEST(AmxAttentionTest, OnTheUnitTheBackendRunsAttentionAtItsMatmulPrecision) {
   if (!AmxUsable()) GTEST_SKIP() << "AMX unusable here: " << AmxUnavailableReason();
   std::mt19937 rng(6);
   BackendCase c(rng);

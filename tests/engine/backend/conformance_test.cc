@@ -310,12 +310,12 @@ TEST_P(BackendConformanceTest, AttentionMixedPrefillAndDecodeMatchesReference) {
 }
 
 TEST_P(BackendConformanceTest, AttentionPrefillRunsMatchReference) {
-  // Runs of 32 or more rows of one sequence with kv lengths counting up by one (prefill chunks),
-  // which the CPU backend sends to the matrix unit with bf16 K/V on CPUs with AMX: a chunk that
-  // crosses the 256-key split boundary, one that starts a sequence, one whose last block has a
-  // single row (97 = 3 x 32 + 1), beside decode rows; head dims 32 to 256, MQA and odd GQA
-  // groups, pages of 5 keys (tiles of 16 keys span pages) and of 64. A head dim that is not a
-  // multiple of 32 (48) keeps the row kernels everywhere.
+  // Prompt rows (AttentionParams::prompt), which the CPU backend sends to the matrix unit with
+  // bf16 K/V on CPUs with AMX, in blocks of up to 32 rows of one sequence with kv lengths
+  // counting up by one: a chunk that crosses the 256-key split boundary, one that starts a
+  // sequence, one whose last block has a single row (97 = 3 x 32 + 1), a single row and a short
+  // chunk; head dims 32 to 256, MQA and odd GQA groups, pages of 5 keys (tiles of 16 keys span
+  // pages) and of 64. A head dim that is not a multiple of 32 (48) keeps the row kernels.
   for (DType dt : kStorageDTypes) {
     for (auto [n_heads, n_kv_heads, head_dim, block_size] :
          std::vector<std::tuple<int, int, int, int>>{{8, 4, 64, 16},
@@ -330,12 +330,12 @@ TEST_P(BackendConformanceTest, AttentionPrefillRunsMatchReference) {
                   .n_kv_heads = n_kv_heads,
                   .head_dim = head_dim,
                   .block_size = block_size,
-                  .scale = 1.0f / std::sqrt(float(head_dim))};
+                  .scale = 1.0f / std::sqrt(float(head_dim)),
+                  .prompt = true};
       c.name = "prefill " + std::to_string(n_heads) + "/" + std::to_string(n_kv_heads) +
                " hd=" + std::to_string(head_dim) + " bs=" + std::to_string(block_size);
-      // Sequence 0: 70 rows on top of 230 cached entries (kv lengths 231..300). Sequence 1: a
-      // decode row at 600. Sequence 2: 97 rows from the start (1..97). Sequence 3: 20 rows
-      // (too few for the tiles) at 11..30.
+      // Sequence 0: 70 rows on top of 230 cached entries (kv lengths 231..300). Sequence 1: one
+      // row at 600. Sequence 2: 97 rows from the start (1..97). Sequence 3: 20 rows at 11..30.
       const std::vector<int64_t> lens = {300, 600, 97, 30};
       std::vector<int64_t> pages_per_seq;
       for (int64_t len : lens) pages_per_seq.push_back((len + block_size - 1) / block_size);
