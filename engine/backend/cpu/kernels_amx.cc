@@ -245,6 +245,28 @@ inline void StoreTerms32(__m512 lo, __m512 hi, uint16_t* dst, int64_t tile_words
   }
 }
 
+// StoreTerms32 for the probabilities, which are finite and not negative: AmxSplit's terms without
+// its non-finite and overflow cases (the same bits for such values), each term's 32 words picked
+// from the two vectors' low halves in one permute.
+template <int kTerms>
+inline void StoreProbTerms32(__m512 lo, __m512 hi, uint16_t* dst, int64_t tile_words) {
+  alignas(64) static constexpr uint16_t kLowWords[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                         22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                         44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  const __m512i pick = _mm512_load_si512(kLowWords);
+  __m512 rest[2] = {lo, hi};
+  for (int t = 0; t < kTerms; ++t) {
+    __m512i bits[2];
+    for (int h = 0; h < 2; ++h) {
+      bits[h] = Bf16BitsX16(_mm512_castps_si512(rest[h]));
+      if (t + 1 < kTerms) {
+        rest[h] = _mm512_sub_ps(rest[h], _mm512_castsi512_ps(_mm512_slli_epi32(bits[h], 16)));
+      }
+    }
+    _mm512_storeu_si512(dst + t * tile_words, _mm512_permutex2var_epi16(bits[0], pick, bits[1]));
+  }
+}
+
 template <int kTerms>
 void AttnBlockBf16(const AmxAttnBlock& b) {
   constexpr int64_t kTileWords = kAmxTileBf16;  // 512 bf16 = 1 KiB
@@ -373,8 +395,8 @@ void AttnBlockBf16(const AmxAttnBlock& b) {
           p[h] = _mm512_maskz_mov_ps(k, VecExp<ExpOps>(_mm512_sub_ps(v, vm)));
           vsum = _mm512_add_ps(vsum, p[h]);
         }
-        StoreTerms32<kTerms>(p[0], p[1], ptiles + j / 32 * kTerms * kTileWords + 32 * i,
-                             kTileWords);
+        StoreProbTerms32<kTerms>(p[0], p[1], ptiles + j / 32 * kTerms * kTileWords + 32 * i,
+                                 kTileWords);
       }
       b.m[f] = mx;
       b.l[f] = _mm512_reduce_add_ps(vsum);
