@@ -231,6 +231,24 @@ inline void ForEachC(int64_t count, F&& f) {
   if (count > 3) f.template operator()<3>();
 }
 
+// C tiles c < count (at most 4) = the sum over steps s and terms t of A(s, t) . B(s, c) (A in
+// tile 4, B in tile 6 or 7), each then stored at out + 16 c (rows `stride` bytes apart): a(s, t)
+// and b(s, c) give the tiles' addresses.
+template <int kTerms, class A, class B>
+inline void AttnTileSums(int64_t count, int64_t steps, A&& a, B&& b, float* out, int64_t stride) {
+  ForEachC(count, []<int kC>() { HwTiles::Zero<kC>(); });
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int t = 0; t < kTerms; ++t) {
+      HwTiles::Load<4>(a(s, t), 64);
+      ForEachC(count, [&]<int kC>() {
+        HwTiles::Load<AttnB(kC)>(b(s, kC), 64);
+        AttnDot<kC>();
+      });
+    }
+  }
+  ForEachC(count, [&]<int kC>() { HwTiles::Store<kC>(out + 16 * kC, stride); });
+}
+
 // The first kTerms bf16 terms of 32 floats (two vectors), as 32-word rows of the tiles at
 // dst + t * tile_words.
 template <int kTerms>
@@ -340,20 +358,11 @@ void AttnBlockBf16(const AmxAttnBlock& b) {
     }
     // Scores, four key tiles at a time.
     for (int64_t kt0 = 0; kt0 < nkt; kt0 += 4) {
-      const int64_t cnt = nkt - kt0 < 4 ? nkt - kt0 : 4;
-      ForEachC(cnt, []<int kC>() { HwTiles::Zero<kC>(); });
-      for (int64_t s = 0; s < steps; ++s) {
-        for (int t = 0; t < kTerms; ++t) {
-          HwTiles::Load<4>(qtiles + (s * kTerms + t) * kTileWords, 64);
-          ForEachC(cnt, [&]<int kC>() {
-            HwTiles::Load<AttnB(kC)>(ktiles + ((kt0 + kC) * steps + s) * kTileWords, 64);
-            AttnDot<kC>();
-          });
-        }
-      }
-      ForEachC(cnt, [&]<int kC>() {
-        HwTiles::Store<kC>(scores + 16 * (kt0 + kC), kAmxAttnKeys * sizeof(float));
-      });
+      AttnTileSums<kTerms>(
+          nkt - kt0 < 4 ? nkt - kt0 : 4, steps,
+          [&](int64_t s, int t) { return qtiles + (s * kTerms + t) * kTileWords; },
+          [&](int64_t s, int64_t c) { return ktiles + ((kt0 + c) * steps + s) * kTileWords; },
+          scores + 16 * kt0, kAmxAttnKeys * sizeof(float));
     }
     // The softmax of each q-row over the keys it sees; its probabilities' terms as A tiles
     // (vs, t): row i = keys 32 vs .. 32 vs + 31 of q-row f0 + i.
@@ -403,20 +412,11 @@ void AttnBlockBf16(const AmxAttnBlock& b) {
     }
     // O = P . V, four 16-dim tiles at a time.
     for (int64_t dt0 = 0; dt0 < dtiles; dt0 += 4) {
-      const int64_t cnt = dtiles - dt0 < 4 ? dtiles - dt0 : 4;
-      ForEachC(cnt, []<int kC>() { HwTiles::Zero<kC>(); });
-      for (int64_t vs = 0; vs < nvs; ++vs) {
-        for (int t = 0; t < kTerms; ++t) {
-          HwTiles::Load<4>(ptiles + (vs * kTerms + t) * kTileWords, 64);
-          ForEachC(cnt, [&]<int kC>() {
-            HwTiles::Load<AttnB(kC)>(vtiles + (vs * dtiles + dt0 + kC) * kTileWords, 64);
-            AttnDot<kC>();
-          });
-        }
-      }
-      ForEachC(cnt, [&]<int kC>() {
-        HwTiles::Store<kC>(o + 16 * (dt0 + kC), hd * static_cast<int64_t>(sizeof(float)));
-      });
+      AttnTileSums<kTerms>(
+          dtiles - dt0 < 4 ? dtiles - dt0 : 4, nvs,
+          [&](int64_t vs, int t) { return ptiles + (vs * kTerms + t) * kTileWords; },
+          [&](int64_t vs, int64_t c) { return vtiles + (vs * dtiles + dt0 + c) * kTileWords; },
+          o + 16 * dt0, hd * static_cast<int64_t>(sizeof(float)));
     }
     for (int64_t i = 0; i < 16 && f0 + i < f_count; ++i) {
       __builtin_memcpy(b.acc + (f0 + i) * hd, o + i * hd, hd * sizeof(float));
