@@ -131,13 +131,13 @@ class Transformer {
   // lm_head shares the Embed table's copy). Runs after PrepareBiases, which reads biases on the
   // host. A no-op on the CPU backend.
   absl::Status UploadWeights();
-  // Where a block's rows find their positions, KV slots, sequences and visible-key counts ([m]
-  // i32 each) and the layer's page table ([num_seqs, stride] i32), filled on the device.
   // Rows [begin, end) of a block's attention: prompt rows or not (AttentionParams::prompt).
   struct AttnSegment {
     int64_t begin, end;
     bool prompt;
   };
+  // Where a block's rows find their positions, KV slots, sequences and visible-key counts ([m]
+  // i32 each) and the layer's page table ([num_seqs, stride] i32), filled on the device.
   struct BlockIndex {
     TensorView pos, slots, row_seq, row_kv_len, page_table;
     // Attention's calls, in row order; empty: one call, no prompt rows.

@@ -783,13 +783,28 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
 
 void CpuBackend::RunAttentionBlocks(const AttentionParams& p, const float* q, const bf16_t* pool,
                                     const int32_t* page_table, int64_t max_pages,
-                                    const int32_t* seq_of, const int32_t* kv_len,
+                                    const int32_t* seq_of, const int32_t* kv_len, int64_t n,
                                     const int64_t* first, float* partial, int64_t partial_stride,
                                     float* out) {
   const int64_t hd = p.head_dim, kv = p.n_kv_heads, bs = p.block_size, nh = p.n_heads;
   const int64_t group = nh / kv;
-  const std::vector<std::pair<int64_t, int64_t>>& blocks = attn_blocks_;
-  const std::vector<int64_t>& block_first = attn_block_first_task_;
+  // Runs of rows of one sequence whose kv lengths count up by one (a prefill chunk, or a routed
+  // layer's rows of one) in blocks of kAttnTileBlockRows, any other row as a block of its own; a
+  // task is one block and one split of its last row's keys.
+  std::vector<std::pair<int64_t, int64_t>>& blocks = attn_blocks_;
+  std::vector<int64_t>& block_first = attn_block_first_task_;
+  blocks.clear();
+  block_first.assign(1, 0);
+  for (int64_t i = 0; i < n;) {
+    int64_t e = i + 1;
+    while (e < n && e - i < kAttnTileBlockRows && seq_of[e] == seq_of[i] &&
+           kv_len[e] == kv_len[e - 1] + 1) {
+      ++e;
+    }
+    blocks.emplace_back(i, e);
+    block_first.push_back(block_first.back() + first[e] - first[e - 1]);
+    i = e;
+  }
   pool_.ParallelFor(0, block_first.back(), 1, [&](int64_t tb, int64_t te) {
     // Scratch: the kernel's tiles, then its outputs m, l, acc for a block's q-rows, then the
     // K and V row pointers of a split.
@@ -1000,38 +1015,21 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       }
     }
   };
-  // Prompt rows (AttentionParams::prompt) with bf16 K/V on a CPU with AMX take the tile kernel:
-  // runs of rows of one sequence whose kv lengths count up by one (a prefill chunk, or a routed
-  // layer's rows of one) in blocks of kAttnTileBlockRows, any other row as a block of its own; a
-  // task is one block and one split of its last row's keys. A row's bits do not depend on its
-  // block, so a prompt row gets the same bits in every prompt call. Every other row (decode,
-  // drafts, verification) takes the row kernels, a task per row and split, in row order (a
-  // chunk's first task finds its row by binary search, later ones step).
+  // Prompt rows (AttentionParams::prompt) with bf16 K/V on a CPU with AMX take the tile kernel
+  // (RunAttentionBlocks). A row's bits do not depend on its block, so a prompt row gets the same
+  // bits in every prompt call. Every other row (decode, drafts, verification) takes the row
+  // kernels, a task per row and split, in row order (a chunk's first task finds its row by
+  // binary search, later ones step).
   bool tiles = false;
   if constexpr (std::is_same_v<T, bf16_t>) {
     tiles =
         p.prompt && kernels_.attn_block_bf16 != nullptr && hd % 32 == 0 && hd <= kAmxAttnMaxHeadDim;
-  }
-  if (tiles) {
-    std::vector<std::pair<int64_t, int64_t>>& blocks = attn_blocks_;
-    std::vector<int64_t>& block_first = attn_block_first_task_;
-    blocks.clear();
-    block_first.assign(1, 0);
-    for (int64_t i = 0; i < n;) {
-      int64_t e = i + 1;
-      while (e < n && e - i < kAttnTileBlockRows && seq_of[e] == seq_of[i] &&
-             kv_len[e] == kv_len[e - 1] + 1) {
-        ++e;
-      }
-      blocks.emplace_back(i, e);
-      block_first.push_back(block_first.back() + first[e] - first[e - 1]);
-      i = e;
-    }
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      RunAttentionBlocks(p, qp, pool, pt, max_pages, seq_of, kv_len, first.data(), partial,
+    if (tiles) {
+      RunAttentionBlocks(p, qp, pool, pt, max_pages, seq_of, kv_len, n, first.data(), partial,
                          partial_stride, o);
     }
-  } else {
+  }
+  if (!tiles) {
     pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
       int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
       for (int64_t task = b; task < e; ++task) {

@@ -160,11 +160,12 @@ class CpuBackend final : public Backend {
   void AttentionT(const AttentionParams& params, const TensorView& q, const TensorView& kv_pool,
                   const TensorView& page_table, const TensorView& row_seq,
                   const TensorView& row_kv_len, const TensorView& out);
-  // AttentionT's tasks for the blocks of rows in attn_blocks_ (bf16 K/V, the matrix unit): each
-  // leaves its rows' outputs in out, or their split's part in partial.
+  // AttentionT for the n rows of a prompt call (bf16 K/V, the matrix unit): cuts them into
+  // blocks (attn_blocks_) and leaves each row's output in out, or its splits' parts in partial
+  // (row i's tasks start at first[i]).
   void RunAttentionBlocks(const AttentionParams& p, const float* q, const bf16_t* pool,
                           const int32_t* page_table, int64_t max_pages, const int32_t* seq_of,
-                          const int32_t* kv_len, const int64_t* first, float* partial,
+                          const int32_t* kv_len, int64_t n, const int64_t* first, float* partial,
                           int64_t partial_stride, float* out);
   template <typename W>
   void WeightToF32(const W* src, int64_t count, float* dst) const;

@@ -219,7 +219,7 @@ struct KernelTable {
                                const bf16_t* const* runs, const int64_t* run_len, int64_t num_runs,
                                int64_t offset, int64_t head_dim, const float* rescale, float* acc);
 
-  // One block of prefill rows' attention on the matrix unit, for bf16 K/V (AmxAttnBlock, below);
+  // One block of prompt rows' attention on the matrix unit, for bf16 K/V (AmxAttnBlock, above);
   // null in tables without one.
   void (*attn_block_bf16)(const AmxAttnBlock& block);
 

@@ -147,6 +147,20 @@ inline void SplitX16(__m512 v, __m512i* hi, __m512i* mid, __m512i* lo) {
   *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), l);
 }
 
+// The first kTerms bf16 terms of 32 floats (two vectors), as 32-word rows of the tiles at
+// dst + t * tile_words.
+template <int kTerms>
+inline void StoreTerms32(__m512 lo, __m512 hi, uint16_t* dst, int64_t tile_words) {
+  __m512i terms[2][3];
+  SplitX16(lo, &terms[0][0], &terms[0][1], &terms[0][2]);
+  SplitX16(hi, &terms[1][0], &terms[1][1], &terms[1][2]);
+  for (int t = 0; t < kTerms; ++t) {
+    const __m256i a = _mm512_cvtepi32_epi16(terms[0][t]);
+    const __m256i b = _mm512_cvtepi32_epi16(terms[1][t]);
+    _mm512_storeu_si512(dst + t * tile_words, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+  }
+}
+
 // PackXBf16<kTerms> with 16 elements split at a time, and the transposes of a Gemm of at most
 // kAmxFewRows rows in registers; the same bits.
 template <int kTerms>
@@ -157,22 +171,16 @@ void PackXBf16Vec(const float* x, int64_t n, int64_t k, int64_t row_begin, int64
     const int64_t rt = r / kAmxTileRows, rr = r % kAmxTileRows;
     for (int64_t s = 0; s < steps; ++s) {
       uint16_t* tiles = packed + (rt * steps + s) * kTerms * kAmxTileBf16 + rr * kAmxStepK;
-      __m512i terms[2][3];
+      __m512 v[2];
       for (int half = 0; half < 2; ++half) {
         const int64_t k0 = s * kAmxStepK + 16 * half;
         const int64_t left = r < n ? k - k0 : 0;
         const __mmask16 mask = left >= 16  ? static_cast<__mmask16>(0xffff)
                                : left <= 0 ? static_cast<__mmask16>(0)
                                            : static_cast<__mmask16>((1u << left) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(mask, x + (r < n ? r * k + k0 : 0));
-        SplitX16(v, &terms[half][0], &terms[half][1], &terms[half][2]);
+        v[half] = _mm512_maskz_loadu_ps(mask, x + (r < n ? r * k + k0 : 0));
       }
-      for (int t = 0; t < kTerms; ++t) {
-        const __m256i a = _mm512_cvtepi32_epi16(terms[0][t]);
-        const __m256i b = _mm512_cvtepi32_epi16(terms[1][t]);
-        _mm512_storeu_si512(tiles + t * kAmxTileBf16,
-                            _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
-      }
+      StoreTerms32<kTerms>(v[0], v[1], tiles, kAmxTileBf16);
     }
   }
   if (n <= kAmxFewRows) {
@@ -247,20 +255,6 @@ inline void AttnTileSums(int64_t count, int64_t steps, A&& a, B&& b, float* out,
     }
   }
   ForEachC(count, [&]<int kC>() { HwTiles::Store<kC>(out + 16 * kC, stride); });
-}
-
-// The first kTerms bf16 terms of 32 floats (two vectors), as 32-word rows of the tiles at
-// dst + t * tile_words.
-template <int kTerms>
-inline void StoreTerms32(__m512 lo, __m512 hi, uint16_t* dst, int64_t tile_words) {
-  __m512i terms[2][3];
-  SplitX16(lo, &terms[0][0], &terms[0][1], &terms[0][2]);
-  SplitX16(hi, &terms[1][0], &terms[1][1], &terms[1][2]);
-  for (int t = 0; t < kTerms; ++t) {
-    const __m256i a = _mm512_cvtepi32_epi16(terms[0][t]);
-    const __m256i b = _mm512_cvtepi32_epi16(terms[1][t]);
-    _mm512_storeu_si512(dst + t * tile_words, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
-  }
 }
 
 // StoreTerms32 for the probabilities, which are finite and not negative: AmxSplit's terms without
