@@ -36,12 +36,36 @@ class ThreadPool {
   void ParallelFor(int64_t begin, int64_t end, int64_t grain, F&& fn) {
     if (end <= begin) return;
     if (grain < 1) grain = 1;
-    const int64_t range = end - begin;
     // About 4 chunks per thread balance uneven progress (the machine is shared) without paying
     // much per-chunk overhead.
-    int64_t chunk = (range + 4 * num_threads() - 1) / (4 * num_threads());
+    int64_t chunk = (end - begin + 4 * num_threads() - 1) / (4 * num_threads());
     if (chunk < grain) chunk = grain;
-    const int64_t num_chunks = (range + chunk - 1) / chunk;  // <= 4 * num_threads()
+    RunInChunks(begin, end, chunk, fn);
+  }
+
+  // ParallelFor with every index a chunk of its own: for a few dozen units of work of a
+  // millisecond or so each (the AMX Gemm's tiles), where 4 chunks per thread can leave one
+  // thread a whole chunk behind the other (44 tiles in chunks of 6 run as 24 + 20).
+  template <typename F>
+  void ParallelForEach(int64_t begin, int64_t end, F&& fn) {
+    if (end <= begin) return;
+    const int64_t range = end - begin;
+    RunInChunks(begin, end, range > kMaxChunks ? (range + kMaxChunks - 1) / kMaxChunks : 1, fn);
+  }
+
+ private:
+  using ChunkFn = void (*)(void* ctx, int64_t chunk_idx);
+
+  // job_state_ packs the job id (high 32 bits), its chunk count (16 bits) and the next chunk to
+  // claim (low 16 bits), so a claim is one compare-and-swap that also proves the job is current.
+  static constexpr int kChunkBits = 16;
+  static constexpr uint64_t kChunkMask = (uint64_t{1} << kChunkBits) - 1;
+  static constexpr int64_t kMaxChunks = static_cast<int64_t>(kChunkMask);
+
+  // fn over [begin, end) in chunks of `chunk` indices (the last may be shorter).
+  template <typename F>
+  void RunInChunks(int64_t begin, int64_t end, int64_t chunk, F& fn) {
+    const int64_t num_chunks = (end - begin + chunk - 1) / chunk;
     if (num_chunks == 1 || workers_.empty() || InsideParallelRegion()) {
       fn(begin, end);
       return;
@@ -61,14 +85,6 @@ class ThreadPool {
         },
         &ctx);
   }
-
- private:
-  using ChunkFn = void (*)(void* ctx, int64_t chunk_idx);
-
-  // job_state_ packs the job id (high 32 bits), its chunk count (16 bits) and the next chunk to
-  // claim (low 16 bits), so a claim is one compare-and-swap that also proves the job is current.
-  static constexpr int kChunkBits = 16;
-  static constexpr uint64_t kChunkMask = (uint64_t{1} << kChunkBits) - 1;
 
   static bool InsideParallelRegion();
   void Run(int64_t num_chunks, ChunkFn fn, void* ctx);

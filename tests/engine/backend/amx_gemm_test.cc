@@ -258,6 +258,11 @@ TEST(AmxGemmTest, TileLoopsMatchADoubleSumOverOddShapesAndRanges) {
       {32, 64, 32, 0, 32, 0, 32, true, 1e30f, 1e-30f},
       {32, 64, 32, 0, 32, 0, 32, true, 1e-20f, 1e20f},
       {32, 64, 32, 0, 32, 0, 32, false, 1e-3f, 1e3f},
+      // The general loop (more than 64 x rows) without a bias: three k slices and two row
+      // chunks; one slice and a last chunk of 44 rows; a last column chunk of 48.
+      {320, 520, 96, 0, 320, 32, 96, false},
+      {300, 96, 64, 0, 300, 0, 64, false},
+      {288, 256, 560, 0, 288, 0, 560, false},
   };
   for (const Case& c : cases) RunCase<3>(c, rng);
 }
@@ -276,6 +281,8 @@ TEST(AmxGemmTest, TwoTermAndOneTermLoopsMatchADoubleSumToTheirPrecision) {
       {257, 96, 40, 0, 257, 0, 40, true},
       {33, 520, 47, 0, 33, 5, 47, true},
       {32, 64, 32, 0, 32, 0, 32, true, 1e-20f, 1e20f},
+      {320, 520, 96, 0, 320, 32, 96, false},
+      {300, 96, 64, 0, 300, 0, 64, false},
   };
   for (const Case& c : cases) {
     RunCase<2>(c, rng);

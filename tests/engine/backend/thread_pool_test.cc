@@ -37,6 +37,37 @@ TEST(ThreadPoolTest, ChunksRespectGrain) {
   for (auto [b, e] : chunks) EXPECT_TRUE(e - b == 300 || (e == 1000 && e - b == 100)) << b;
 }
 
+// ParallelForEach: one index per chunk (44 units on 2 threads run as 22 + 22, where 4 chunks per
+// thread would give one thread 24), and still every index once past the 2^16 - 1 chunks a region
+// can count.
+TEST(ThreadPoolTest, ForEachRunsEveryIndexAsItsOwnChunk) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  pool.ParallelForEach(3, 47, [&](int64_t b, int64_t e) {
+    std::lock_guard<std::mutex> lock(mu);
+    chunks.emplace_back(b, e);
+  });
+  ASSERT_EQ(chunks.size(), 44u);
+  std::set<int64_t> seen;
+  for (auto [b, e] : chunks) {
+    EXPECT_EQ(e - b, 1) << b;
+    seen.insert(b);
+  }
+  EXPECT_EQ(seen.size(), 44u);
+  EXPECT_EQ(*seen.begin(), 3);
+  EXPECT_EQ(*seen.rbegin(), 46);
+  for (int64_t n : {0, 1, 65535, 65536, 200001}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelForEach(0, n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += hits[i].load() != 1;
+    EXPECT_EQ(wrong, 0) << n;
+  }
+}
+
 TEST(ThreadPoolTest, WorkersParticipate) {
   ThreadPool pool(3);
   ASSERT_EQ(pool.num_threads(), 3);

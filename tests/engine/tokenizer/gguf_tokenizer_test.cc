@@ -53,11 +53,14 @@ std::string TempGguf(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", test, name, ".gguf");
 }
 
-// Writes `contents` to a fresh file under the test temp dir and opens it.
+// Writes `contents` to a fresh file under the test temp dir, opens it and removes the name (the
+// open file's mapping stays valid), so that no run leaves files behind.
 absl::StatusOr<GgufFile> WriteAndOpen(const std::string& name, const std::string& contents) {
   const std::string path = TempGguf(name);
   std::ofstream(path, std::ios::binary) << contents;
-  return GgufFile::Open(path);
+  absl::StatusOr<GgufFile> file = GgufFile::Open(path);
+  std::filesystem::remove(path);
+  return file;
 }
 
 // The vocabulary of `vocab_name` as the golden script writes it, then `keys` in order.
@@ -358,6 +361,8 @@ TEST(GgufTokenizerTest, LoadTokenizerTakesGgufFiles) {
   const std::string bad = TempGguf("bad");
   std::ofstream(bad, std::ios::binary) << "not gguf";
   EXPECT_EQ(LoadTokenizer(bad).status().code(), absl::StatusCode::kDataLoss);
+  std::filesystem::remove(path);
+  std::filesystem::remove(bad);
 }
 
 TEST(GgufTokenizerTest, InvalidUtf8AndBadIdsAreRefused) {

@@ -263,11 +263,16 @@ INSTANTIATE_TEST_SUITE_P(TokenizerTest, GoldenTest,
 
 class TokenizerTest : public ::testing::Test {
  protected:
+  // Every directory the case made goes with it.
+  void TearDown() override {
+    for (const std::filesystem::path& dir : dirs_) std::filesystem::remove_all(dir);
+  }
   std::string MakeDir(const std::string& name) {
     const std::filesystem::path dir =
         std::filesystem::path(::testing::TempDir()) / ("tokenizer_test_" + name);
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
+    dirs_.push_back(dir);
     return dir.string();
   }
   void Write(const std::string& path, const std::string& contents) {
@@ -282,6 +287,9 @@ class TokenizerTest : public ::testing::Test {
     Write(dir + "/tokenizer.json", j.dump());
     return LoadTokenizer(dir);
   }
+
+ private:
+  std::vector<std::filesystem::path> dirs_;
 };
 
 TEST_F(TokenizerTest, MissingFilesAreNotFound) {
