@@ -160,12 +160,18 @@ double DecodeTokenFlops(const Shape& s, double ctx, int routed_layers, double ro
          2 * d * static_cast<double>(s.vocab_size);
 }
 
+// The Gemm probe of each shape this run measured (MeasureLayerGemms), by shape name.
+std::map<std::string, double> g_gemm_probe_gflops;
+
 // "X GFLOP/s (Y% of the probe)" for a dense prefill at `tps` tokens/s.
 std::string PrefillGflops(const Shape& s, int tokens, double tps) {
   const double gflops = DensePrefillFlops(s, tokens) / (tokens / tps) / 1e9;
   if (g_fma_peak_gflops <= 0) return absl::StrFormat("%.1f GFLOP/s", gflops);
-  std::string text = absl::StrFormat("%.1f GFLOP/s, %.0f%% of the FMA probe", gflops,
-                                     100 * gflops / g_fma_peak_gflops);
+  std::string text = absl::StrFormat("%.1f GFLOP/s", gflops);
+  if (auto it = g_gemm_probe_gflops.find(s.name); it != g_gemm_probe_gflops.end()) {
+    absl::StrAppendFormat(&text, ", %.0f%% of the Gemm probe", 100 * gflops / it->second);
+  }
+  absl::StrAppendFormat(&text, ", %.0f%% of the FMA probe", 100 * gflops / g_fma_peak_gflops);
   if (g_amx_peak_gflops > 0) {
     const int terms = backend::Bf16TermsOf(g_precision);
     absl::StrAppendFormat(&text, ", %.0f%% of 1/%d of the AMX probe",
@@ -840,6 +846,67 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, con
   return engine::Engine::Create(opt);
 }
 
+// The matmul peak that a prefill of `tokens` rows can reach on this backend: its own Gemm groups of
+// one layer of `s` as the Transformer calls them (q/k/v and gate/up fused, o and down alone), on
+// `tokens` rows of random x, BF16 weights as the synthetic checkpoints hold them, the run's threads
+// and matmul precision. Two copies of the layer alternate, so the weights come from memory as
+// they do layer after layer. GFLOP/s of the best of 5 layer passes after one warm-up pass.
+absl::StatusOr<double> MeasureLayerGemms(const Shape& s, int64_t tokens, int threads) {
+  backend::BackendOptions opt;
+  opt.num_threads = threads;
+  opt.matmul_precision = g_precision;
+  MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> be,
+                            backend::CreateBackend("cpu", opt));
+  const int64_t d = s.d_model, q = s.n_heads * s.head_dim, kv = s.n_kv_heads * s.head_dim,
+                ff = s.d_ff;
+  // Each copy: q, k, v, o, gate, up, down.
+  const std::vector<std::pair<int64_t, int64_t>> mats = {{q, d},  {kv, d}, {kv, d}, {d, q},
+                                                         {ff, d}, {ff, d}, {d, ff}};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<std::vector<std::vector<bf16_t>>> w(2);
+  for (auto& copy : w) {
+    for (auto [m, k] : mats) {
+      copy.emplace_back(m * k);
+      for (bf16_t& v : copy.back()) v = F32ToBf16(dist(rng));
+    }
+  }
+  std::normal_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> x(tokens * std::max(d, std::max(q, ff)));
+  for (float& v : x) v = unit(rng);
+  std::vector<float> out_q(tokens * q), out_k(tokens * kv), out_v(tokens * kv), out_d(tokens * d),
+      out_g(tokens * ff), out_u(tokens * ff);
+  auto view = [](auto& vec, DType t, int64_t rows, int64_t cols) {
+    return TensorView(vec.data(), t, {rows, cols});
+  };
+  auto layer = [&](int c) {
+    auto& m = w[c];
+    const TensorView xd = view(x, DType::kF32, tokens, d);
+    const backend::GemmOperand qkv[] = {
+        {view(m[0], DType::kBF16, q, d), TensorView(), view(out_q, DType::kF32, tokens, q)},
+        {view(m[1], DType::kBF16, kv, d), TensorView(), view(out_k, DType::kF32, tokens, kv)},
+        {view(m[2], DType::kBF16, kv, d), TensorView(), view(out_v, DType::kF32, tokens, kv)}};
+    be->GemmGroup(xd, qkv);
+    be->Gemm(view(x, DType::kF32, tokens, q), view(m[3], DType::kBF16, d, q), TensorView(),
+             view(out_d, DType::kF32, tokens, d));
+    const backend::GemmOperand gate_up[] = {
+        {view(m[4], DType::kBF16, ff, d), TensorView(), view(out_g, DType::kF32, tokens, ff)},
+        {view(m[5], DType::kBF16, ff, d), TensorView(), view(out_u, DType::kF32, tokens, ff)}};
+    be->GemmGroup(xd, gate_up);
+    be->Gemm(view(x, DType::kF32, tokens, ff), view(m[6], DType::kBF16, d, ff), TensorView(),
+             view(out_d, DType::kF32, tokens, d));
+  };
+  layer(0);
+  layer(1);
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    layer(rep % 2);
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return 2.0 * static_cast<double>(tokens) * LayerMatrixMacs(s) / best / 1e9;
+}
+
 // Runs every (context, batch) on each variant in turn, the variants interleaved per point so a
 // slow drift of the machine's load hits dense and MoD alike.
 absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vector<bool>& variants,
@@ -872,6 +939,15 @@ absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vec
         results[v].decode[{ctx, b}] = run;
       }
     }
+  }
+  if (absl::GetFlag(FLAGS_backend) == "cpu" && absl::GetFlag(FLAGS_prefill_reps) > 0) {
+    MODSERVE_ASSIGN_OR_RETURN(const double gemm,
+                              MeasureLayerGemms(s, absl::GetFlag(FLAGS_prefill_tokens), threads));
+    g_gemm_probe_gflops[s.name] = gemm;
+    std::printf(
+        "  [%s] Gemm probe (the backend's Gemm groups of one layer, %d rows, BF16, best of "
+        "5): %.1f GFLOP/s\n",
+        s.name.c_str(), absl::GetFlag(FLAGS_prefill_tokens), gemm);
   }
   for (size_t v = 0; v < variants.size(); ++v) {
     MODSERVE_ASSIGN_OR_RETURN(results[v].prefill_tps,

@@ -9,6 +9,11 @@ kernels pay as their x packing), and of f32 x and w.
     .venv/bin/python tests/bench/torch_matmul.py --threads 1
     .venv/bin/python tests/bench/torch_matmul.py --threads 2
 
+Then one TinyLlama layer's matrices as modserve's Transformer calls them (q/k/v fused into one
+2560-row product, o, gate/up fused into one 11264-row product, down), bf16 x bf16 at n rows: the
+peer of modserve-bench's "Gemm probe" line. Several layers' worth of weights alternate, so they
+come from memory as in a forward pass.
+
 Note what each row's numbers mean: PyTorch's bf16 product rounds every x to bf16 (8 significant
 bits), while modserve's AMX Gemm splits x into three bf16 terms and keeps f32 accuracy, at three
 tile products per useful one (docs/PERFORMANCE.md).
@@ -58,6 +63,23 @@ def main() -> None:
         cast = flop / best_seconds(lambda: x32.to(torch.bfloat16) @ w16.t(), args.reps) / 1e9
         f32 = flop / best_seconds(lambda: x32 @ w32.t(), args.reps) / 1e9
         print(f"| {m} x {k} | {n} | {bf:.1f} | {cast:.1f} | {f32:.1f} |")
+
+    d, q, kv, ff = 2048, 2048, 256, 5632
+    mats = ((q + 2 * kv, d), (d, q), (2 * ff, d), (d, ff))
+    copies = [[(torch.randn(m, k) * 0.02).to(torch.bfloat16) for m, k in mats] for _ in range(4)]
+    xs = [torch.randn(n, k).to(torch.bfloat16) for _, k in mats]
+    turn = [0]
+
+    def layer() -> None:
+        ws = copies[turn[0] % len(copies)]
+        turn[0] += 1
+        for x, w in zip(xs, ws):
+            x @ w.t()
+
+    flop = sum(2.0 * n * m * k for m, k in mats)
+    print(f"\nOne TinyLlama layer (q/k/v fused, o, gate/up fused, down; bf16, n = {n}, "
+          f"{len(copies)} weight copies in turn): "
+          f"{flop / best_seconds(layer, args.reps) / 1e9:.1f} GFLOP/s")
 
 
 if __name__ == "__main__":
