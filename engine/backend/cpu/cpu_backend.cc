@@ -807,7 +807,9 @@ void CpuBackend::RunAttentionBlocks(const AttentionParams& p, const float* q, co
     block_first.push_back(block_first.back() + first[e] - first[e - 1]);
     i = e;
   }
-  pool_.ParallelFor(0, block_first.back(), 1, [&](int64_t tb, int64_t te) {
+  // One task per chunk: tasks differ in cost (a split of fewer keys, a block of one row), and a
+  // prompt has only a few dozen of them.
+  pool_.ParallelForEach(0, block_first.back(), [&](int64_t tb, int64_t te) {
     // Scratch: the kernel's tiles, then its outputs m, l, acc for a block's q-rows, then the
     // K and V row pointers of a split.
     const int64_t kernel_floats = static_cast<int64_t>(AmxAttnScratchBytes(hd) / sizeof(float));
