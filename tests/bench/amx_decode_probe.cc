@@ -15,6 +15,10 @@
 //   engine loop  the engine's kernel entry (internal::AmxGemmBf16) on the thread's half of the
 //              rows in one call, x packed by the engine's packer: the loop as it ships, without
 //              the backend's pool and per-call work around it
+//   1x4 L1 slices  1 x 4 in k slices of dist steps, whose x tiles stay in L1, the weights read
+//              as if stored in that loop's order, C kept in a staging between slices
+//   1x4 ring dist  1 x 4 with each weight A tile copied by vector loads into a ring of L1 slots
+//              dist steps before its tile load
 // Usage: amx_decode_probe M K N [DIST]   (N <= 64 x rows, a multiple of 16; DIST default 8)
 // SYNC=1 in the environment: both threads finish each call before either starts the next, as
 // the backend's pool does (otherwise each thread runs its calls on its own).
@@ -59,6 +63,8 @@ enum Variant {
   kAOrder,
   kOneByFour,
   kEngine,
+  kL1Slices,
+  kRing,
   kVariants
 };
 constexpr const char* kNames[kVariants] = {"pack-B",
@@ -69,7 +75,9 @@ constexpr const char* kNames[kVariants] = {"pack-B",
                                            "k-slices",
                                            "A-order",
                                            "1 x 4",
-                                           "engine loop"};
+                                           "engine loop",
+                                           "1x4 L1 slices",
+                                           "1x4 ring dist"};
 
 std::atomic<int> g_arrived{0};  // calls finished by both threads together (SYNC)
 int g_terms = 3;  // bf16 terms of x per product (TERMS)
@@ -176,6 +184,96 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
       Store4(c);
       *sink += c[0];
     }
+    return;
+  }
+  if (v == kRing) {
+    // 1 x 4 with each weight A tile copied by vector loads and stores into a ring of L1 slots
+    // `dist` steps before its tile load reads it there.
+    alignas(64) static thread_local uint16_t ring[16][512];
+    const int64_t ahead = std::min<int64_t>(sh.dist, 15);
+    auto copy = [&](const uint16_t* wa, int64_t s) {
+      uint16_t* dst = ring[s % 16];
+      for (int j = 0; j < 16; ++j) {
+        _mm512_store_si512(dst + 32 * j, _mm512_loadu_si512(wa + j * k + 32 * s));
+      }
+    };
+    for (int64_t c0 = r0; c0 < r1; c0 += 16) {
+      const uint16_t* wa = w + c0 * k;
+      Zero4();
+      for (int64_t s = 0; s < std::min(ahead, steps); ++s) copy(wa, s);
+      for (int64_t s = 0; s < steps; ++s) {
+        if (s + ahead < steps) copy(wa, s + ahead);
+        _tile_loadd(4, ring[s % 16], 64);
+        for (int t = 0; t < g_terms; ++t) {
+          const uint16_t* b = sh.x + (s * g_terms + t) * 512;
+          _tile_loadd(6, b, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          if (xtiles > 1) {
+            _tile_loadd(7, b + xtile, 64);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          if (xtiles > 2) {
+            _tile_loadd(6, b + 2 * xtile, 64);
+            _tile_dpbf16ps(2, 4, 6);
+          }
+          if (xtiles > 3) {
+            _tile_loadd(7, b + 3 * xtile, 64);
+            _tile_dpbf16ps(3, 4, 7);
+          }
+        }
+      }
+      Store4(c);
+      *sink += c[0];
+    }
+    return;
+  }
+  if (v == kL1Slices) {
+    // k slices of `dist` steps whose x terms (4 x tiles) stay in L1; the weights read as if
+    // stored in this loop's order ([slice][16-row group][step] A tiles, one stream); C of each
+    // group kept in a staging between slices.
+    const int64_t groups = (r1 - r0) / 16;
+    const uint16_t* wbase = w + r0 * k;
+    int64_t at = 0;
+    for (int64_t s0 = 0; s0 < steps; s0 += sh.dist) {
+      const int64_t s1 = std::min(steps, s0 + sh.dist);
+      for (int64_t g = 0; g < groups; ++g) {
+        float* cs = staging + g * 1024;
+        if (s0 == 0) {
+          Zero4();
+        } else {
+          _tile_loadd(0, cs, 256);
+          _tile_loadd(1, cs + 16, 256);
+          _tile_loadd(2, cs + 32, 256);
+          _tile_loadd(3, cs + 48, 256);
+        }
+        for (int64_t s = s0; s < s1; ++s) {
+          _tile_loadd(4, wbase + at, 64);
+          at += 512;
+          for (int t = 0; t < g_terms; ++t) {
+            const uint16_t* b = sh.x + (s * g_terms + t) * 512;
+            _tile_loadd(6, b, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            if (xtiles > 1) {
+              _tile_loadd(7, b + xtile, 64);
+              _tile_dpbf16ps(1, 4, 7);
+            }
+            if (xtiles > 2) {
+              _tile_loadd(6, b + 2 * xtile, 64);
+              _tile_dpbf16ps(2, 4, 6);
+            }
+            if (xtiles > 3) {
+              _tile_loadd(7, b + 3 * xtile, 64);
+              _tile_dpbf16ps(3, 4, 7);
+            }
+          }
+        }
+        _tile_stored(0, cs, 256);
+        _tile_stored(1, cs + 16, 256);
+        _tile_stored(2, cs + 32, 256);
+        _tile_stored(3, cs + 48, 256);
+      }
+    }
+    *sink += staging[0];
     return;
   }
   if (v == kKSlices) {
@@ -292,7 +390,7 @@ int Main(int argc, char** argv) {
         _tile_loadconfig(&modserve::backend::cpu::kAmxTileConfig);  // 16 x 64 B
         std::vector<uint32_t> bt(2 * steps * 256 + 16);
         // 64-byte aligned, as the engine's scratch is (ThreadScratch).
-        const size_t staging_floats = std::max<int64_t>(m / 2 / 32 * ((n / 16 + 1) / 2) * 1024 + 16,
+        const size_t staging_floats = std::max<int64_t>(m / 2 / 16 * 1024 + 16,
                                                         modserve::backend::cpu::kAmxScratchFloats);
         float* staging = static_cast<float*>(
             std::aligned_alloc(64, (staging_floats * sizeof(float) + 63) / 64 * 64));
