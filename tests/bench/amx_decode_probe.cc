@@ -118,6 +118,28 @@ inline void Terms(const uint16_t* b0, const uint16_t* b1, int64_t s, bool half) 
   }
 }
 
+// The 1 x 4 products of step s: A tile 4 (16 weight rows) against each of the xtiles x tiles
+// (xtile elements apart) as B tiles, into C tiles 0 .. xtiles - 1, every term.
+inline void TermsOneByFour(const uint16_t* x, int64_t xtile, int64_t xtiles, int64_t s) {
+  for (int t = 0; t < g_terms; ++t) {
+    const uint16_t* b = x + (s * g_terms + t) * 512;
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (xtiles > 1) {
+      _tile_loadd(7, b + xtile, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (xtiles > 2) {
+      _tile_loadd(6, b + 2 * xtile, 64);
+      _tile_dpbf16ps(2, 4, 6);
+    }
+    if (xtiles > 3) {
+      _tile_loadd(7, b + 3 * xtile, 64);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+  }
+}
+
 // Weight rows [r0, r1) of one call; sink collects a value of every block so nothing is dropped.
 void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, uint32_t* bt,
          float* staging, float* sink) {
@@ -163,23 +185,7 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
       Zero4();
       for (int64_t s = 0; s < steps; ++s) {
         _tile_loadd(4, wa + 32 * s, 2 * k);
-        for (int t = 0; t < g_terms; ++t) {
-          const uint16_t* b = sh.x + (s * g_terms + t) * 512;
-          _tile_loadd(6, b, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          if (xtiles > 1) {
-            _tile_loadd(7, b + xtile, 64);
-            _tile_dpbf16ps(1, 4, 7);
-          }
-          if (xtiles > 2) {
-            _tile_loadd(6, b + 2 * xtile, 64);
-            _tile_dpbf16ps(2, 4, 6);
-          }
-          if (xtiles > 3) {
-            _tile_loadd(7, b + 3 * xtile, 64);
-            _tile_dpbf16ps(3, 4, 7);
-          }
-        }
+        TermsOneByFour(sh.x, xtile, xtiles, s);
       }
       Store4(c);
       *sink += c[0];
@@ -204,23 +210,7 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
       for (int64_t s = 0; s < steps; ++s) {
         if (s + ahead < steps) copy(wa, s + ahead);
         _tile_loadd(4, ring[s % 16], 64);
-        for (int t = 0; t < g_terms; ++t) {
-          const uint16_t* b = sh.x + (s * g_terms + t) * 512;
-          _tile_loadd(6, b, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          if (xtiles > 1) {
-            _tile_loadd(7, b + xtile, 64);
-            _tile_dpbf16ps(1, 4, 7);
-          }
-          if (xtiles > 2) {
-            _tile_loadd(6, b + 2 * xtile, 64);
-            _tile_dpbf16ps(2, 4, 6);
-          }
-          if (xtiles > 3) {
-            _tile_loadd(7, b + 3 * xtile, 64);
-            _tile_dpbf16ps(3, 4, 7);
-          }
-        }
+        TermsOneByFour(sh.x, xtile, xtiles, s);
       }
       Store4(c);
       *sink += c[0];
@@ -249,23 +239,7 @@ void Run(Variant v, const Shape& sh, const uint16_t* w, int64_t r0, int64_t r1, 
         for (int64_t s = s0; s < s1; ++s) {
           _tile_loadd(4, wbase + at, 64);
           at += 512;
-          for (int t = 0; t < g_terms; ++t) {
-            const uint16_t* b = sh.x + (s * g_terms + t) * 512;
-            _tile_loadd(6, b, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            if (xtiles > 1) {
-              _tile_loadd(7, b + xtile, 64);
-              _tile_dpbf16ps(1, 4, 7);
-            }
-            if (xtiles > 2) {
-              _tile_loadd(6, b + 2 * xtile, 64);
-              _tile_dpbf16ps(2, 4, 6);
-            }
-            if (xtiles > 3) {
-              _tile_loadd(7, b + 3 * xtile, 64);
-              _tile_dpbf16ps(3, 4, 7);
-            }
-          }
+          TermsOneByFour(sh.x, xtile, xtiles, s);
         }
         _tile_stored(0, cs, 256);
         _tile_stored(1, cs + 16, 256);
