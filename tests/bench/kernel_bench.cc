@@ -1,4 +1,4 @@
-// CPU kernel benchmark: machine read bandwidth, decode Gemm weight-read GB/s (n = 1, 4, 16) and
+// CPU kernel benchmark: machine read bandwidth, decode Gemm weight-read GB/s (n = 1, 4, 8, 16) and
 // prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention, and the
 // same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
@@ -6,10 +6,11 @@
 // below, and --help lists them; quant-compute is one core's kernel throughput in CPU time,
 // isa-rates one core's vector instruction rates, tests/bench/isa_rates.h; crossover-shapes the
 // float crossover on the 110m and TinyLlama matrices). Prefill GFLOP/s are printed against an
-// f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h).
+// f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h: AVX2's or AVX-512's
+// chains, whichever run faster).
 // QUANT_TYPES=Q4_K,Q6_K (DTypeName spellings) and QUANT_ROWS=1,4 in the environment: the quant
 // modes time only those weight types and (decode) x row counts. DECODE_ROWS=16,32,64: the float
-// decode rows at those x row counts (of 1, 4, 16, 32, 64; unset: 1, 4, 16).
+// decode rows at those x row counts (of 1, 4, 8, 16, 32, 64; unset: 1, 4, 8, 16).
 // MATMUL_PRECISION=highest|high|medium in the environment: the backend's --matmul_precision (bf16
 // terms of x on the AMX tiles; highest when unset).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
@@ -142,7 +143,7 @@ void BenchDecodeGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k, dou
   const int copies = static_cast<int>(std::max<size_t>(2, (size_t{2} << 30) / w_bytes));
   std::vector<HugeBuffer<T>> weights;
   for (int c = 0; c < copies; ++c) weights.push_back(RandomWeights<T>(m * k, rng));
-  for (int64_t n : {1, 4, 16, 32, 64}) {
+  for (int64_t n : {1, 4, 8, 16, 32, 64}) {
     const bool wanted = std::getenv("DECODE_ROWS") == nullptr
                             ? n <= 16
                             : EnvListHas("DECODE_ROWS", std::to_string(n));
@@ -691,9 +692,12 @@ int Main(int argc, char** argv) {
               bw);
   // Optional third argument: "decode" runs only the BF16 decode Gemm, "attention" only the
   // paged decode attention, "prefill" only the prefill Gemms (quick kernel iteration).
-  const double peak = bench::MeasureFmaPeakGflops(backend.num_threads());
-  std::printf("f32 FMA peak probe (avx2, register-only FMA chains, %d threads): %.1f GFLOP/s\n",
-              backend.num_threads(), peak);
+  const char* peak_isa = "none";
+  const double peak = bench::MeasureFmaPeakGflops(backend.num_threads(), &peak_isa);
+  std::printf(
+      "f32 FMA peak probe (register-only FMA chains, the stronger of AVX2's and AVX-512's: "
+      "%s, %d threads): %.1f GFLOP/s\n",
+      peak_isa, backend.num_threads(), peak);
   if (only.rfind("attention", 0) == 0) {
     g_small_pages = only == "attention-4k";
     g_attn_in_order = only == "attention-inorder";
@@ -758,9 +762,12 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (only == "prefill-compute") {
-    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond();
-    std::printf("f32 FMA peak probe, one thread, CPU time: %.1f GFLOP/s per core-second\n",
-                core_peak);
+    const char* core_isa = "none";
+    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond(&core_isa);
+    std::printf(
+        "f32 FMA peak probe (%s chains), one thread, CPU time: %.1f GFLOP/s per "
+        "core-second\n",
+        core_isa, core_peak);
     for (DType t : {DType::kBF16, DType::kF32, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
                     DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (auto [m, k] : shapes) BenchPrefillCompute(backend, t, m, k, 512, core_peak);
@@ -769,9 +776,12 @@ int Main(int argc, char** argv) {
   }
   if (only == "prefill-bf16") {
     // The BF16 rows of prefill-compute alone (the AMX table's tile Gemm where the unit is usable).
-    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond();
-    std::printf("f32 FMA peak probe, one thread, CPU time: %.1f GFLOP/s per core-second\n",
-                core_peak);
+    const char* core_isa = "none";
+    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond(&core_isa);
+    std::printf(
+        "f32 FMA peak probe (%s chains), one thread, CPU time: %.1f GFLOP/s per "
+        "core-second\n",
+        core_isa, core_peak);
     for (auto [m, k] : shapes) BenchPrefillCompute(backend, DType::kBF16, m, k, 512, core_peak);
     return 0;
   }

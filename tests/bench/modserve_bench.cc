@@ -1260,10 +1260,12 @@ absl::Status Main() {
     std::string kinds;
     bw = MeasureReadBandwidth(threads, /*huge_pages=*/true, &kinds);
     const double bw_4k = MeasureReadBandwidth(threads, /*huge_pages=*/false);
-    g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads);
-    std::printf("matmul-peak probe (f32 AVX2 FMA chains on registers, %d threads, best of 5): "
-                "%.1f GFLOP/s\n",
-                threads, g_fma_peak_gflops);
+    const char* fma_isa = "none";
+    g_fma_peak_gflops = bench::MeasureFmaPeakGflops(threads, &fma_isa);
+    std::printf(
+        "matmul-peak probe (f32 FMA chains on registers, the stronger of AVX2's and "
+        "AVX-512's: %s, %d threads, best of 5): %.1f GFLOP/s\n",
+        fma_isa, threads, g_fma_peak_gflops);
     if (isa == backend::cpu::Isa::kAmx) {
       g_amx_peak_gflops = bench::MeasureAmxTilePeakGflops(threads);
       const int terms = backend::Bf16TermsOf(g_precision);
