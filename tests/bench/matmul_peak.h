@@ -108,8 +108,9 @@ inline std::vector<FmaChains> AvailableFmaChains() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     chains.push_back({&FmaChainsAvx2, 12.0 * 8 * 2, "AVX2"});
   }
-  if (__builtin_cpu_supports("avx512f"))
+  if (__builtin_cpu_supports("avx512f")) {
     chains.push_back({&FmaChainsAvx512, 12.0 * 16 * 2, "AVX-512"});
+  }
   return chains;
 }
 
