@@ -366,6 +366,16 @@ void BenchQuantCompute(CpuBackend& backend, DType dtype, int64_t k, int64_t n, b
       static_cast<long long>(m), w_bytes / sec / 1e9, sec * 1e9 / m / (k / 256.0));
 }
 
+// The per-core FMA peak probe of the compute modes, printed with the ISA of its chains.
+double MeasureAndPrintCorePeak() {
+  const char* isa = "none";
+  const double peak = bench::MeasureFmaPeakGflopsPerCoreSecond(&isa);
+  std::printf(
+      "f32 FMA peak probe (%s chains), one thread, CPU time: %.1f GFLOP/s per core-second\n", isa,
+      peak);
+  return peak;
+}
+
 // Prefill Gemm (n x rows) on one thread in process CPU time, best of 5 runs of >= 0.3 s: GFLOP/s
 // per core-second, against the per-core FMA peak probe measured the same way. Run with
 // num_threads = 1 (other threads' spinning would count as CPU time too).
@@ -762,12 +772,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (only == "prefill-compute") {
-    const char* core_isa = "none";
-    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond(&core_isa);
-    std::printf(
-        "f32 FMA peak probe (%s chains), one thread, CPU time: %.1f GFLOP/s per "
-        "core-second\n",
-        core_isa, core_peak);
+    const double core_peak = MeasureAndPrintCorePeak();
     for (DType t : {DType::kBF16, DType::kF32, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
                     DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (auto [m, k] : shapes) BenchPrefillCompute(backend, t, m, k, 512, core_peak);
@@ -776,12 +781,7 @@ int Main(int argc, char** argv) {
   }
   if (only == "prefill-bf16") {
     // The BF16 rows of prefill-compute alone (the AMX table's tile Gemm where the unit is usable).
-    const char* core_isa = "none";
-    const double core_peak = bench::MeasureFmaPeakGflopsPerCoreSecond(&core_isa);
-    std::printf(
-        "f32 FMA peak probe (%s chains), one thread, CPU time: %.1f GFLOP/s per "
-        "core-second\n",
-        core_isa, core_peak);
+    const double core_peak = MeasureAndPrintCorePeak();
     for (auto [m, k] : shapes) BenchPrefillCompute(backend, DType::kBF16, m, k, 512, core_peak);
     return 0;
   }
