@@ -449,6 +449,10 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
                                   static_cast<const bf16_t*>(g.w), g.bias, g.out, g.m, row_begin,
                                   row_end, ThreadScratch(kAmxScratchFloats), amx_terms_);
   }
+  if (g.dpbf16) {
+    return kernels_.gemm_dpbf16(amx_x_.get(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
+                                g.bias, g.out, g.m, row_begin, row_end, amx_terms_);
+  }
   // Float weights: the decode kernel always takes all n rows of x.
   switch (g.dtype) {
     case DType::kF32:
@@ -589,7 +593,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   }
 
   gemm_members_.clear();
-  bool any_amx = false, any_small_bf16 = false;
+  bool any_amx = false, any_dpbf16 = false, any_small_bf16 = false;
   int64_t small_rows = 0, large_tiles = 0, bias_used = 0;
   const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   for (const GemmOperand& g : group) {
@@ -619,7 +623,12 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     } else {
       mem.large = n > kernels_.SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
+      // At kMedium, where the tiles are missing: vdpbf16ps (KernelTable::gemm_dpbf16 says why
+      // not at kHigh and kHighest).
+      mem.dpbf16 = mem.large && mem.dtype == DType::kBF16 && !mem.amx &&
+                   kernels_.gemm_dpbf16 != nullptr && amx_terms_ == 1;
       any_amx = any_amx || mem.amx;
+      any_dpbf16 = any_dpbf16 || mem.dpbf16;
     }
     any_small_bf16 = any_small_bf16 || (!mem.large && mem.dtype == DType::kBF16);
     if (mem.large) {
@@ -659,6 +668,21 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
                       [&](int64_t b, int64_t e) {
                         kernels_.pack_x_bf16(xp, n, k, b * kTile, e * kTile, amx_x_.get(),
                                              amx_terms_);
+                      });
+  }
+  if (any_dpbf16) {
+    // x as amx_terms_ bf16 terms per row in the DpBf16 layout, once for every such member.
+    // (Never beside AMX members: a table with the tiles takes every large BF16 Gemm there.)
+    const size_t bytes =
+        (DpBf16PackedXBytes(n, k, amx_terms_) + kAlignment - 1) / kAlignment * kAlignment;
+    if (amx_x_bytes_ < bytes) {
+      amx_x_.reset(static_cast<uint16_t*>(std::aligned_alloc(kAlignment, bytes)));
+      MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
+      amx_x_bytes_ = bytes;
+    }
+    pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
+                      [&](int64_t b, int64_t e) {
+                        kernels_.pack_x_dpbf16(xp, k, b, e, amx_x_.get(), amx_terms_);
                       });
   }
   if (small_rows > 0) {

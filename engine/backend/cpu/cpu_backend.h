@@ -138,6 +138,7 @@ class CpuBackend final : public Backend {
     const QuantizedActs* acts = nullptr;  // and x as that kernel reads it
     bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
     bool amx = false;                   // large BF16 on the matrix unit (x from amx_x_)
+    bool dpbf16 = false;                // large BF16 on vdpbf16ps (x from amx_x_, DpBf16 layout)
     int64_t first = 0;  // its first weight row (decode) or tile (prefill) in the group's pass
     int64_t col_block = 0;  // weight rows per prefill tile
   };
@@ -179,7 +180,8 @@ class CpuBackend final : public Backend {
   void Record(std::function<void()> op);
 
   const KernelTable& kernels_;
-  const int amx_terms_;  // bf16 terms of x in gemm_amx_bf16 (CpuBackendOptions::matmul_precision)
+  // bf16 terms of x in gemm_amx_bf16 and gemm_dpbf16 (CpuBackendOptions::matmul_precision).
+  const int amx_terms_;
   // PrepareGemmWeight's copies by first byte: their size and the bytes of one row group.
   struct PreparedWeight {
     size_t bytes = 0;
@@ -217,7 +219,8 @@ class CpuBackend final : public Backend {
   size_t act_scratch_bytes_ = 0;
   // x as the BF16 decode kernel reads it (KernelTable::prepare_x_bf16), once per group.
   std::vector<float> small_bf16_x_;
-  // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16), once per group.
+  // x split into bf16 terms for the AMX Gemm (KernelTable::pack_x_bf16) or the vdpbf16ps one
+  // (pack_x_dpbf16), once per group.
   std::unique_ptr<uint16_t, FreeDeleter> amx_x_;  // 64-byte aligned
   size_t amx_x_bytes_ = 0;
 };

@@ -147,11 +147,24 @@ std::string Probe() {
   return SelfTest();
 }
 
+// The AVX-512 table, with the vdpbf16ps Gemm where the CPU has AVX512_BF16.
+const KernelTable& Avx512KernelTable() {
+  static const KernelTable table = [] {
+    KernelTable t = internal::kAvx512KernelTable;
+    if (CpuHasAvx512Bf16()) {
+      t.pack_x_dpbf16 = &internal::DpBf16PackX;
+      t.gemm_dpbf16 = &internal::DpBf16Gemm;
+    }
+    return t;
+  }();
+  return table;
+}
+
 // The VNNI table: AVX-512's with the quantized-weight Gemms of kernels_avx512vnni.cc. Built here,
 // in baseline code, for the same reason as the AMX table below.
 const KernelTable& Avx512VnniKernelTable() {
   static const KernelTable table = [] {
-    KernelTable t = internal::kAvx512KernelTable;
+    KernelTable t = Avx512KernelTable();
     const KernelTable& q = internal::kAvx512VnniQuantGemms;
     t.isa = Isa::kAvx512Vnni;
     t.gemm_q8_0 = q.gemm_q8_0;
@@ -224,8 +237,7 @@ std::string Int8Probe() {
 // cannot.
 const KernelTable& AmxKernelTable() {
   static const KernelTable table = [] {
-    KernelTable t = CpuHasIsa(Isa::kAvx512Vnni) ? Avx512VnniKernelTable()
-                                                : internal::kAvx512KernelTable;
+    KernelTable t = CpuHasIsa(Isa::kAvx512Vnni) ? Avx512VnniKernelTable() : Avx512KernelTable();
     t.isa = Isa::kAmx;
     // F32 and F16 weights: the AVX-512 kernels from 17 rows on, as before AVX-512's own
     // crossover moved to 48 (measured on Zen 4, which has no AMX). BF16: the tile Gemm from 9
@@ -471,7 +483,7 @@ const KernelTable& KernelsFor(Isa isa) {
 #endif
     case Isa::kAvx512:
 #if defined(__x86_64__)
-      return internal::kAvx512KernelTable;
+      return Avx512KernelTable();
 #else
       return internal::kScalarKernelTable;
 #endif

@@ -39,8 +39,8 @@ std::string_view AmxUnavailableReason();
 std::string_view AmxInt8UnavailableReason();
 // The widest ISA that CpuHasIsa() accepts.
 Isa BestIsa();
-// Whether the CPU reports AVX512_BF16 (informational: see kernels_avx512.cc for why the GEMM
-// does not use vdpbf16ps).
+// Whether the CPU reports AVX512_BF16: the AVX-512 tables then carry the vdpbf16ps Gemm for
+// MatmulPrecision kHigh and kMedium (KernelTable::gemm_dpbf16).
 bool CpuHasAvx512Bf16();
 
 // Rows [row_begin, row_end) of out = x @ w^T + bias, i.e. out[i, r] for every i < n.
@@ -162,6 +162,19 @@ struct KernelTable {
   void (*gemm_amx_bf16)(const void* packed_x, int64_t n, int64_t k, int64_t x_begin, int64_t x_end,
                         const bf16_t* w, const float* bias, float* out, int64_t ldo,
                         int64_t row_begin, int64_t row_end, float* scratch, int terms);
+  // BF16 weights with n > float_small_n_max on AVX512_BF16's vdpbf16ps (kernels_avx512bf16.cc)
+  // at MatmulPrecision kMedium, where the table has no gemm_amx_bf16; null where the CPU has no
+  // AVX512_BF16. pack_x_dpbf16 writes rows [row_begin, row_end) of x [n, k] as `terms` bf16 terms
+  // each (the AMX split) into the DpBf16 layout below; gemm_dpbf16 then computes rows
+  // [row_begin, row_end) of out = x @ w^T + bias for the x rows [x_begin, x_end) from it. Both
+  // take 1 to 3 terms, but the backend passes only 1: with two, a vdpbf16ps does as many useful
+  // multiply-adds as an FMA, and on Zen 5 the kernel ran at 0.8-0.9x gemm_large_bf16's rate
+  // (docs/PERFORMANCE.md, "BF16 prefill on vdpbf16ps").
+  void (*pack_x_dpbf16)(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
+                        int terms);
+  void (*gemm_dpbf16)(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                      const bf16_t* w, const float* bias, float* out, int64_t ldo,
+                      int64_t row_begin, int64_t row_end, int terms);
   // The decode kernels' range for float weights of `dtype`: float_small_n_max, or
   // kAmxSmallNMax for BF16 where the tiles take the rest.
   int64_t SmallNMax(DType dtype) const;
@@ -271,6 +284,13 @@ void AmxPackW(const bf16_t* w, int64_t k, int64_t c0, int64_t nc, int64_t ctiles
               int64_t ns, uint32_t* tiles);
 // KernelTable::attn_block_bf16 of the AMX table.
 void AmxAttnBlockBf16(const AmxAttnBlock& block);
+// kernels_avx512bf16.cc: KernelTable::pack_x_dpbf16 and gemm_dpbf16 (AVX512_BF16 on top of
+// AVX-512 F/BW/VL).
+void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
+                 int terms);
+void DpBf16Gemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
+                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                int terms);
 #endif
 // Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
 extern const KernelTable kScalarKernelTable;
@@ -286,6 +306,14 @@ extern const KernelTable kAmxHostQuantGemms;
 // again), which the AMX table takes where the CPU has AMX-INT8.
 extern const KernelTable kAmxInt8QuantGemms;
 }  // namespace internal
+
+// The DpBf16 layout of packed x: row r's terms one after the other, each DpBf16PackedK(k) bf16
+// (k rounded up to whole pairs, the pad zero): term t of row r at (r * terms + t) * that.
+constexpr int64_t DpBf16PackedK(int64_t k) { return (k + 1) / 2 * 2; }
+constexpr size_t DpBf16PackedXBytes(int64_t n, int64_t k, int terms) {
+  return static_cast<size_t>(n) * static_cast<size_t>(terms) *
+         static_cast<size_t>(DpBf16PackedK(k)) * 2;
+}
 
 // Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, up to three bf16 terms per element)
 // and scratch (a 256 x 128 f32 staging block and 64 KiB of packed w).

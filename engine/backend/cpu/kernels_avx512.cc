@@ -1,11 +1,12 @@
 // AVX-512 (F, BW, VL) instantiation of the CPU kernels; compiled with -mavx512* for this file only.
 // Only reachable through KernelsFor(Isa::kAvx512) after CpuHasIsa() said yes.
 //
-// AVX512_BF16 (vdpbf16ps) is deliberately not used: it needs both operands in bf16, and rounding
-// the f32 activations to bf16 costs ~3 significant digits, well outside the f32-accumulation
-// tolerance the reference allows. Splitting x into two bf16 terms keeps the accuracy but then each
+// AVX512_BF16 (vdpbf16ps) is not used here: it needs both operands in bf16, and rounding the f32
+// activations to bf16 costs ~3 significant digits, well outside the f32-accumulation tolerance
+// the reference allows. Splitting x into two bf16 terms keeps the accuracy but then each
 // vdpbf16ps does as many useful multiply-adds as one FMA; measured on Zen 4, that decode kernel was
-// no faster than this one (docs/PERFORMANCE.md, "Decode Gemms: software prefetch into L2").
+// no faster than this one (docs/PERFORMANCE.md, "Decode Gemms: software prefetch into L2"). At
+// the lower matmul precisions the prefill Gemm does use it (kernels_avx512bf16.cc).
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,0 +1,295 @@
+// The BF16-weight prefill Gemm on AVX512_BF16's vdpbf16ps, for MatmulPrecision kHigh and kMedium
+// on CPUs with AVX512_BF16 and no usable AMX (AMD Zen 4 and 5; Xeons with AMX refused). Compiled
+// with -mavx512bf16 for this file only; reachable through the AVX-512 tables' gemm_dpbf16 entry,
+// which kernels.cc sets only where CpuHasAvx512Bf16().
+//
+// vdpbf16ps multiplies 16 pairs of bf16 by 16 pairs of bf16 and adds each lane's two products to
+// an f32 lane: 32 multiply-adds per instruction against an f32 FMA's 16, and the weights stay
+// bf16 (no widening, half the packed panel's bytes). x is f32, so it is split as the AMX tile Gemm
+// splits it (kernels.h: DpBf16 layout; amx_gemm_impl.h's AmxSplit): one bf16 term (x rounded to
+// bf16, kMedium) or two (x to within 2^-16 relative, kHigh), each multiplied by the same weight
+// pair, so every product is exact and only the f32 sums round. Three terms also work (tests hold
+// them to the f32 bound) but take 1.5 instructions per f32-accurate product, slower than the FMA
+// kernel, so kHighest keeps that kernel and its bits.
+//
+// The instruction flushes denormal inputs and outputs to zero (it ignores MXCSR): a bf16 term
+// below 2^-126 counts as 0, which is within every precision's bound.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "engine/backend/cpu/kernels.h"
+
+namespace modserve::backend::cpu {
+namespace {
+
+inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// ---- x: f32 rows to bf16 terms ------------------------------------------------------------------
+// Round-to-nearest-even f32 -> bf16 bits of 16 lanes (the finite inputs of the split below).
+inline __m512i RoundToBf16Bits(__m512i u) {
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)),
+                           16);
+}
+
+// The terms of 16 x values, as 32-bit lanes holding bf16 bits (AmxSplit's split, lane by lane):
+// hi the round-to-nearest bf16 of x (truncated where that would overflow a finite x to infinity;
+// a non-finite x carried by hi alone, a NaN keeping its quiet bit), then mid and lo the rounded
+// remainders. Subtractions are exact, as in AmxSplit.
+template <int kTerms>
+inline void SplitLanes(__m512 x, __m512i (&t)[kTerms]) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  const __mmask16 nonfinite = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp_mask), exp_mask);
+  __m512i hi = RoundToBf16Bits(u);
+  const __mmask16 overflow = _mm512_cmpeq_epi32_mask(
+      _mm512_and_si512(hi, _mm512_set1_epi32(0x7f80)), _mm512_set1_epi32(0x7f80));
+  hi = _mm512_mask_mov_epi32(hi, overflow & ~nonfinite, _mm512_srli_epi32(u, 16));
+  // Non-finite: the top half, with the quiet bit where the mantissa is not zero.
+  const __mmask16 nan = nonfinite & _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+  __m512i top = _mm512_srli_epi32(u, 16);
+  top = _mm512_mask_or_epi32(top, nan, top, _mm512_set1_epi32(0x40));
+  hi = _mm512_mask_mov_epi32(hi, nonfinite, top);
+  t[0] = hi;
+  if constexpr (kTerms > 1) {
+    // Remainders of a non-finite x are 0.
+    const __m512 xs = _mm512_maskz_mov_ps(static_cast<__mmask16>(~nonfinite), x);
+    const __m512i his = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), hi);
+    const __m512 r1 = _mm512_sub_ps(xs, _mm512_castsi512_ps(_mm512_slli_epi32(his, 16)));
+    const __m512i mid = RoundToBf16Bits(_mm512_castps_si512(r1));
+    t[1] = mid;
+    if constexpr (kTerms > 2) {
+      const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(mid, 16)));
+      t[2] = RoundToBf16Bits(_mm512_castps_si512(r2));
+    }
+  }
+}
+
+template <int kTerms>
+void PackXTerms(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint16_t* packed) {
+  const int64_t kp = DpBf16PackedK(k);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const float* xr = x + r * k;
+    uint16_t* dst = packed + r * kTerms * kp;
+    int64_t kk = 0;
+    for (; kk < kp; kk += 16) {
+      const __mmask16 m = kk + 16 <= k ? static_cast<__mmask16>(0xffff)
+                                       : static_cast<__mmask16>((1u << (k - kk)) - 1u);
+      const __mmask16 out = kk + 16 <= kp ? static_cast<__mmask16>(0xffff)
+                                          : static_cast<__mmask16>((1u << (kp - kk)) - 1u);
+      __m512i t[kTerms];
+      SplitLanes<kTerms>(_mm512_maskz_loadu_ps(m, xr + kk), t);
+#pragma GCC unroll 3
+      for (int term = 0; term < kTerms; ++term) {
+        _mm256_mask_storeu_epi16(dst + term * kp + kk, out, _mm512_cvtepi32_epi16(t[term]));
+      }
+    }
+  }
+}
+
+void PackXDpBf16(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
+                 int terms) {
+  uint16_t* p = static_cast<uint16_t*>(packed);
+  switch (terms) {
+    case 1:
+      return PackXTerms<1>(x, k, row_begin, row_end, p);
+    case 2:
+      return PackXTerms<2>(x, k, row_begin, row_end, p);
+    default:
+      return PackXTerms<3>(x, k, row_begin, row_end, p);
+  }
+}
+
+// ---- w: bf16 pair panels
+// --------------------------------------------------------------------------- A k slice of kKc
+// elements (kKc / 2 pairs) of 32 weight rows is one panel: panel[q][j] (32-bit) = the pair w[j,
+// 2q], w[j, 2q + 1] of row j, zero past the block's rows or the slice's k. 32 KiB: it stays in L1
+// while kMr x rows stream past it. A block's kNcPanels panels (128 KiB) sit in L2 and serve every x
+// row of the call.
+constexpr int64_t kNr = 32;
+constexpr int64_t kKc = 512;
+constexpr int64_t kNcPanels = 4;
+
+// r[i] <- the 32-bit columns of rows: r[c][i] = r[i][c] for a 16 x 16 block of 32-bit words.
+inline void Transpose16(__m512i* r) {
+  __m512i t[16], u[16], v[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 16; h += 8) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      v[h + j] = _mm512_shuffle_i32x4(u[h + j], u[h + 4 + j], 0x88);
+      v[h + 4 + j] = _mm512_shuffle_i32x4(u[h + j], u[h + 4 + j], 0xdd);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0xdd);
+  }
+}
+
+// Panels of weight rows [0, nc) of w (row stride ldw elements) over k elements [0, kc). Whole
+// groups of 16 rows and 32 k are transposed in registers; the rest (odd row counts, a k tail, the
+// zero rows past nc) word by word.
+void PackPanels(const bf16_t* w, int64_t ldw, int64_t nc, int64_t kc, uint32_t* packed) {
+  const int64_t pairs = (kc + 1) / 2;
+  const int64_t panels = (nc + kNr - 1) / kNr;
+  const int64_t kc_vec = kc / 32 * 32;
+  const int64_t nc_vec = nc / 16 * 16;
+  for (int64_t j0 = 0; j0 < nc_vec; j0 += 16) {
+    uint32_t* dst = packed + (j0 / kNr) * pairs * kNr + j0 % kNr;
+    for (int64_t kk = 0; kk < kc_vec; kk += 32) {
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        r[i] = _mm512_loadu_si512(reinterpret_cast<const void*>(w + (j0 + i) * ldw + kk));
+      }
+      Transpose16(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        _mm512_storeu_si512(reinterpret_cast<void*>(dst + (kk / 2 + i) * kNr), r[i]);
+      }
+    }
+  }
+  auto word = [&](int64_t j, int64_t q) -> uint32_t {
+    if (j >= nc) return 0;
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(w + j * ldw);
+    const uint32_t lo = row[2 * q];
+    const uint32_t hi = 2 * q + 1 < kc ? row[2 * q + 1] : 0u;
+    return lo | hi << 16;
+  };
+  for (int64_t j = 0; j < panels * kNr; ++j) {
+    uint32_t* dst = packed + (j / kNr) * pairs * kNr + j % kNr;
+    const int64_t q0 = j < nc_vec ? kc_vec / 2 : 0;
+    for (int64_t q = q0; q < pairs; ++q) dst[q * kNr] = word(j, q);
+  }
+}
+
+// ---- the micro-kernel
+// ------------------------------------------------------------------------------- c[r, 0..nr) (+)=
+// sum over the slice of x[r] . w for r < mr: a[r] points at row r's term 0 at the slice's first
+// pair (term t kp elements further on; rows past mr repeat a valid row, their results dropped). On
+// the first slice c starts from the bias (or zero) instead of being read.
+constexpr int kMr = 8;
+
+template <int kTerms>
+void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, float* c,
+                 int64_t ldc, int mr, int nr, bool first, const float* bias) {
+  __m512 acc[kMr][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < pairs; ++q) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+#pragma GCC unroll 3
+      for (int t = 0; t < kTerms; ++t) {
+        uint32_t pair;
+        std::memcpy(&pair, a[r] + t * kp + 2 * q, 4);
+        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+      }
+    }
+  }
+  if (nr == kNr) {
+    for (int r = 0; r < mr; ++r) {
+      float* cr = c + r * ldc;
+      __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
+      if (!first) {
+        c0 = _mm512_loadu_ps(cr);
+        c1 = _mm512_loadu_ps(cr + 16);
+      } else if (bias != nullptr) {
+        c0 = _mm512_loadu_ps(bias);
+        c1 = _mm512_loadu_ps(bias + 16);
+      }
+      _mm512_storeu_ps(cr, _mm512_add_ps(c0, acc[r][0]));
+      _mm512_storeu_ps(cr + 16, _mm512_add_ps(c1, acc[r][1]));
+    }
+    return;
+  }
+  alignas(64) float tmp[kNr];
+  for (int r = 0; r < mr; ++r) {
+    float* cr = c + r * ldc;
+    _mm512_store_ps(tmp, acc[r][0]);
+    _mm512_store_ps(tmp + 16, acc[r][1]);
+    for (int j = 0; j < nr; ++j) {
+      const float base = !first ? cr[j] : (bias != nullptr ? bias[j] : 0.0f);
+      cr[j] = base + tmp[j];
+    }
+  }
+}
+
+template <int kTerms>
+void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
+               const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
+  const int64_t kp = DpBf16PackedK(k);
+  alignas(64) uint32_t packed[kKc / 2 * kNr * kNcPanels];
+  for (int64_t jb = row_begin; jb < row_end; jb += kNr * kNcPanels) {
+    const int64_t nc = Min64(kNr * kNcPanels, row_end - jb);
+    const int64_t panels = (nc + kNr - 1) / kNr;
+    for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+      const int64_t kc = Min64(kKc, k - k0);
+      const int64_t pairs = (kc + 1) / 2;
+      PackPanels(w + jb * k + k0, k, nc, kc, packed);
+      for (int64_t i0 = x_begin; i0 < x_end; i0 += kMr) {
+        const int mr = static_cast<int>(Min64(kMr, x_end - i0));
+        const uint16_t* a[kMr];
+        for (int r = 0; r < kMr; ++r) {
+          a[r] = packed_x + (i0 + (r < mr ? r : mr - 1)) * kTerms * kp + k0;
+        }
+        for (int64_t p = 0; p < panels; ++p) {
+          const int nr = static_cast<int>(Min64(kNr, nc - p * kNr));
+          MicroKernel<kTerms>(a, kp, packed + p * pairs * kNr, pairs, out + i0 * ldo + jb + p * kNr,
+                              ldo, mr, nr, k0 == 0,
+                              bias != nullptr ? bias + jb + p * kNr : nullptr);
+        }
+      }
+    }
+  }
+}
+
+void GemmDpBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
+                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                int terms) {
+  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
+  switch (terms) {
+    case 1:
+      return GemmTerms<1>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
+    case 2:
+      return GemmTerms<2>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
+    default:
+      return GemmTerms<3>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
+  }
+}
+
+}  // namespace
+
+namespace internal {
+void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
+                 int terms) {
+  PackXDpBf16(x, k, row_begin, row_end, packed, terms);
+}
+void DpBf16Gemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
+                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                int terms) {
+  GemmDpBf16(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end, terms);
+}
+}  // namespace internal
+
+}  // namespace modserve::backend::cpu
