@@ -22,13 +22,15 @@
 namespace modserve::backend {
 
 // How a Gemm with BF16 weights may round its f32 activations where the hardware multiplies bf16
-// by bf16 (the CPU backend's AMX tile Gemm; every other kernel multiplies f32 x exactly and is
-// not affected). The names and meanings are PyTorch's float32 matmul precision:
+// by bf16 (the CPU backend's AMX tile Gemm, and at kMedium its vdpbf16ps Gemm on CPUs with
+// AVX512_BF16 and no AMX; every other kernel multiplies f32 x exactly and is not affected). The
+// names and meanings are PyTorch's float32 matmul precision:
 //   kHighest: x kept to f32 precision (three bf16 terms per x, one tile product per term);
 //   kHigh:    x as the sum of two bf16 terms (16 significant bits, within 2^-16 relative);
 //   kMedium:  x rounded to bf16 (8 significant bits, within 2^-8 relative), one tile product.
 // Lower precision changes the results beyond the f32 tolerance of docs/DESIGN.md (goldens hold
-// at kHighest only) and does not change the row-invariant range.
+// at kHighest only). It changes the row-invariant range only where kMedium moves BF16 Gemms onto
+// vdpbf16ps (8 rows there; CpuBackend::SmallNMax).
 enum class MatmulPrecision : uint8_t { kHighest, kHigh, kMedium };
 
 inline std::string_view MatmulPrecisionName(MatmulPrecision p) {

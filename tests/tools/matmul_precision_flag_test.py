@@ -1,7 +1,7 @@
 """--matmul_precision of every program that takes it: a value other than highest, high or medium
 is refused before any work (exit status non-zero, the message naming the flag and the value),
 each valid value runs (modserve-generate on the demo checkpoint, which has F32 weights: the
-same tokens at every setting, since only the AMX BF16 Gemm reads it), and the server reports
+same tokens at every setting, since only Gemms of BF16 weights and bf16 attention read it), and the server reports
 its value in GetModelInfo.
 Usage: matmul_precision_flag_test.py MODEL_DIR GENERATE SERVER PERPLEXITY BENCH CLIENT"""
 

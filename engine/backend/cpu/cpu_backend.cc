@@ -621,12 +621,10 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
       mem.large = n > kQuantSmallNMax;
     } else {
-      mem.large = n > kernels_.SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;
+      mem.large = n > SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
-      // At kMedium, where the tiles are missing: vdpbf16ps (KernelTable::gemm_dpbf16 says why
-      // not at kHigh and kHighest).
-      mem.dpbf16 = mem.large && mem.dtype == DType::kBF16 && !mem.amx &&
-                   kernels_.gemm_dpbf16 != nullptr && amx_terms_ == 1;
+      // KernelTable::gemm_dpbf16 says why only at kMedium.
+      mem.dpbf16 = mem.large && mem.dtype == DType::kBF16 && UsesDpBf16();
       any_amx = any_amx || mem.amx;
       any_dpbf16 = any_dpbf16 || mem.dpbf16;
     }

@@ -58,7 +58,7 @@ class CpuBackend final : public Backend {
   int64_t MaxRowInvariantRows(DType weight_dtype, int64_t weight_rows) const override {
     return DTypeIsQuantized(weight_dtype) || weight_rows <= kGemmSkinnyRows
                ? std::numeric_limits<int64_t>::max()
-               : kernels_.SmallNMax(weight_dtype);
+               : SmallNMax(weight_dtype);
   }
   Device device() const override { return Device::kCpu; }
   // On the pool, one task per chunk at least: a task (sampling one row) is worth a wake-up.
@@ -126,6 +126,15 @@ class CpuBackend final : public Backend {
   void EmbedQuantized(const TensorView& ids, const TensorView& table, const TensorView& out);
   template <typename W>
   void RmsNormT(float eps, const TensorView& x, const TensorView& weight, const TensorView& out);
+  // Whether large BF16 Gemms run on gemm_dpbf16: at kMedium, in a table that has it and no tiles.
+  bool UsesDpBf16() const {
+    return kernels_.gemm_amx_bf16 == nullptr && kernels_.gemm_dpbf16 != nullptr && amx_terms_ == 1;
+  }
+  // The decode kernels' range for float weights of `dtype`: the table's (KernelTable::SmallNMax),
+  // or kDpBf16SmallNMax for BF16 on gemm_dpbf16.
+  int64_t SmallNMax(DType dtype) const {
+    return dtype == DType::kBF16 && UsesDpBf16() ? kDpBf16SmallNMax : kernels_.SmallNMax(dtype);
+  }
   // One GemmGroup member as the threads see it.
   struct GemmMember {
     DType dtype = DType::kF32;

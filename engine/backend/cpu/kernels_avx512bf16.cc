@@ -1,16 +1,18 @@
-// The BF16-weight prefill Gemm on AVX512_BF16's vdpbf16ps, for MatmulPrecision kHigh and kMedium
-// on CPUs with AVX512_BF16 and no usable AMX (AMD Zen 4 and 5; Xeons with AMX refused). Compiled
-// with -mavx512bf16 for this file only; reachable through the AVX-512 tables' gemm_dpbf16 entry,
-// which kernels.cc sets only where CpuHasAvx512Bf16().
+// The BF16-weight Gemm on AVX512_BF16's vdpbf16ps, for MatmulPrecision kMedium on CPUs with
+// AVX512_BF16 and no usable AMX (AMD Zen 4 and 5; Xeons with AMX refused): prefill and decode
+// batches of more than kDpBf16SmallNMax rows. Compiled with -mavx512bf16 for this file only;
+// reachable through the AVX-512 tables' gemm_dpbf16 entry, which kernels.cc sets only where
+// CpuHasAvx512Bf16().
 //
 // vdpbf16ps multiplies 16 pairs of bf16 by 16 pairs of bf16 and adds each lane's two products to
 // an f32 lane: 32 multiply-adds per instruction against an f32 FMA's 16, and the weights stay
 // bf16 (no widening, half the packed panel's bytes). x is f32, so it is split as the AMX tile Gemm
 // splits it (kernels.h: DpBf16 layout; amx_gemm_impl.h's AmxSplit): one bf16 term (x rounded to
-// bf16, kMedium) or two (x to within 2^-16 relative, kHigh), each multiplied by the same weight
-// pair, so every product is exact and only the f32 sums round. Three terms also work (tests hold
-// them to the f32 bound) but take 1.5 instructions per f32-accurate product, slower than the FMA
-// kernel, so kHighest keeps that kernel and its bits.
+// bf16, kMedium), or two or three, each multiplied by the same weight pair, so every product is
+// exact and only the f32 sums round. The backend passes one: two terms (x to within 2^-16) take
+// as many instructions per product as the FMA kernel and three 1.5 times as many, and measured
+// slower (KernelTable::gemm_dpbf16), so kHigh and kHighest keep that kernel and its bits; tests
+// run all three.
 //
 // The instruction flushes denormal inputs and outputs to zero (it ignores MXCSR): a bf16 term
 // below 2^-126 counts as 0, which is within every precision's bound.

@@ -218,57 +218,64 @@ std::unique_ptr<CpuBackend> Backend(Isa isa, MatmulPrecision precision) {
   return created.ok() ? std::move(*created) : nullptr;
 }
 
-// Prefill-sized calls (more rows than the decode kernels take) run on vdpbf16ps at kMedium,
-// within its bound; kHighest and kHigh keep the FMA kernel's bits (those of the same backend with
-// the entry removed), and decode-sized calls give the same bits at every precision.
-TEST(DpBf16GemmTest, TheBackendTakesItAtMediumForPrefillSizedCallsOnly) {
+// The product of the first n rows of x (k 96) and m 70 weight rows, held to `terms` terms' bound.
+void ExpectWithinTermsBound(const std::vector<float>& out, const std::vector<float>& x,
+                            const std::vector<bf16_t>& w, int64_t n, int terms) {
+  constexpr int64_t k = 96, m = 70;
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double want = 0, magnitude = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = static_cast<double>(x[i * k + kk]) * Bf16ToF32(w[j * k + kk]);
+        want += p;
+        magnitude += std::fabs(p);
+      }
+      if (!(std::fabs(out[i * m + j] - want) <= TermsBound(magnitude, terms, k)) && ++bad <= 5) {
+        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << out[i * m + j] << ", want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// At kMedium, calls of more than kDpBf16SmallNMax rows run on vdpbf16ps, within one term's bound,
+// and the row-invariant range shrinks to match; kHighest and kHigh keep the FMA kernels' bits
+// (those of the same backend with the entry removed) and range, and calls of at most
+// kDpBf16SmallNMax rows give the same bits at every precision.
+TEST(DpBf16GemmTest, TheBackendTakesItAtMediumBeyondTheDecodeRange) {
   SKIP_WITHOUT_AVX512_BF16();
   for (Isa isa : {Isa::kAvx512, Isa::kAvx512Vnni}) {
     if (!CpuHasIsa(isa)) continue;
     SCOPED_TRACE(std::string(IsaName(isa)));
     const KernelTable& table = KernelsFor(isa);
-    const int64_t prefill = table.float_small_n_max + 37;
     KernelTable fma_only = table;
     fma_only.gemm_dpbf16 = nullptr;
     fma_only.pack_x_dpbf16 = nullptr;
     auto fma = CpuBackend::Create({.num_threads = 2, .kernels = &fma_only});
     ASSERT_TRUE(fma.ok()) << fma.status();
-    const std::vector<float> fma_out = Bf16Gemm(**fma, prefill);
-
-    for (auto [precision, terms] :
-         {std::pair{MatmulPrecision::kHighest, 3}, std::pair{MatmulPrecision::kHigh, 2},
-          std::pair{MatmulPrecision::kMedium, 1}}) {
+    for (auto precision :
+         {MatmulPrecision::kHighest, MatmulPrecision::kHigh, MatmulPrecision::kMedium}) {
       SCOPED_TRACE(std::string(MatmulPrecisionName(precision)));
       auto backend = Backend(isa, precision);
       ASSERT_NE(backend, nullptr);
-      std::vector<float> x;
-      std::vector<bf16_t> w;
-      const std::vector<float> out = Bf16Gemm(*backend, prefill, &x, &w);
-      if (precision != MatmulPrecision::kMedium) {
-        EXPECT_EQ(out, fma_out);
-      } else {
-        EXPECT_NE(out, fma_out);
-        constexpr int64_t k = 96, m = 70;
-        int bad = 0;
-        for (int64_t i = 0; i < prefill; ++i) {
-          for (int64_t j = 0; j < m; ++j) {
-            double want = 0, magnitude = 0;
-            for (int64_t kk = 0; kk < k; ++kk) {
-              const double p = static_cast<double>(x[i * k + kk]) * Bf16ToF32(w[j * k + kk]);
-              want += p;
-              magnitude += std::fabs(p);
-            }
-            if (!(std::fabs(out[i * m + j] - want) <= TermsBound(magnitude, terms, k)) &&
-                ++bad <= 5) {
-              ADD_FAILURE() << "out[" << i << ", " << j << "] = " << out[i * m + j] << ", want "
-                            << want;
-            }
-          }
+      const bool medium = precision == MatmulPrecision::kMedium;
+      EXPECT_EQ(backend->MaxRowInvariantRows(DType::kBF16, 4096),
+                medium ? kDpBf16SmallNMax : table.float_small_n_max);
+      EXPECT_EQ(backend->MaxRowInvariantRows(DType::kF32, 4096), table.float_small_n_max);
+      for (int64_t n : {kDpBf16SmallNMax + 1, table.float_small_n_max + 37}) {
+        SCOPED_TRACE("rows " + std::to_string(n));
+        std::vector<float> x;
+        std::vector<bf16_t> w;
+        const std::vector<float> out = Bf16Gemm(*backend, n, &x, &w);
+        if (!medium) {
+          EXPECT_EQ(out, Bf16Gemm(**fma, n));
+        } else {
+          EXPECT_NE(out, Bf16Gemm(**fma, n));
+          ExpectWithinTermsBound(out, x, w, n, 1);
         }
-        EXPECT_EQ(bad, 0);
       }
-      const int64_t decode = table.float_small_n_max;
-      EXPECT_EQ(Bf16Gemm(*backend, decode), Bf16Gemm(**fma, decode));
+      EXPECT_EQ(Bf16Gemm(*backend, kDpBf16SmallNMax), Bf16Gemm(**fma, kDpBf16SmallNMax));
     }
   }
 }
