@@ -19,6 +19,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "tests/engine/backend/bf16_terms_check.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -163,30 +164,9 @@ TEST(AmxSplitTest, FewerTermsCarryEveryFloatToTheirPrecision) {
   }
 }
 
-struct Case {
-  int64_t n, k, m;
-  int64_t x_begin, x_end, row_begin, row_end;
-  bool bias;
-  float x_scale = 1.0f, w_scale = 1.0f;
-};
-
-std::string Describe(const Case& c) {
-  return "n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m) +
-         " x [" + std::to_string(c.x_begin) + ", " + std::to_string(c.x_end) + ") w rows [" +
-         std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) + ")" +
-         (c.bias ? " bias" : "") + " x scale " + std::to_string(c.x_scale) + " w scale " +
-         std::to_string(c.w_scale);
-}
-
-// Against a double sum of the same bf16 w and f32 x. Bound: the split's first `terms` terms are
-// exact to 2^-(8 terms) of each |x| (2^-24 for all three), and C takes terms * k + 1 f32
-// additions (one per term and k, the bias), each rounding within 2^-24 of a partial sum no larger
-// than the sum of |terms|. A packing or indexing error is off by the size of a whole term, far
-// outside it (at one term, by the size of a whole product). Outputs outside the call's ranges
-// stay untouched.
-double TermsBound(double magnitude, int terms, int64_t k) {
-  return magnitude * (std::ldexp(1.0, -8 * terms) + std::ldexp(terms * k + 2.0, -24)) + 1e-30;
-}
+using Case = testing::TermsCase;
+using testing::Describe;
+using testing::TermsBound;
 
 template <int kTerms>
 void RunCase(const Case& c, std::mt19937& rng) {
@@ -214,29 +194,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
                                      c.bias ? bias.data() : nullptr, out.data(), c.m, c.row_begin,
                                      c.row_end, scratch.data());
   ASSERT_FALSE(EmulatedTiles::configured) << "the tiles were not released";
-  int bad = 0;
-  for (int64_t i = 0; i < c.n; ++i) {
-    for (int64_t j = 0; j < c.m; ++j) {
-      const float got = out[i * c.m + j];
-      const bool inside = i >= c.x_begin && i < c.x_end && j >= c.row_begin && j < c.row_end;
-      if (!inside) {
-        if (got != sentinel && ++bad <= 5) ADD_FAILURE() << "wrote out[" << i << ", " << j << "]";
-        continue;
-      }
-      double want = c.bias ? bias[j] : 0.0, magnitude = c.bias ? std::fabs(bias[j]) : 0.0;
-      for (int64_t kk = 0; kk < c.k; ++kk) {
-        const double p = static_cast<double>(x[i * c.k + kk]) * AmxBf16Value(w[j * c.k + kk]);
-        want += p;
-        magnitude += std::fabs(p);
-      }
-      const double bound = TermsBound(magnitude, kTerms, c.k);
-      if (!(std::fabs(got - want) <= bound) && ++bad <= 5) {
-        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << got << ", want " << want
-                      << " (bound " << bound << ")";
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0);
+  std::vector<float> wf(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wf[i] = AmxBf16Value(w[i]);
+  testing::ExpectWithinTermsBound(c, kTerms, x, wf, bias, out, sentinel);
 }
 
 TEST(AmxGemmTest, TileLoopsMatchADoubleSumOverOddShapesAndRanges) {
@@ -468,31 +428,12 @@ TEST(AmxGemmTest, TheBackendRunsBf16GroupsThroughTheTileKernels) {
 // One BF16 Gemm of 40 x rows (above every crossover) through `backend`, held to the bound of
 // `terms` terms of x; returns the outputs.
 std::vector<float> Bf16GemmWithinTermsBound(CpuBackend& backend, int terms) {
-  constexpr int64_t n = 40, k = 96, m = 70;
-  std::mt19937 rng(21);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(n * k), out(n * m, 0.0f);
-  std::vector<bf16_t> w(m * k);
-  for (float& v : x) v = dist(rng);
-  for (bf16_t& v : w) v = F32ToBf16(dist(rng));
-  backend.Gemm(TensorView(x.data(), DType::kF32, {n, k}),
-               TensorView(w.data(), DType::kBF16, {m, k}), TensorView(),
-               TensorView(out.data(), DType::kF32, {n, m}));
-  int bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < m; ++j) {
-      double want = 0, magnitude = 0;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const double p = static_cast<double>(x[i * k + kk]) * Bf16ToF32(w[j * k + kk]);
-        want += p;
-        magnitude += std::fabs(p);
-      }
-      if (!(std::fabs(out[i * m + j] - want) <= TermsBound(magnitude, terms, k)) && ++bad <= 5) {
-        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << out[i * m + j] << ", want " << want;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0);
+  constexpr int64_t n = 40;
+  std::vector<float> x, w;
+  const std::vector<float> out = testing::RandomBf16Gemm(backend, n, &x, &w);
+  testing::ExpectWithinTermsBound(
+      {n, testing::kRandomGemmK, testing::kRandomGemmM, 0, n, 0, testing::kRandomGemmM, false},
+      terms, x, w, {}, out, 0.0f);
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
+#include "tests/engine/backend/bf16_terms_check.h"
 
 namespace modserve::backend::cpu {
 namespace {
@@ -105,28 +106,8 @@ TEST(DpBf16GemmTest, ThePackerWritesTheAmxSplitOfEveryElement) {
   }
 }
 
-struct Case {
-  int64_t n, k, m;
-  int64_t x_begin, x_end, row_begin, row_end;
-  bool bias;
-  float x_scale = 1.0f, w_scale = 1.0f;
-};
-
-std::string Describe(const Case& c) {
-  return "n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " m " + std::to_string(c.m) +
-         " x [" + std::to_string(c.x_begin) + ", " + std::to_string(c.x_end) + ") w rows [" +
-         std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) + ")" +
-         (c.bias ? " bias" : "") + " x scale " + std::to_string(c.x_scale) + " w scale " +
-         std::to_string(c.w_scale);
-}
-
-// The bound of the AMX Gemm's test: the first `terms` terms hold each |x| to 2^-(8 terms), and
-// the output takes about terms * k + 2 f32 roundings of partial sums no larger than the sum of
-// |products| (vdpbf16ps rounds after each of a lane's two products at most). A wrong pair, row or
-// slice is off by a whole product, far outside it.
-double TermsBound(double magnitude, int terms, int64_t k) {
-  return magnitude * (std::ldexp(1.0, -8 * terms) + std::ldexp(terms * k + 2.0, -24)) + 1e-30;
-}
+using Case = testing::TermsCase;
+using testing::Describe;
 
 void RunCase(const Case& c, int terms, std::mt19937& rng) {
   SCOPED_TRACE(Describe(c) + " terms " + std::to_string(terms));
@@ -142,29 +123,9 @@ void RunCase(const Case& c, int terms, std::mt19937& rng) {
   KernelsFor(Isa::kAvx512)
       .gemm_dpbf16(packed.data(), c.k, c.x_begin, c.x_end, w.data(), c.bias ? bias.data() : nullptr,
                    out.data(), c.m, c.row_begin, c.row_end, terms);
-  int bad = 0;
-  for (int64_t i = 0; i < c.n; ++i) {
-    for (int64_t j = 0; j < c.m; ++j) {
-      const float got = out[i * c.m + j];
-      const bool inside = i >= c.x_begin && i < c.x_end && j >= c.row_begin && j < c.row_end;
-      if (!inside) {
-        if (got != sentinel && ++bad <= 5) ADD_FAILURE() << "wrote out[" << i << ", " << j << "]";
-        continue;
-      }
-      double want = c.bias ? bias[j] : 0.0, magnitude = c.bias ? std::fabs(bias[j]) : 0.0;
-      for (int64_t kk = 0; kk < c.k; ++kk) {
-        const double p = static_cast<double>(x[i * c.k + kk]) * Bf16ToF32(w[j * c.k + kk]);
-        want += p;
-        magnitude += std::fabs(p);
-      }
-      const double bound = TermsBound(magnitude, terms, c.k);
-      if (!(std::fabs(got - want) <= bound) && ++bad <= 5) {
-        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << got << ", want " << want
-                      << " (bound " << bound << ")";
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0);
+  std::vector<float> wf(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToF32(w[i]);
+  testing::ExpectWithinTermsBound(c, terms, x, wf, bias, out, sentinel);
 }
 
 TEST(DpBf16GemmTest, TheGemmMatchesADoubleSumAtEachTermCountOverOddShapesAndRanges) {
@@ -194,49 +155,14 @@ TEST(DpBf16GemmTest, TheGemmMatchesADoubleSumAtEachTermCountOverOddShapesAndRang
   }
 }
 
-// n rows of a BF16 Gemm (k 96, m 70) through `backend`.
-std::vector<float> Bf16Gemm(CpuBackend& backend, int64_t n, std::vector<float>* x_out = nullptr,
-                            std::vector<bf16_t>* w_out = nullptr) {
-  constexpr int64_t k = 96, m = 70;
-  std::mt19937 rng(21);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(n * k), out(n * m, 0.0f);
-  std::vector<bf16_t> w(m * k);
-  for (float& v : x) v = dist(rng);
-  for (bf16_t& v : w) v = F32ToBf16(dist(rng));
-  backend.Gemm(TensorView(x.data(), DType::kF32, {n, k}),
-               TensorView(w.data(), DType::kBF16, {m, k}), TensorView(),
-               TensorView(out.data(), DType::kF32, {n, m}));
-  if (x_out != nullptr) *x_out = x;
-  if (w_out != nullptr) *w_out = w;
-  return out;
+std::vector<float> Bf16Gemm(CpuBackend& backend, int64_t n) {
+  return testing::RandomBf16Gemm(backend, n);
 }
 
 std::unique_ptr<CpuBackend> Backend(Isa isa, MatmulPrecision precision) {
   auto created = CpuBackend::Create({.num_threads = 2, .isa = isa, .matmul_precision = precision});
   EXPECT_TRUE(created.ok()) << created.status();
   return created.ok() ? std::move(*created) : nullptr;
-}
-
-// The product of the first n rows of x (k 96) and m 70 weight rows, held to `terms` terms' bound.
-void ExpectWithinTermsBound(const std::vector<float>& out, const std::vector<float>& x,
-                            const std::vector<bf16_t>& w, int64_t n, int terms) {
-  constexpr int64_t k = 96, m = 70;
-  int bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < m; ++j) {
-      double want = 0, magnitude = 0;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const double p = static_cast<double>(x[i * k + kk]) * Bf16ToF32(w[j * k + kk]);
-        want += p;
-        magnitude += std::fabs(p);
-      }
-      if (!(std::fabs(out[i * m + j] - want) <= TermsBound(magnitude, terms, k)) && ++bad <= 5) {
-        ADD_FAILURE() << "out[" << i << ", " << j << "] = " << out[i * m + j] << ", want " << want;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0);
 }
 
 // At kMedium, calls of more than kDpBf16SmallNMax rows run on vdpbf16ps, within one term's bound,
@@ -265,14 +191,15 @@ TEST(DpBf16GemmTest, TheBackendTakesItAtMediumBeyondTheDecodeRange) {
       EXPECT_EQ(backend->MaxRowInvariantRows(DType::kF32, 4096), table.float_small_n_max);
       for (int64_t n : {kDpBf16SmallNMax + 1, table.float_small_n_max + 37}) {
         SCOPED_TRACE("rows " + std::to_string(n));
-        std::vector<float> x;
-        std::vector<bf16_t> w;
-        const std::vector<float> out = Bf16Gemm(*backend, n, &x, &w);
+        std::vector<float> x, w;
+        const std::vector<float> out = testing::RandomBf16Gemm(*backend, n, &x, &w);
         if (!medium) {
           EXPECT_EQ(out, Bf16Gemm(**fma, n));
         } else {
           EXPECT_NE(out, Bf16Gemm(**fma, n));
-          ExpectWithinTermsBound(out, x, w, n, 1);
+          testing::ExpectWithinTermsBound({n, testing::kRandomGemmK, testing::kRandomGemmM, 0, n, 0,
+                                           testing::kRandomGemmM, false},
+                                          1, x, w, {}, out, 0.0f);
         }
       }
       EXPECT_EQ(Bf16Gemm(*backend, kDpBf16SmallNMax), Bf16Gemm(**fma, kDpBf16SmallNMax));
