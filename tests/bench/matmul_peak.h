@@ -172,6 +172,60 @@ inline double MeasureFmaPeakGflopsPerCoreSecond(const char** isa = nullptr) {
 }
 
 #if defined(__x86_64__)
+// AVX512_BF16's peak: 12 independent vdpbf16ps chains on registers (each instruction 16 lanes x 2
+// bf16 products, 64 FLOP), the ceiling of the vdpbf16ps Gemm that --matmul_precision medium runs
+// on CPUs with AVX512_BF16 and no AMX. The bf16 inputs are zero, so the sums stay 0 (no
+// denormals). Call only where backend::cpu::CpuHasAvx512Bf16().
+__attribute__((target("avx512f,avx512bf16"))) inline double DpBf16Chains(int64_t iters) {
+  __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0,
+         c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_setzero_si512());
+  for (int64_t it = 0; it < iters; ++it) {
+    c0 = _mm512_dpbf16_ps(c0, a, a);
+    c1 = _mm512_dpbf16_ps(c1, a, a);
+    c2 = _mm512_dpbf16_ps(c2, a, a);
+    c3 = _mm512_dpbf16_ps(c3, a, a);
+    c4 = _mm512_dpbf16_ps(c4, a, a);
+    c5 = _mm512_dpbf16_ps(c5, a, a);
+    c6 = _mm512_dpbf16_ps(c6, a, a);
+    c7 = _mm512_dpbf16_ps(c7, a, a);
+    c8 = _mm512_dpbf16_ps(c8, a, a);
+    c9 = _mm512_dpbf16_ps(c9, a, a);
+    c10 = _mm512_dpbf16_ps(c10, a, a);
+    c11 = _mm512_dpbf16_ps(c11, a, a);
+    __asm__ volatile(""
+                     : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6),
+                       "+v"(c7), "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(c0, c11), c5));
+  return lanes[0];
+}
+
+// GFLOP/s of bf16 products over `threads` threads on DpBf16Chains, best of 5, wall time.
+inline double MeasureDpBf16PeakGflops(int threads) {
+  constexpr int64_t kIters = int64_t{1} << 22;  // 12 * 64 * 4M = 3.2 GFLOP per thread
+  double best = 0;
+  std::atomic<double> sink{0};
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<std::thread> pool;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        const double v = DpBf16Chains(kIters);
+        double cur = sink.load();
+        while (!sink.compare_exchange_weak(cur, cur + v)) {
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, threads * 12.0 * 64 * static_cast<double>(kIters) / sec / 1e9);
+  }
+  if (sink.load() == 42.0) best += 0;
+  return best;
+}
+
 // The AMX tile unit's peak: `iters` rounds of four independent TDPBF16PS (16 x 16 x 32 bf16 pairs,
 // 16384 FLOP each) on tiles that never leave the registers. Call only where the process may use
 // the unit (backend::cpu::CpuHasIsa(Isa::kAmx), which also asked the kernel for the permission).

@@ -143,6 +143,9 @@ double DensePrefillFlops(const Shape& s, int64_t tokens) {
 double g_fma_peak_gflops = 0;
 // The AMX tile probe's bf16 products (0 where the kernels are not the AMX table).
 double g_amx_peak_gflops = 0;
+// The vdpbf16ps probe's bf16 products (0 unless the BF16 Gemms of more than kDpBf16SmallNMax
+// rows run on vdpbf16ps: --matmul_precision medium, AVX512_BF16 and no AMX table).
+double g_dpbf16_peak_gflops = 0;
 // --matmul_precision (set once in Main); the tile Gemm's ceilings divide by its terms of x.
 backend::MatmulPrecision g_precision = backend::MatmulPrecision::kHighest;
 
@@ -172,6 +175,10 @@ std::string PrefillGflops(const Shape& s, int tokens, double tps) {
     absl::StrAppendFormat(&text, ", %.0f%% of the Gemm probe", 100 * gflops / it->second);
   }
   absl::StrAppendFormat(&text, ", %.0f%% of the FMA probe", 100 * gflops / g_fma_peak_gflops);
+  if (g_dpbf16_peak_gflops > 0) {
+    absl::StrAppendFormat(&text, ", %.0f%% of the vdpbf16ps probe",
+                          100 * gflops / g_dpbf16_peak_gflops);
+  }
   if (g_amx_peak_gflops > 0) {
     const int terms = backend::Bf16TermsOf(g_precision);
     absl::StrAppendFormat(&text, ", %.0f%% of 1/%d of the AMX probe",
@@ -1007,8 +1014,11 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
         const bool on_tiles =
             g_amx_peak_gflops > 0 &&
             b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).SmallNMax(DType::kBF16);
-        const double peak =
-            on_tiles ? g_amx_peak_gflops / backend::Bf16TermsOf(g_precision) : g_fma_peak_gflops;
+        // Likewise the vdpbf16ps probe where medium moves them onto vdpbf16ps.
+        const bool on_dpbf16 = g_dpbf16_peak_gflops > 0 && b > backend::cpu::kDpBf16SmallNMax;
+        const double peak = on_tiles    ? g_amx_peak_gflops / backend::Bf16TermsOf(g_precision)
+                            : on_dpbf16 ? g_dpbf16_peak_gflops
+                                        : g_fma_peak_gflops;
         const double compute_bound = peak > 0 ? peak * 1e9 / flops : bw_bound;
         const double roofline = std::min(bw_bound, compute_bound);
         std::printf(
@@ -1274,6 +1284,15 @@ absl::Status Main() {
           "bf16 products; the tile Gemm splits x into %d bf16 terms, so 1/%d of it (%.1f) is "
           "its ceiling\n",
           threads, g_amx_peak_gflops, terms, terms, g_amx_peak_gflops / terms);
+    }
+    const backend::cpu::KernelTable& table = backend::cpu::KernelsFor(isa);
+    if (g_precision == backend::MatmulPrecision::kMedium && table.gemm_dpbf16 != nullptr &&
+        table.gemm_amx_bf16 == nullptr) {
+      g_dpbf16_peak_gflops = bench::MeasureDpBf16PeakGflops(threads);
+      std::printf(
+          "vdpbf16ps probe (chains on registers, %d threads, best of 5): %.1f GFLOP/s of bf16 "
+          "products, the ceiling of the BF16 Gemms of more than %d rows at this precision\n",
+          threads, g_dpbf16_peak_gflops, static_cast<int>(backend::cpu::kDpBf16SmallNMax));
     }
     std::printf(
         "measured read bandwidth (2 GiB sum, %d threads, best of 7, strongest probe): %.2f GB/s "
