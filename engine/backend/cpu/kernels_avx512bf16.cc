@@ -187,14 +187,35 @@ void PackPanels(const bf16_t* w, int64_t ldw, int64_t nc, int64_t kc, uint32_t* 
 // pair (term t kp elements further on; rows past mr repeat a valid row, their results dropped). On
 // the first slice c starts from the bias (or zero) instead of being read.
 constexpr int kMr = 8;
+// Lines of each next-block row that GemmTerms has the micro-kernel prefetch: a kKc slice's.
+constexpr int64_t kPrefetchLines = kKc * 2 / 64;
 
 template <int kTerms>
 void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, float* c,
-                 int64_t ldc, int mr, int nr, bool first, const float* bias) {
+                 int64_t ldc, int mr, int nr, bool first, const float* bias, const char* pf,
+                 int64_t pf_stride, int64_t pf_steps) {
   __m512 acc[kMr][2];
 #pragma GCC unroll 16
   for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t q = 0; q < pairs; ++q) {
+  // The first pf_steps steps prefetch a line each (GemmTerms); a branch in one loop made GCC
+  // keep the accumulators in memory, hence two loops.
+  for (int64_t q = 0; q < pf_steps; ++q) {
+    __builtin_prefetch(pf + q / kPrefetchLines * pf_stride + q % kPrefetchLines * 64, 0, 2);
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+#pragma GCC unroll 3
+      for (int t = 0; t < kTerms; ++t) {
+        uint32_t pair;
+        std::memcpy(&pair, a[r] + t * kp + 2 * q, 4);
+        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+      }
+    }
+  }
+  for (int64_t q = pf_steps; q < pairs; ++q) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
 #pragma GCC unroll 16
@@ -249,6 +270,20 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
       const int64_t kc = Min64(kKc, k - k0);
       const int64_t pairs = (kc + 1) / 2;
       PackPanels(w + jb * k + k0, k, nc, kc, packed);
+      // The block this call packs next (its next k slice, or the next rows' first one): while
+      // this one computes, each micro-kernel call prefetches up to 16 of its rows into L2, one
+      // 64-byte line per step (kPrefetchLines per row, a slice's 1 KiB). Packing reads w from
+      // DRAM, and without this a decode-sized call waited for each block's reads and then
+      // computed: at 16 x rows a block has as many steps as lines (docs/PERFORMANCE.md).
+      const char* next = nullptr;
+      int64_t next_rows = 0, next_row = 0;
+      if (k0 + kKc < k) {
+        next = reinterpret_cast<const char*>(w + jb * k + k0 + kKc);
+        next_rows = nc;
+      } else if (jb + kNr * kNcPanels < row_end) {
+        next = reinterpret_cast<const char*>(w + (jb + kNr * kNcPanels) * k);
+        next_rows = Min64(kNr * kNcPanels, row_end - jb - kNr * kNcPanels);
+      }
       for (int64_t i0 = x_begin; i0 < x_end; i0 += kMr) {
         const int mr = static_cast<int>(Min64(kMr, x_end - i0));
         const uint16_t* a[kMr];
@@ -257,9 +292,15 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
         }
         for (int64_t p = 0; p < panels; ++p) {
           const int nr = static_cast<int>(Min64(kNr, nc - p * kNr));
+          // Whole rows (past a shorter slice the lines belong to the row's next one or the
+          // next row: prefetches never fault).
+          const int64_t rows_here = Min64(next_rows - next_row, pairs / kPrefetchLines);
+          const char* pf = next != nullptr ? next + next_row * k * 2 : nullptr;
+          const int64_t pf_steps = rows_here * kPrefetchLines;
+          next_row += rows_here;
           MicroKernel<kTerms>(a, kp, packed + p * pairs * kNr, pairs, out + i0 * ldo + jb + p * kNr,
-                              ldo, mr, nr, k0 == 0,
-                              bias != nullptr ? bias + jb + p * kNr : nullptr);
+                              ldo, mr, nr, k0 == 0, bias != nullptr ? bias + jb + p * kNr : nullptr,
+                              pf, k * 2, pf_steps);
         }
       }
     }
