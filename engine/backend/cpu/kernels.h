@@ -357,8 +357,8 @@ inline constexpr int64_t kAmxSmallNMax = 8;
 
 // The same for BF16 weights on gemm_dpbf16 (MatmulPrecision kMedium, CpuBackend::SmallNMax). On
 // Zen 5 (2 threads, TinyLlama's matrices) the vdpbf16ps Gemm, which packs w in every call, read
-// the weights at 20-25 GB/s for 4 to 16 x rows; the AVX-512 decode kernel at 47-65 (4 rows), 31
-// (8), 15-16 (16), 8-9 (32) and 4-5 (64).
+// the weights at 20-25 GB/s for 4 to 16 x rows (24-34 at 16 once it prefetched the next block);
+// the AVX-512 decode kernel at 47-65 (4 rows), 31 (8), 15-16 (16), 8-9 (32) and 4-5 (64).
 inline constexpr int64_t kDpBf16SmallNMax = 8;
 
 inline int64_t KernelTable::SmallNMax(DType dtype) const {
