@@ -114,35 +114,43 @@ inline std::vector<FmaChains> AvailableFmaChains() {
   return chains;
 }
 
+// GFLOP/s of `threads` threads each running `run(iters, seed)` (flops_per_iter FLOP per
+// iteration), the best of 5 runs, wall time.
+inline double BestGflopsOfFive(int threads, double flops_per_iter, int64_t iters,
+                               double (*run)(int64_t, float)) {
+  double best = 0;
+  std::atomic<double> sink{0};
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<std::thread> pool;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const double v = run(iters, 1.0f + static_cast<float>(t));
+        double cur = sink.load();
+        while (!sink.compare_exchange_weak(cur, cur + v)) {
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, threads * flops_per_iter * static_cast<double>(iters) / sec / 1e9);
+  }
+  if (sink.load() == 42.0) best += 0;  // keeps the chains' results alive
+  return best;
+}
+
 // GFLOP/s of `threads` threads, best of 5 runs of ~0.1 s each per ISA, wall time; the stronger
 // ISA's figure, its name in *isa when given. Returns 0 when the CPU has no AVX2 + FMA.
 inline double MeasureFmaPeakGflops(int threads, const char** isa = nullptr) {
   constexpr int64_t kIters = int64_t{1} << 22;  // 12 * 8 * 2 * 4M = 805 MFLOP per thread (AVX2)
   double best = 0;
-  std::atomic<double> sink{0};
   for (const FmaChains& c : AvailableFmaChains()) {
-    for (int rep = 0; rep < 5; ++rep) {
-      std::vector<std::thread> pool;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int t = 0; t < threads; ++t) {
-        pool.emplace_back([&, t] {
-          const double v = c.run(kIters, 1.0f + static_cast<float>(t));
-          double cur = sink.load();
-          while (!sink.compare_exchange_weak(cur, cur + v)) {
-          }
-        });
-      }
-      for (std::thread& th : pool) th.join();
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double gflops = threads * c.flops_per_iter * static_cast<double>(kIters) / sec / 1e9;
-      if (gflops > best) {
-        best = gflops;
-        if (isa != nullptr) *isa = c.isa;
-      }
+    const double gflops = BestGflopsOfFive(threads, c.flops_per_iter, kIters, c.run);
+    if (gflops > best) {
+      best = gflops;
+      if (isa != nullptr) *isa = c.isa;
     }
   }
-  if (sink.load() == 42.0) best += 0;  // keeps the chains' results alive
   return best;
 }
 
@@ -176,7 +184,7 @@ inline double MeasureFmaPeakGflopsPerCoreSecond(const char** isa = nullptr) {
 // bf16 products, 64 FLOP), the ceiling of the vdpbf16ps Gemm that --matmul_precision medium runs
 // on CPUs with AVX512_BF16 and no AMX. The bf16 inputs are zero, so the sums stay 0 (no
 // denormals). Call only where backend::cpu::CpuHasAvx512Bf16().
-__attribute__((target("avx512f,avx512bf16"))) inline double DpBf16Chains(int64_t iters) {
+__attribute__((target("avx512f,avx512bf16"))) inline double DpBf16Chains(int64_t iters, float) {
   __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0,
          c8 = c0, c9 = c0, c10 = c0, c11 = c0;
   const __m512bh a = reinterpret_cast<__m512bh>(_mm512_setzero_si512());
@@ -205,25 +213,7 @@ __attribute__((target("avx512f,avx512bf16"))) inline double DpBf16Chains(int64_t
 // GFLOP/s of bf16 products over `threads` threads on DpBf16Chains, best of 5, wall time.
 inline double MeasureDpBf16PeakGflops(int threads) {
   constexpr int64_t kIters = int64_t{1} << 22;  // 12 * 64 * 4M = 3.2 GFLOP per thread
-  double best = 0;
-  std::atomic<double> sink{0};
-  for (int rep = 0; rep < 5; ++rep) {
-    std::vector<std::thread> pool;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&] {
-        const double v = DpBf16Chains(kIters);
-        double cur = sink.load();
-        while (!sink.compare_exchange_weak(cur, cur + v)) {
-        }
-      });
-    }
-    for (std::thread& th : pool) th.join();
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, threads * 12.0 * 64 * static_cast<double>(kIters) / sec / 1e9);
-  }
-  if (sink.load() == 42.0) best += 0;
-  return best;
+  return BestGflopsOfFive(threads, 12.0 * 64, kIters, &DpBf16Chains);
 }
 
 // The AMX tile unit's peak: `iters` rounds of four independent TDPBF16PS (16 x 16 x 32 bf16 pairs,

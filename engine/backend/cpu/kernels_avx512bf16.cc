@@ -197,39 +197,28 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
   __m512 acc[kMr][2];
 #pragma GCC unroll 16
   for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  auto step = [&](int64_t q) __attribute__((always_inline)) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+#pragma GCC unroll 3
+      for (int t = 0; t < kTerms; ++t) {
+        uint32_t pair;
+        std::memcpy(&pair, a[r] + t * kp + 2 * q, 4);
+        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+      }
+    }
+  };
   // The first pf_steps steps prefetch a line each (GemmTerms); a branch in one loop made GCC
   // keep the accumulators in memory, hence two loops.
   for (int64_t q = 0; q < pf_steps; ++q) {
     __builtin_prefetch(pf + q / kPrefetchLines * pf_stride + q % kPrefetchLines * 64, 0, 2);
-    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
-    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
-#pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) {
-#pragma GCC unroll 3
-      for (int t = 0; t < kTerms; ++t) {
-        uint32_t pair;
-        std::memcpy(&pair, a[r] + t * kp + 2 * q, 4);
-        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
-      }
-    }
+    step(q);
   }
-  for (int64_t q = pf_steps; q < pairs; ++q) {
-    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
-    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
-#pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) {
-#pragma GCC unroll 3
-      for (int t = 0; t < kTerms; ++t) {
-        uint32_t pair;
-        std::memcpy(&pair, a[r] + t * kp + 2 * q, 4);
-        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
-      }
-    }
-  }
+  for (int64_t q = pf_steps; q < pairs; ++q) step(q);
   if (nr == kNr) {
     for (int r = 0; r < mr; ++r) {
       float* cr = c + r * ldc;
