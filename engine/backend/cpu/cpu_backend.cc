@@ -438,6 +438,16 @@ void CpuBackend::Gemm(const TensorView& x, const TensorView& w, const TensorView
   GemmGroup(x, absl::MakeConstSpan(&member, 1));
 }
 
+uint16_t* CpuBackend::PackedX(size_t bytes) {
+  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;  // aligned_alloc wants a multiple
+  if (amx_x_bytes_ < bytes) {
+    amx_x_.reset(static_cast<uint16_t*>(std::aligned_alloc(kAlignment, bytes)));
+    MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
+    amx_x_bytes_ = bytes;
+  }
+  return amx_x_.get();
+}
+
 void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64_t k,
                            int64_t x_begin, int64_t x_end, int64_t row_begin,
                            int64_t row_end) const {
@@ -654,34 +664,22 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   if (any_amx) {
     // x split into its amx_terms_ bf16 terms once for every AMX member (rows padded to 32).
     // 64-byte aligned, as the tile loads want it (see ThreadScratch).
-    if (const size_t bytes = AmxPackedXBytes(n, k); amx_x_bytes_ < bytes) {
-      amx_x_.reset(static_cast<uint16_t*>(std::aligned_alloc(kAlignment, bytes)));
-      MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
-      amx_x_bytes_ = bytes;
-    }
+    uint16_t* packed = PackedX(AmxPackedXBytes(n, k));
     // Whole 16-row tiles per task (the packer transposes them for decode-sized n).
     constexpr int64_t kTile = 16;
     pool_.ParallelFor(0, AmxPackedRows(n) / kTile,
                       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k * kTile)),
                       [&](int64_t b, int64_t e) {
-                        kernels_.pack_x_bf16(xp, n, k, b * kTile, e * kTile, amx_x_.get(),
-                                             amx_terms_);
+                        kernels_.pack_x_bf16(xp, n, k, b * kTile, e * kTile, packed, amx_terms_);
                       });
   }
   if (any_dpbf16) {
     // x as amx_terms_ bf16 terms per row in the DpBf16 layout, once for every such member.
     // (Never beside AMX members: a table with the tiles takes every large BF16 Gemm there.)
-    const size_t bytes =
-        (DpBf16PackedXBytes(n, k, amx_terms_) + kAlignment - 1) / kAlignment * kAlignment;
-    if (amx_x_bytes_ < bytes) {
-      amx_x_.reset(static_cast<uint16_t*>(std::aligned_alloc(kAlignment, bytes)));
-      MODSERVE_CHECK(amx_x_ != nullptr) << "cannot allocate " << bytes << " bytes";
-      amx_x_bytes_ = bytes;
-    }
-    pool_.ParallelFor(0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
-                      [&](int64_t b, int64_t e) {
-                        kernels_.pack_x_dpbf16(xp, k, b, e, amx_x_.get(), amx_terms_);
-                      });
+    uint16_t* packed = PackedX(DpBf16PackedXBytes(n, k, amx_terms_));
+    pool_.ParallelFor(
+        0, n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, k)),
+        [&](int64_t b, int64_t e) { kernels_.pack_x_dpbf16(xp, k, b, e, packed, amx_terms_); });
   }
   if (small_rows > 0) {
     static_assert(kGemmRowGrain % kQ4KX16Rows == 0);

@@ -232,6 +232,8 @@ class CpuBackend final : public Backend {
   // (pack_x_dpbf16), once per group.
   std::unique_ptr<uint16_t, FreeDeleter> amx_x_;  // 64-byte aligned
   size_t amx_x_bytes_ = 0;
+  // amx_x_, grown to at least `bytes` (its contents are not kept).
+  uint16_t* PackedX(size_t bytes);
 };
 
 }  // namespace modserve::backend::cpu

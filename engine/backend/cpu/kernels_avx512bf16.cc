@@ -26,63 +26,24 @@
 namespace modserve::backend::cpu {
 namespace {
 
+#include "engine/backend/cpu/bf16_avx512_impl.h"
+
 inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// ---- x: f32 rows to bf16 terms ------------------------------------------------------------------
-// Round-to-nearest-even f32 -> bf16 bits of 16 lanes (the finite inputs of the split below).
-inline __m512i RoundToBf16Bits(__m512i u) {
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)),
-                           16);
-}
-
-// The terms of 16 x values, as 32-bit lanes holding bf16 bits (AmxSplit's split, lane by lane):
-// hi the round-to-nearest bf16 of x (truncated where that would overflow a finite x to infinity;
-// a non-finite x carried by hi alone, a NaN keeping its quiet bit), then mid and lo the rounded
-// remainders. Subtractions are exact, as in AmxSplit.
-template <int kTerms>
-inline void SplitLanes(__m512 x, __m512i (&t)[kTerms]) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
-  const __mmask16 nonfinite = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, exp_mask), exp_mask);
-  __m512i hi = RoundToBf16Bits(u);
-  const __mmask16 overflow = _mm512_cmpeq_epi32_mask(
-      _mm512_and_si512(hi, _mm512_set1_epi32(0x7f80)), _mm512_set1_epi32(0x7f80));
-  hi = _mm512_mask_mov_epi32(hi, overflow & ~nonfinite, _mm512_srli_epi32(u, 16));
-  // Non-finite: the top half, with the quiet bit where the mantissa is not zero.
-  const __mmask16 nan = nonfinite & _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
-  __m512i top = _mm512_srli_epi32(u, 16);
-  top = _mm512_mask_or_epi32(top, nan, top, _mm512_set1_epi32(0x40));
-  hi = _mm512_mask_mov_epi32(hi, nonfinite, top);
-  t[0] = hi;
-  if constexpr (kTerms > 1) {
-    // Remainders of a non-finite x are 0.
-    const __m512 xs = _mm512_maskz_mov_ps(static_cast<__mmask16>(~nonfinite), x);
-    const __m512i his = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), hi);
-    const __m512 r1 = _mm512_sub_ps(xs, _mm512_castsi512_ps(_mm512_slli_epi32(his, 16)));
-    const __m512i mid = RoundToBf16Bits(_mm512_castps_si512(r1));
-    t[1] = mid;
-    if constexpr (kTerms > 2) {
-      const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(_mm512_slli_epi32(mid, 16)));
-      t[2] = RoundToBf16Bits(_mm512_castps_si512(r2));
-    }
-  }
-}
-
+// ---- x: f32 rows to bf16 terms (SplitX16, AmxSplit's split) ------------------------------------
 template <int kTerms>
 void PackXTerms(const float* x, int64_t k, int64_t row_begin, int64_t row_end, uint16_t* packed) {
   const int64_t kp = DpBf16PackedK(k);
   for (int64_t r = row_begin; r < row_end; ++r) {
     const float* xr = x + r * k;
     uint16_t* dst = packed + r * kTerms * kp;
-    int64_t kk = 0;
-    for (; kk < kp; kk += 16) {
+    for (int64_t kk = 0; kk < kp; kk += 16) {
       const __mmask16 m = kk + 16 <= k ? static_cast<__mmask16>(0xffff)
                                        : static_cast<__mmask16>((1u << (k - kk)) - 1u);
       const __mmask16 out = kk + 16 <= kp ? static_cast<__mmask16>(0xffff)
                                           : static_cast<__mmask16>((1u << (kp - kk)) - 1u);
-      __m512i t[kTerms];
-      SplitLanes<kTerms>(_mm512_maskz_loadu_ps(m, xr + kk), t);
+      __m512i t[3];
+      SplitX16(_mm512_maskz_loadu_ps(m, xr + kk), &t[0], &t[1], &t[2]);
 #pragma GCC unroll 3
       for (int term = 0; term < kTerms; ++term) {
         _mm256_mask_storeu_epi16(dst + term * kp + kk, out, _mm512_cvtepi32_epi16(t[term]));
@@ -91,58 +52,14 @@ void PackXTerms(const float* x, int64_t k, int64_t row_begin, int64_t row_end, u
   }
 }
 
-void PackXDpBf16(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
-                 int terms) {
-  uint16_t* p = static_cast<uint16_t*>(packed);
-  switch (terms) {
-    case 1:
-      return PackXTerms<1>(x, k, row_begin, row_end, p);
-    case 2:
-      return PackXTerms<2>(x, k, row_begin, row_end, p);
-    default:
-      return PackXTerms<3>(x, k, row_begin, row_end, p);
-  }
-}
-
-// ---- w: bf16 pair panels
-// --------------------------------------------------------------------------- A k slice of kKc
-// elements (kKc / 2 pairs) of 32 weight rows is one panel: panel[q][j] (32-bit) = the pair w[j,
-// 2q], w[j, 2q + 1] of row j, zero past the block's rows or the slice's k. 32 KiB: it stays in L1
-// while kMr x rows stream past it. A block's kNcPanels panels (128 KiB) sit in L2 and serve every x
-// row of the call.
+// ---- w: bf16 pair panels ---------------------------------------------------------------------
+// A k slice of kKc elements (kKc / 2 pairs) of 32 weight rows is one panel: panel[q][j] (32-bit)
+// = the pair w[j, 2q], w[j, 2q + 1] of row j, zero past the block's rows or the slice's k. 32 KiB:
+// it stays in L1 while kMr x rows stream past it. A block's kNcPanels panels (128 KiB) sit in L2
+// and serve every x row of the call.
 constexpr int64_t kNr = 32;
 constexpr int64_t kKc = 512;
 constexpr int64_t kNcPanels = 4;
-
-// r[i] <- the 32-bit columns of rows: r[c][i] = r[i][c] for a 16 x 16 block of 32-bit words.
-inline void Transpose16(__m512i* r) {
-  __m512i t[16], u[16], v[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 16; i += 4) {
-    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-#pragma GCC unroll 2
-  for (int h = 0; h < 16; h += 8) {
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      v[h + j] = _mm512_shuffle_i32x4(u[h + j], u[h + 4 + j], 0x88);
-      v[h + 4 + j] = _mm512_shuffle_i32x4(u[h + j], u[h + 4 + j], 0xdd);
-    }
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0xdd);
-  }
-}
 
 // Panels of weight rows [0, nc) of w (row stride ldw elements) over k elements [0, kc). Whole
 // groups of 16 rows and 32 k are transposed in registers; the rest (odd row counts, a k tail, the
@@ -152,24 +69,16 @@ void PackPanels(const bf16_t* w, int64_t ldw, int64_t nc, int64_t kc, uint32_t* 
   const int64_t panels = (nc + kNr - 1) / kNr;
   const int64_t kc_vec = kc / 32 * 32;
   const int64_t nc_vec = nc / 16 * 16;
+  const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
   for (int64_t j0 = 0; j0 < nc_vec; j0 += 16) {
     uint32_t* dst = packed + (j0 / kNr) * pairs * kNr + j0 % kNr;
     for (int64_t kk = 0; kk < kc_vec; kk += 32) {
-      __m512i r[16];
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) {
-        r[i] = _mm512_loadu_si512(reinterpret_cast<const void*>(w + (j0 + i) * ldw + kk));
-      }
-      Transpose16(r);
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) {
-        _mm512_storeu_si512(reinterpret_cast<void*>(dst + (kk / 2 + i) * kNr), r[i]);
-      }
+      PackWTile16x16(wb + j0 * ldw + kk, ldw, dst + kk / 2 * kNr, kNr);
     }
   }
   auto word = [&](int64_t j, int64_t q) -> uint32_t {
     if (j >= nc) return 0;
-    const uint16_t* row = reinterpret_cast<const uint16_t*>(w + j * ldw);
+    const uint16_t* row = wb + j * ldw;
     const uint32_t lo = row[2 * q];
     const uint32_t hi = 2 * q + 1 < kc ? row[2 * q + 1] : 0u;
     return lo | hi << 16;
@@ -181,11 +90,10 @@ void PackPanels(const bf16_t* w, int64_t ldw, int64_t nc, int64_t kc, uint32_t* 
   }
 }
 
-// ---- the micro-kernel
-// ------------------------------------------------------------------------------- c[r, 0..nr) (+)=
-// sum over the slice of x[r] . w for r < mr: a[r] points at row r's term 0 at the slice's first
-// pair (term t kp elements further on; rows past mr repeat a valid row, their results dropped). On
-// the first slice c starts from the bias (or zero) instead of being read.
+// ---- the micro-kernel -----------------------------------------------------------------------
+// c[r, 0..nr) (+)= sum over the slice of x[r] . w for r < mr: a[r] points at row r's term 0 at the
+// slice's first pair (term t kp elements further on; rows past mr repeat a valid row, their
+// results dropped). On the first slice c starts from the bias (or zero) instead of being read.
 constexpr int kMr = 8;
 // Lines of each next-block row that GemmTerms has the micro-kernel prefetch: a kKc slice's.
 constexpr int64_t kPrefetchLines = kKc * 2 / 64;
@@ -296,7 +204,23 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
   }
 }
 
-void GemmDpBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
+}  // namespace
+
+namespace internal {
+void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
+                 int terms) {
+  uint16_t* p = static_cast<uint16_t*>(packed);
+  switch (terms) {
+    case 1:
+      return PackXTerms<1>(x, k, row_begin, row_end, p);
+    case 2:
+      return PackXTerms<2>(x, k, row_begin, row_end, p);
+    default:
+      return PackXTerms<3>(x, k, row_begin, row_end, p);
+  }
+}
+
+void DpBf16Gemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                 int terms) {
   const uint16_t* px = static_cast<const uint16_t*>(packed_x);
@@ -308,19 +232,6 @@ void GemmDpBf16(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
     default:
       return GemmTerms<3>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
   }
-}
-
-}  // namespace
-
-namespace internal {
-void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
-                 int terms) {
-  PackXDpBf16(x, k, row_begin, row_end, packed, terms);
-}
-void DpBf16Gemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
-                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
-                int terms) {
-  GemmDpBf16(packed_x, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end, terms);
 }
 }  // namespace internal
 

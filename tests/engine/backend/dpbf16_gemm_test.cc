@@ -155,10 +155,6 @@ TEST(DpBf16GemmTest, TheGemmMatchesADoubleSumAtEachTermCountOverOddShapesAndRang
   }
 }
 
-std::vector<float> Bf16Gemm(CpuBackend& backend, int64_t n) {
-  return testing::RandomBf16Gemm(backend, n);
-}
-
 std::unique_ptr<CpuBackend> Backend(Isa isa, MatmulPrecision precision) {
   auto created = CpuBackend::Create({.num_threads = 2, .isa = isa, .matmul_precision = precision});
   EXPECT_TRUE(created.ok()) << created.status();
@@ -194,15 +190,16 @@ TEST(DpBf16GemmTest, TheBackendTakesItAtMediumBeyondTheDecodeRange) {
         std::vector<float> x, w;
         const std::vector<float> out = testing::RandomBf16Gemm(*backend, n, &x, &w);
         if (!medium) {
-          EXPECT_EQ(out, Bf16Gemm(**fma, n));
+          EXPECT_EQ(out, testing::RandomBf16Gemm(**fma, n));
         } else {
-          EXPECT_NE(out, Bf16Gemm(**fma, n));
+          EXPECT_NE(out, testing::RandomBf16Gemm(**fma, n));
           testing::ExpectWithinTermsBound({n, testing::kRandomGemmK, testing::kRandomGemmM, 0, n, 0,
                                            testing::kRandomGemmM, false},
                                           1, x, w, {}, out, 0.0f);
         }
       }
-      EXPECT_EQ(Bf16Gemm(*backend, kDpBf16SmallNMax), Bf16Gemm(**fma, kDpBf16SmallNMax));
+      EXPECT_EQ(testing::RandomBf16Gemm(*backend, kDpBf16SmallNMax),
+                testing::RandomBf16Gemm(**fma, kDpBf16SmallNMax));
     }
   }
 }
