@@ -654,8 +654,12 @@ int Main(int argc, char** argv) {
                 : "usable (int8 tiles not: " + std::string(AmxInt8UnavailableReason()) + ")"
           : "unusable: " + std::string(AmxUnavailableReason());
   std::printf(
-      "cpu: %s\ncpu backend: isa %s, %d threads, avx512_bf16 %s, amx %s, matmul_precision %s\n",
-      bench::CpuModel().c_str(), std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
+      "cpu: %s%s\ncpu backend: isa %s, %d threads, avx512_bf16 %s, amx %s, matmul_precision %s\n",
+      bench::CpuModel().c_str(),
+      CpuIsAmdFamily1Ah()
+          ? " (AMD family 1Ah: the VNNI table's one-row K-quant tiles prefetch into L2)"
+          : "",
+      std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
       CpuHasAvx512Bf16() ? "present (the vdpbf16ps Gemm at medium)" : "absent", amx.c_str(),
       std::string(MatmulPrecisionName(options.matmul_precision)).c_str());
   if (only == "isa-rates") {

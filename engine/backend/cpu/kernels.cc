@@ -160,8 +160,9 @@ const KernelTable& Avx512KernelTable() {
   return table;
 }
 
-// The VNNI table: AVX-512's with the quantized-weight Gemms of kernels_avx512vnni.cc. Built here,
-// in baseline code, for the same reason as the AMX table below.
+// The VNNI table: AVX-512's with the quantized-weight Gemms of kernels_avx512vnni.cc (on AMD family
+// 1Ah, the K-quant copies' Gemms of kFarPrefetchQuantGemms). Built here, in baseline code, for the
+// same reason as the AMX table below.
 const KernelTable& Avx512VnniKernelTable() {
   static const KernelTable table = [] {
     KernelTable t = Avx512KernelTable();
@@ -177,6 +178,12 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q5_k_x16 = q.gemm_q5_k_x16;
     t.gemm_q6_k_x16 = q.gemm_q6_k_x16;
     t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
+    if (CpuIsAmdFamily1Ah()) {
+      const KernelTable& far = internal::kFarPrefetchQuantGemms;
+      t.gemm_q4_k_x16 = far.gemm_q4_k_x16;
+      t.gemm_q5_k_x16 = far.gemm_q5_k_x16;
+      t.gemm_q6_k_x16 = far.gemm_q6_k_x16;
+    }
     return t;
   }();
   return table;
@@ -331,6 +338,20 @@ std::optional<Isa> IsaFromName(std::string_view name) {
 bool CpuHasAvx512Bf16() {
 #if defined(__x86_64__)
   return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+bool CpuIsAmdFamily1Ah() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  // "AuthenticAMD" in ebx, edx, ecx.
+  const bool amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;
+  if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const unsigned base = (eax >> 8) & 0xf, extended = (eax >> 20) & 0xff;
+  return (base == 0xf ? base + extended : base) == 0x1a;
 #else
   return false;
 #endif

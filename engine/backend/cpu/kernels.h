@@ -42,6 +42,9 @@ Isa BestIsa();
 // Whether the CPU reports AVX512_BF16: the AVX-512 tables then carry the vdpbf16ps Gemm for
 // MatmulPrecision kHigh and kMedium (KernelTable::gemm_dpbf16).
 bool CpuHasAvx512Bf16();
+// Whether the CPU is AMD's family 1Ah (Zen 5; CPUID leaf 1's family plus extended family): the
+// VNNI table then takes kFarPrefetchQuantGemms' K-quant Gemms (internal, below).
+bool CpuIsAmdFamily1Ah();
 
 // Rows [row_begin, row_end) of out = x @ w^T + bias, i.e. out[i, r] for every i < n.
 // x [n, k] f32 row-major; w [m, k] row-major (m is implied by ldo); bias null or [m] f32;
@@ -299,6 +302,10 @@ extern const KernelTable kAvx512KernelTable;
 // kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q8_0_x16) are
 // set; kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
 extern const KernelTable kAvx512VnniQuantGemms;
+// The Q4_K, Q5_K and Q6_K interleaved-copy Gemms the VNNI table takes on AMD family 1Ah (Zen 5)
+// instead of its own (the same bits; the one-row tiles prefetch into L2 as the tiles of more rows
+// do, kernels_avx512vnni.cc).
+extern const KernelTable kFarPrefetchQuantGemms;
 // The Q6_K and Q8_0 interleaved-copy Gemms the AMX table takes instead of the VNNI table's (the
 // same bits; the one-row tiles prefetch as kernels_avx512vnni.cc says).
 extern const KernelTable kAmxHostQuantGemms;

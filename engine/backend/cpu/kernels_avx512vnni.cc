@@ -250,23 +250,33 @@ inline constexpr int64_t kUnit = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
 // K-quant tiles of 2 or more x rows also prefetch each unit's lines into L2 (prefetcht1) 2 units
 // ahead (measured on Q4_K's; Q5_K's and Q6_K's do the same, not timed without it): 4 x rows 25-30%
 // faster from DRAM on Zen 4 (kernel_bench quant-decode, 2 threads, alternating runs),
-// TinyLlama-shape batch-4 decode end to end 130-139 -> 167-177 tok/s. One x row goes without: into
-// L1 (prefetcht0, as the row kernels do) the prefetch cut its decode from DRAM from 26 to 22 GB/s,
-// and into L2 TinyLlama-shape batch-1 decode from 53-56 to 43-44 tok/s. Q8_0 units gained nothing
-// from it at batch 4 (two alternating pairs), so they go without. Prefetches never fault: reaching
-// past the end of the copy from the last units is harmless.
-// kNear (the AMX table's Q6_K and Q8_0 tiles, i.e. Xeons with AMX): one x row prefetches each
-// unit's lines 1 KiB ahead into L1 (prefetcht0). On such a Xeon (2 threads, read bandwidth
+// TinyLlama-shape batch-4 decode end to end 130-139 -> 167-177 tok/s. One x row goes without by
+// default (OneRow::kNone): on Zen 4, into L1 (prefetcht0, as the row kernels do) the prefetch cut
+// its decode from DRAM from 26 to 22 GB/s, and into L2 TinyLlama-shape batch-1 decode from 53-56
+// to 43-44 tok/s. Q8_0 units gained nothing from it at batch 4 (two alternating pairs), so they
+// go without. Prefetches never fault: reaching past the end of the copy from the last units is
+// harmless.
+// OneRow::kL2 (the K-quant tiles of kFarPrefetchQuantGemms, which the VNNI table takes on AMD
+// family 1Ah, Zen 5): one x row prefetches as the tiles of more rows do, 2 units ahead into L2.
+// On Zen 5 (2 threads, `QUANT_ROWS=1 kernel_bench 2 best quant-decode`, four alternating rounds
+// at the three TinyLlama shapes) Q4_K's one-row copy read 46-69 GB/s from DRAM against 32-43
+// without, Q5_K's and Q6_K's 35-64 and 39-57 against 26-39 and 33-36 (three rounds); 4 units
+// ahead gained no more, 8 less, and Q8_0's one-row tile nothing (docs/PERFORMANCE.md, "One-row
+// K-quant decode on Zen 5").
+// OneRow::kL1Near (the AMX table's Q6_K and Q8_0 tiles, i.e. Xeons with AMX): one x row prefetches
+// each unit's lines 1 KiB ahead into L1 (prefetcht0). On such a Xeon (2 threads, read bandwidth
 // steady at 33-34 GB/s) `kernel_bench quant-decode`'s one-row Q8_0 and Q6_K copies read 13-18%
 // faster from DRAM (Q4_K and Q5_K level, so they go without), and TinyLlama-shape batch-1 decode
 // of a Q8_0 file ran 22.1-22.3 -> 25.5-25.6 tok/s against the VNNI table's tiles (two alternating
 // pairs); 512 B, 2 KiB or 4 KiB ahead gained less. Zen 4 keeps the VNNI table, measured without.
-template <int NX, int64_t kBytes, bool kNear>
+enum class OneRow { kNone, kL1Near, kL2 };
+
+template <int NX, int64_t kBytes, OneRow kOneRow>
 inline void PrefetchAhead(const uint8_t* unit) {
-  if constexpr (NX > 1) {
+  if constexpr (NX > 1 || kOneRow == OneRow::kL2) {
     for (int64_t off = 0; off < kBytes; off += 64)
       __builtin_prefetch(unit + 2 * kBytes + off, 0, 2);
-  } else if constexpr (kNear) {
+  } else if constexpr (kOneRow == OneRow::kL1Near) {
     for (int64_t off = 0; off < kBytes; off += 64) __builtin_prefetch(unit + 1024 + off, 0, 3);
   }
 }
@@ -298,7 +308,7 @@ struct TileRows {
 };
 
 // out[x0 + x, r0 .. r0 + 16) for x < NX, from the group's nsb units at wg (Q5_K's when kQ5).
-template <int NX, bool kQ5>
+template <int NX, bool kQ5, OneRow kOneRow = OneRow::kNone>
 void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
           float* out, int64_t ldo, int64_t r0) {
   const TileRows<NX> rows(a, x0);
@@ -307,7 +317,7 @@ void Tile(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __
   alignas(64) uint8_t scales[256];
   for (int64_t c = 0; c < nsb; ++c) {
     const uint8_t* unit = wg + c * kUnit<kQ5>;
-    PrefetchAhead<NX, kUnit<kQ5>, false>(unit);
+    PrefetchAhead<NX, kUnit<kQ5>, kOneRow>(unit);
     UnpackScales(unit, scales);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit)));
     // The high sub-blocks' levels come 16 (Q4_K) or 8 (Q5_K) times their value: exact powers of
@@ -363,6 +373,12 @@ inline constexpr TileFn kTiles[kTileRows + 1] = {nullptr,         &Tile<1, false
                                                  &Tile<3, false>, &Tile<4, false>, &Tile<5, false>};
 inline constexpr TileFn kTilesQ5_K[kTileRows + 1] = {
     nullptr, &Tile<1, true>, &Tile<2, true>, &Tile<3, true>, &Tile<4, true>, &Tile<5, true>};
+// The same with the one-row tile prefetching into L2 (OneRow::kL2).
+inline constexpr TileFn kTilesFar[kTileRows + 1] = {
+    nullptr, &Tile<1, false, OneRow::kL2>, kTiles[2], kTiles[3], kTiles[4], kTiles[5]};
+inline constexpr TileFn kTilesQ5_KFar[kTileRows + 1] = {nullptr,       &Tile<1, true, OneRow::kL2>,
+                                                        kTilesQ5_K[2], kTilesQ5_K[3],
+                                                        kTilesQ5_K[4], kTilesQ5_K[5]};
 
 // ---- Q6_K in the interleaved 16-row layout (kernels.h, RepackQ6_KX16) -------------------------
 // Q4_K's plan with Q6_K's sub-blocks of 16 and signed 8-bit scales. Level vectors are built from a
@@ -394,7 +410,7 @@ inline __m512 ScalesQ6(const uint8_t* p) {
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-template <int NX, bool kNear = false>
+template <int NX, OneRow kOneRow = OneRow::kNone>
 void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb, __m512 bias,
               float* out, int64_t ldo, int64_t r0) {
   const TileRows<NX> rows(a, x0);
@@ -405,7 +421,7 @@ void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb
                               _mm512_set1_epi32(static_cast<int32_t>(0xffe00000u))};
   for (int64_t c = 0; c < nsb; ++c) {
     const uint8_t* unit = wg + c * kQ6KX16UnitBytes;
-    PrefetchAhead<NX, kQ6KX16UnitBytes, kNear>(unit);
+    PrefetchAhead<NX, kQ6KX16UnitBytes, kOneRow>(unit);
     const bool d_first = Q6KX16DFirst(unit);
     const uint8_t* body = unit + (d_first ? 32 : 0);
     __m512 u[NX];
@@ -464,7 +480,10 @@ void TileQ6_K(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nsb
 inline constexpr TileFn kTilesQ6_K[kTileRows + 1] = {nullptr,      &TileQ6_K<1>, &TileQ6_K<2>,
                                                      &TileQ6_K<3>, &TileQ6_K<4>, &TileQ6_K<5>};
 inline constexpr TileFn kTilesQ6_KNear[kTileRows + 1] = {
-    nullptr, &TileQ6_K<1, true>, kTilesQ6_K[2], kTilesQ6_K[3], kTilesQ6_K[4], kTilesQ6_K[5]};
+    nullptr,      &TileQ6_K<1, OneRow::kL1Near>, kTilesQ6_K[2], kTilesQ6_K[3], kTilesQ6_K[4],
+    kTilesQ6_K[5]};
+inline constexpr TileFn kTilesQ6_KFar[kTileRows + 1] = {
+    nullptr, &TileQ6_K<1, OneRow::kL2>, kTilesQ6_K[2], kTilesQ6_K[3], kTilesQ6_K[4], kTilesQ6_K[5]};
 
 // ---- Q8_0 in the interleaved 16-row layout (kernels.h, RepackQ8_0X16) -------------------------
 // The same plan as Q4_K's: one vpdpbusd of a level vector against 4 broadcast activation bytes
@@ -474,7 +493,7 @@ inline constexpr TileFn kTilesQ6_KNear[kTileRows + 1] = {
 // sum(w * q) that every other kernel computes. Per x row and block b, in order:
 // acc += (d_w * da[b]) * isum (f32 FMA); the row's output is acc + bias. Every x row takes the
 // same operations whatever the tile it shares (row invariance, as above).
-template <int NX, bool kNear = false>
+template <int NX, OneRow kOneRow = OneRow::kNone>
 void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu, __m512 bias,
               float* out, int64_t ldo, int64_t r0) {
   const TileRows<NX> rows(a, x0);
@@ -483,7 +502,7 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
   const __m512i minus128 = _mm512_set1_epi16(-128);
   for (int64_t c = 0; c < nu; ++c) {
     const uint8_t* unit = wg + c * kQ8_0X16UnitBytes;
-    PrefetchAhead<NX, kQ8_0X16UnitBytes, kNear>(unit);
+    PrefetchAhead<NX, kQ8_0X16UnitBytes, kOneRow>(unit);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m512 d =
@@ -524,7 +543,8 @@ void TileQ8_0(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu,
 inline constexpr TileFn kTilesQ8_0[kTileRows + 1] = {nullptr,      &TileQ8_0<1>, &TileQ8_0<2>,
                                                      &TileQ8_0<3>, &TileQ8_0<4>, &TileQ8_0<5>};
 inline constexpr TileFn kTilesQ8_0Near[kTileRows + 1] = {
-    nullptr, &TileQ8_0<1, true>, kTilesQ8_0[2], kTilesQ8_0[3], kTilesQ8_0[4], kTilesQ8_0[5]};
+    nullptr,      &TileQ8_0<1, OneRow::kL1Near>, kTilesQ8_0[2], kTilesQ8_0[3], kTilesQ8_0[4],
+    kTilesQ8_0[5]};
 
 // Rows [row_begin, row_end) (whole groups) for x rows [x_begin, x_end) in tiles of kTable's
 // kernels: groups of 16 weight rows, each k / kUnitElems units of kUnitBytes.
@@ -627,6 +647,12 @@ constinit const KernelTable kAmxInt8QuantGemms = {
     .gemm_q4_k_x16 = &qvnni::x16::AmxGemmQ4_K,
     .gemm_q5_k_x16 = &qvnni::x16::AmxGemmQ5_K,
     .gemm_q8_0_x16 = &qvnni::x16::AmxGemmQ8_0,
+};
+constinit const KernelTable kFarPrefetchQuantGemms = {
+    .isa = Isa::kAvx512Vnni,
+    .gemm_q4_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesFar, 256, kQ4KX16UnitBytes>,
+    .gemm_q5_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ5_KFar, 256, kQ5KX16UnitBytes>,
+    .gemm_q6_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ6_KFar, 256, kQ6KX16UnitBytes>,
 };
 constinit const KernelTable kAmxHostQuantGemms = {
     .isa = Isa::kAmx,

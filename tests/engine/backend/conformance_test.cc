@@ -1409,6 +1409,28 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
       {DType::kQ6_K, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ4_0, DType::kQ4_1});
 }
 
+// The K-quant copies' Gemms whose one-row tiles prefetch into L2 (kFarPrefetchQuantGemms, the VNNI
+// table's on AMD family 1Ah) give the bits of those without, on every CPU with AVX512_VNNI.
+TEST(QuantizedGemmIsaTest, FarPrefetchKQuantGemmsGiveTheVnniTablesBits) {
+  if (!cpu::CpuHasIsa(cpu::Isa::kAvx512Vnni)) GTEST_SKIP() << "this CPU has no AVX512_VNNI";
+  const cpu::KernelTable& far = cpu::internal::kFarPrefetchQuantGemms;
+  cpu::KernelTable with = cpu::KernelsFor(cpu::Isa::kAvx512Vnni);
+  with.gemm_q4_k_x16 = far.gemm_q4_k_x16;
+  with.gemm_q5_k_x16 = far.gemm_q5_k_x16;
+  with.gemm_q6_k_x16 = far.gemm_q6_k_x16;
+  cpu::KernelTable without = cpu::KernelsFor(cpu::Isa::kAvx512Vnni);
+  without.gemm_q4_k_x16 = cpu::internal::kAvx512VnniQuantGemms.gemm_q4_k_x16;
+  without.gemm_q5_k_x16 = cpu::internal::kAvx512VnniQuantGemms.gemm_q5_k_x16;
+  without.gemm_q6_k_x16 = cpu::internal::kAvx512VnniQuantGemms.gemm_q6_k_x16;
+  ASSERT_NE(with.gemm_q4_k_x16, without.gemm_q4_k_x16);
+  EXPECT_EQ(cpu::KernelsFor(cpu::Isa::kAvx512Vnni).gemm_q4_k_x16,
+            cpu::CpuIsAmdFamily1Ah() ? far.gemm_q4_k_x16 : without.gemm_q4_k_x16);
+  auto got = cpu::CpuBackend::Create({.num_threads = 2, .kernels = &with});
+  auto want = cpu::CpuBackend::Create({.num_threads = 3, .kernels = &without});
+  ASSERT_TRUE(got.ok() && want.ok());
+  ExpectSameQuantGemmBits(**got, **want, {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K});
+}
+
 // The same AMX-INT8 Gemms on a software model of the tiles (amx_int8_emulated.cc), so that their
 // steps, packing and remainders are checked on every CPU with AVX512_VNNI, AMX or not: a VNNI
 // table with the five emulated Gemms in place gives the VNNI table's bits.
