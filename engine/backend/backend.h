@@ -310,14 +310,15 @@ class Backend {
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
 
   // A Gemm weight in the layout this backend's kernels read fastest, made once when a model is
-  // loaded: either `w` itself, or a copy of it (same dtype, shape and bytes) in a layout private
+  // loaded: either `w` itself, or a copy of it (same dtype and shape) in a layout private
   // to the backend, in memory the backend owns until it is destroyed. A copy may be passed only
   // as a Gemm/GemmGroup weight, whole or as a slice of whole row groups (the backend CHECKs);
   // every other reader (Embed of a tied table, say) keeps the original. The result is the same
   // Gemm within the op's conformance tolerance, and a row's bits still do not depend on the
-  // rows beside it (MaxRowInvariantRows). The CPU backend copies Q4_K, Q5_K and Q8_0 weights
-  // whose rows come in groups of 16 into its interleaved layouts when its kernels read one
-  // (cpu/kernels.h); ResourceExhausted when there is no memory for the copy.
+  // rows beside it (MaxRowInvariantRows). The CPU backend copies Q4_K, Q5_K, Q6_K and Q8_0
+  // weights whose rows come in groups of 16 into its interleaved layouts when its kernels read
+  // one, and at MatmulPrecision kMedium on vdpbf16ps BF16 weights of whole 32-row groups into
+  // panels (cpu/kernels.h); ResourceExhausted when there is no memory for the copy.
   virtual absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) { return w; }
 
   // Copies host_src (Device::kCpu) into dst (this backend's device); same byte size.

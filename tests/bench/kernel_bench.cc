@@ -134,15 +134,23 @@ bool EnvListHas(const char* var, std::string_view item) {
   return false;
 }
 
+TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::string* name);
+
 // Decode Gemm: rotates through enough weight copies (>= 2 GiB, beyond the L3) that every call
-// streams its weights from DRAM, as a real decode step over all layers does.
+// streams its weights from DRAM, as a real decode step over all layers does. Each copy goes
+// through PrepareGemmWeight as the engine's do (BF16 at medium on vdpbf16ps: panels).
 template <typename T>
 void BenchDecodeGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k, double bandwidth) {
   std::mt19937 rng(1);
   const size_t w_bytes = static_cast<size_t>(m * k) * sizeof(T);
   const int copies = static_cast<int>(std::max<size_t>(2, (size_t{2} << 30) / w_bytes));
   std::vector<HugeBuffer<T>> weights;
-  for (int c = 0; c < copies; ++c) weights.push_back(RandomWeights<T>(m * k, rng));
+  std::vector<TensorView> views;
+  std::string name;
+  for (int c = 0; c < copies; ++c) {
+    weights.push_back(RandomWeights<T>(m * k, rng));
+    views.push_back(AsRun(backend, TensorView(weights[c].data(), dtype, {m, k}), true, &name));
+  }
   for (int64_t n : {1, 4, 8, 16, 32, 64}) {
     const bool wanted = std::getenv("DECODE_ROWS") == nullptr
                             ? n <= 16
@@ -150,20 +158,18 @@ void BenchDecodeGemm(CpuBackend& backend, DType dtype, int64_t m, int64_t k, dou
     if (!wanted) continue;
     std::vector<float> x(n * k, 0.5f), out(n * m);
     TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
-    for (int c = 0; c < copies; ++c) {  // warm-up: page in, fault in
-      backend.Gemm(xv, TensorView(weights[c].data(), dtype, {m, k}), TensorView(), ov);
-    }
+    for (int c = 0; c < copies; ++c) backend.Gemm(xv, views[c], TensorView(), ov);  // fault in
     int calls = 0;
     const auto t0 = Clock::now();
     while (Seconds(t0, Clock::now()) < 0.5 || calls < copies) {
-      backend.Gemm(xv, TensorView(weights[calls % copies].data(), dtype, {m, k}), TensorView(), ov);
+      backend.Gemm(xv, views[calls % copies], TensorView(), ov);
       ++calls;
     }
     const double sec = Seconds(t0, Clock::now()) / calls;
     const double gbs = w_bytes / sec / 1e9;
     std::printf(
         "  decode %-4s m=%-5lld k=%-5lld n=%-3lld %8.1f us  %6.1f GB/s  %5.1f%% of read bw\n",
-        std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m), static_cast<long long>(k),
+        name.c_str(), static_cast<long long>(m), static_cast<long long>(k),
         static_cast<long long>(n), sec * 1e6, gbs, 100.0 * gbs / bandwidth);
   }
 }
@@ -205,12 +211,15 @@ HugeBuffer<uint8_t> QuantizedWeights(DType dtype, int64_t m, int64_t k, std::mt1
 }
 
 // w as the engine runs it: through PrepareGemmWeight (prepare = true), which may return a copy
-// in the backend's own layout (Q4_K in 16-row groups where the kernels read it), or as the file
-// stores it. Sets *name to the dtype's name, with "x16" when it was copied.
+// in the backend's own layout (Q4_K in 16-row groups where the kernels read it, BF16 in vdpbf16ps
+// panels at medium), or as the file stores it. Sets *name to the dtype's name, with "x16" (or
+// "p", panels) when it was copied.
 TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::string* name) {
   absl::StatusOr<TensorView> p = prepare ? backend.PrepareGemmWeight(w) : w;
   MODSERVE_CHECK(p.ok()) << p.status();
-  *name = std::string(DTypeName(w.dtype)) + (p->data != w.data ? "x16" : "");
+  *name = std::string(DTypeName(w.dtype)) + (p->data == w.data         ? ""
+                                             : w.dtype == DType::kBF16 ? "p"
+                                                                       : "x16");
   return *p;
 }
 

@@ -169,42 +169,56 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
     return w;
   }
   const int64_t m = w.dim(0), k = w.dim(1);
-  // The interleaved copy's repack function and the bytes of one row group, where the table has
-  // a kernel for it and the shape fits.
-  if (InterleavedKernel(w.dtype) == nullptr) return w;
-  void (*repack)(const void*, int64_t, int64_t, int64_t, void*) = nullptr;
-  int64_t group_bytes = 0;
-  if (w.dtype == DType::kQ4_K) {
-    repack = &RepackQ4_KX16;
-    group_bytes = k / 256 * kQ4KX16UnitBytes;
-  } else if (w.dtype == DType::kQ5_K) {
-    repack = &RepackQ5_KX16;
-    group_bytes = k / 256 * kQ5KX16UnitBytes;
-  } else if (w.dtype == DType::kQ6_K) {
-    repack = &RepackQ6_KX16;
-    group_bytes = k / 256 * kQ6KX16UnitBytes;
-  } else if (w.dtype == DType::kQ8_0 && k % kQ8_0X16UnitElems == 0) {
-    repack = &RepackQ8_0X16;
-    group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
+  // The copy's repack function, rows per group and the bytes of one row group, where the table
+  // has a kernel for it and the shape fits: the quantized types' interleaved layouts, and BF16's
+  // panels where every BF16 Gemm of the weight can run on them (UsesDpBf16Panels).
+  std::function<void(int64_t, int64_t, void*)> repack;
+  int64_t group_bytes = 0, group_rows = kQ4KX16Rows;
+  const char* layout = "interleaved";
+  if (w.dtype == DType::kBF16) {
+    if (!UsesDpBf16Panels(m)) return w;
+    repack = [&](int64_t b, int64_t e, void* dst) {
+      kernels_.repack_dpbf16(w.as<bf16_t>(), k, b, e, dst);
+    };
+    group_bytes = DpBf16PanelGroupBytes(k);
+    group_rows = kDpBf16PanelRows;
+    layout = "vdpbf16ps panel";
+  } else {
+    if (InterleavedKernel(w.dtype) == nullptr) return w;
+    void (*fn)(const void*, int64_t, int64_t, int64_t, void*) = nullptr;
+    if (w.dtype == DType::kQ4_K) {
+      fn = &RepackQ4_KX16;
+      group_bytes = k / 256 * kQ4KX16UnitBytes;
+    } else if (w.dtype == DType::kQ5_K) {
+      fn = &RepackQ5_KX16;
+      group_bytes = k / 256 * kQ5KX16UnitBytes;
+    } else if (w.dtype == DType::kQ6_K) {
+      fn = &RepackQ6_KX16;
+      group_bytes = k / 256 * kQ6KX16UnitBytes;
+    } else if (w.dtype == DType::kQ8_0 && k % kQ8_0X16UnitElems == 0) {
+      fn = &RepackQ8_0X16;
+      group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
+    }
+    if (fn == nullptr) return w;
+    repack = [&, fn](int64_t b, int64_t e, void* dst) { fn(w.data, k, b, e, dst); };
   }
-  if (repack == nullptr) return w;
-  const size_t bytes = (w.bytes() + kAlignment - 1) / kAlignment * kAlignment;
+  const int64_t groups = m / group_rows;
+  const size_t copy_bytes = static_cast<size_t>(groups) * static_cast<size_t>(group_bytes);
+  const size_t bytes = (copy_bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (prepared_chunks_.empty() || prepared_used_ + bytes > prepared_chunks_.back().bytes()) {
     absl::StatusOr<DeviceBuffer> chunk = Allocate(std::max(kPreparedChunkBytes, bytes));
     if (!chunk.ok()) {
       return absl::Status(chunk.status().code(),
                           absl::StrCat(std::string(DTypeName(w.dtype)), " weight ", w.ShapeString(),
-                                       " in the interleaved layout: ", chunk.status().message()));
+                                       " in the ", layout, " layout: ", chunk.status().message()));
     }
     prepared_chunks_.push_back(*std::move(chunk));
     prepared_used_ = 0;
   }
   char* dst = static_cast<char*>(prepared_chunks_.back().data()) + prepared_used_;
   prepared_used_ += bytes;
-  pool_.ParallelFor(0, m / kQ4KX16Rows, 1, [&](int64_t begin, int64_t end) {
-    repack(w.data, k, begin, end, dst);
-  });
-  prepared_.emplace(dst, PreparedWeight{w.bytes(), group_bytes, w.dtype});
+  pool_.ParallelFor(0, groups, 1, [&](int64_t begin, int64_t end) { repack(begin, end, dst); });
+  prepared_.emplace(dst, PreparedWeight{copy_bytes, group_bytes, group_rows, w.dtype});
   return TensorView(dst, w.dtype, {m, k}, Device::kCpu);
 }
 
@@ -216,10 +230,12 @@ bool CpuBackend::IsPrepared(const TensorView& w) const {
   if (p >= it->first + it->second.bytes) return false;
   const int64_t offset = p - it->first;
   MODSERVE_CHECK(w.dtype == it->second.dtype && w.ndim == 2 &&
-                 offset % it->second.group_bytes == 0 && w.dim(0) % kQ4KX16Rows == 0 &&
-                 static_cast<size_t>(offset) + w.bytes() <= it->second.bytes)
+                 offset % it->second.group_bytes == 0 && w.dim(0) % it->second.group_rows == 0 &&
+                 static_cast<size_t>(offset) + w.dim(0) / it->second.group_rows *
+                                                   static_cast<size_t>(it->second.group_bytes) <=
+                     it->second.bytes)
       << "a view " << w.ShapeString() << " " << DTypeName(w.dtype) << " at byte " << offset
-      << " of an interleaved " << DTypeName(it->second.dtype)
+      << " of a prepared " << DTypeName(it->second.dtype)
       << " weight is not whole row groups of it";
   return true;
 }
@@ -459,6 +475,10 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
                                   static_cast<const bf16_t*>(g.w), g.bias, g.out, g.m, row_begin,
                                   row_end, ThreadScratch(kAmxScratchFloats), amx_terms_);
   }
+  if (g.panels) {
+    return kernels_.gemm_dpbf16_panels(amx_x_.get(), k, x_begin, x_end, g.w, g.bias, g.out, g.m,
+                                       row_begin, row_end, amx_terms_);
+  }
   if (g.dpbf16) {
     return kernels_.gemm_dpbf16(amx_x_.get(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
                                 g.bias, g.out, g.m, row_begin, row_end, amx_terms_);
@@ -605,6 +625,8 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   gemm_members_.clear();
   bool any_amx = false, any_dpbf16 = false, any_small_bf16 = false;
   int64_t small_rows = 0, large_tiles = 0, bias_used = 0;
+  // Rows of the decode pass's units: whole groups of every prepared copy in it.
+  int64_t unit_rows = kGemmRowGrain;
   const int64_t row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   for (const GemmOperand& g : group) {
     GemmMember mem;
@@ -632,23 +654,27 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.large = n > kQuantSmallNMax;
     } else {
       mem.large = n > SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;
+      // A BF16 panel copy (only at kMedium on gemm_dpbf16, PrepareGemmWeight) takes its kernel at
+      // every row count.
+      mem.panels = prepared && mem.dtype == DType::kBF16;
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
       // KernelTable::gemm_dpbf16 says why only at kMedium.
-      mem.dpbf16 = mem.large && mem.dtype == DType::kBF16 && UsesDpBf16();
+      mem.dpbf16 = mem.large && mem.dtype == DType::kBF16 && UsesDpBf16() && !mem.panels;
       any_amx = any_amx || mem.amx;
-      any_dpbf16 = any_dpbf16 || mem.dpbf16;
+      any_dpbf16 = any_dpbf16 || mem.dpbf16 || mem.panels;
     }
-    any_small_bf16 = any_small_bf16 || (!mem.large && mem.dtype == DType::kBF16);
+    any_small_bf16 = any_small_bf16 || (!mem.large && mem.dtype == DType::kBF16 && !mem.panels);
     if (mem.large) {
       mem.first = large_tiles;
       mem.col_block = mem.amx ? kAmxColBlock : kGemmColBlock;
       large_tiles += (mem.m + mem.col_block - 1) / mem.col_block * row_blocks;
     } else {
       // A prepared weight's rows are split in whole groups: it starts on a group boundary of
-      // the pass, which is split at multiples of kQ4KX16Rows below.
-      mem.first = prepared ? (small_rows + kQ4KX16Rows - 1) / kQ4KX16Rows * kQ4KX16Rows
-                           : small_rows;
+      // the pass, which is split at multiples of unit_rows below.
+      const int64_t group = mem.panels ? kDpBf16PanelRows : kQ4KX16Rows;
+      mem.first = prepared ? (small_rows + group - 1) / group * group : small_rows;
       small_rows = mem.first + mem.m;
+      if (prepared) unit_rows = std::max(unit_rows, group);
     }
     gemm_members_.push_back(mem);
   }
@@ -682,10 +708,10 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
         [&](int64_t b, int64_t e) { kernels_.pack_x_dpbf16(xp, k, b, e, packed, amx_terms_); });
   }
   if (small_rows > 0) {
-    static_assert(kGemmRowGrain % kQ4KX16Rows == 0);
-    constexpr int64_t kUnit = kGemmRowGrain;
-    pool_.ParallelFor(0, (small_rows + kUnit - 1) / kUnit, 1, [&](int64_t ub, int64_t ue) {
-      const int64_t b = ub * kUnit, e = std::min(small_rows, ue * kUnit);
+    static_assert(kGemmRowGrain % kQ4KX16Rows == 0 && kDpBf16PanelRows % kGemmRowGrain == 0);
+    const int64_t unit = unit_rows;
+    pool_.ParallelFor(0, (small_rows + unit - 1) / unit, 1, [&](int64_t ub, int64_t ue) {
+      const int64_t b = ub * unit, e = std::min(small_rows, ue * unit);
       for (const GemmMember& g : gemm_members_) {
         if (g.large) continue;
         const int64_t lo = std::max(b, g.first), hi = std::min(e, g.first + g.m);

@@ -130,6 +130,13 @@ class CpuBackend final : public Backend {
   bool UsesDpBf16() const {
     return kernels_.gemm_amx_bf16 == nullptr && kernels_.gemm_dpbf16 != nullptr && amx_terms_ == 1;
   }
+  // Whether PrepareGemmWeight keeps a BF16 weight of m rows in the DpBf16 panel layout, so that
+  // its Gemms of every row count run on gemm_dpbf16_panels: with UsesDpBf16() and m a multiple
+  // of kDpBf16PanelRows.
+  bool UsesDpBf16Panels(int64_t m) const {
+    return UsesDpBf16() && kernels_.gemm_dpbf16_panels != nullptr &&
+           kernels_.repack_dpbf16 != nullptr && m % kDpBf16PanelRows == 0;
+  }
   // The decode kernels' range for float weights of `dtype`: the table's (KernelTable::SmallNMax),
   // or kDpBf16SmallNMax for BF16 on gemm_dpbf16.
   int64_t SmallNMax(DType dtype) const {
@@ -148,6 +155,8 @@ class CpuBackend final : public Backend {
     bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
     bool amx = false;                   // large BF16 on the matrix unit (x from amx_x_)
     bool dpbf16 = false;                // large BF16 on vdpbf16ps (x from amx_x_, DpBf16 layout)
+    bool panels = false;  // BF16 in a PrepareGemmWeight copy: gemm_dpbf16_panels, every n (x as
+                          // for dpbf16; rows in groups of kDpBf16PanelRows)
     int64_t first = 0;  // its first weight row (decode) or tile (prefill) in the group's pass
     int64_t col_block = 0;  // weight rows per prefill tile
   };
@@ -195,6 +204,7 @@ class CpuBackend final : public Backend {
   struct PreparedWeight {
     size_t bytes = 0;
     int64_t group_bytes = 0;
+    int64_t group_rows = kQ4KX16Rows;
     DType dtype = DType::kQ4_K;
   };
   std::map<const char*, PreparedWeight> prepared_;

@@ -154,6 +154,8 @@ const KernelTable& Avx512KernelTable() {
     if (CpuHasAvx512Bf16()) {
       t.pack_x_dpbf16 = &internal::DpBf16PackX;
       t.gemm_dpbf16 = &internal::DpBf16Gemm;
+      t.repack_dpbf16 = &internal::DpBf16RepackW;
+      t.gemm_dpbf16_panels = &internal::DpBf16PanelGemm;
     }
     return t;
   }();

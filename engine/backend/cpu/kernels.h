@@ -178,6 +178,16 @@ struct KernelTable {
   void (*gemm_dpbf16)(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                       const bf16_t* w, const float* bias, float* out, int64_t ldo,
                       int64_t row_begin, int64_t row_end, int terms);
+  // The same Gemm from w prepared once in the DpBf16 panel layout (below): repack_dpbf16 writes
+  // row groups [group_begin, group_end) of the [m, k] BF16 matrix w (m a multiple of
+  // kDpBf16PanelRows) into the whole copy at dst; gemm_dpbf16_panels takes row_begin and row_end
+  // at multiples of kDpBf16PanelRows and gives gemm_dpbf16's bits for every x row, at every row
+  // count (its micro-kernel steps, without the per-call packing). Set beside gemm_dpbf16.
+  void (*repack_dpbf16)(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group_end,
+                        void* dst);
+  void (*gemm_dpbf16_panels)(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                             const void* w, const float* bias, float* out, int64_t ldo,
+                             int64_t row_begin, int64_t row_end, int terms);
   // The decode kernels' range for float weights of `dtype`: float_small_n_max, or
   // kAmxSmallNMax for BF16 where the tiles take the rest.
   int64_t SmallNMax(DType dtype) const;
@@ -294,6 +304,11 @@ void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, 
 void DpBf16Gemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                 int terms);
+// KernelTable::repack_dpbf16 and gemm_dpbf16_panels.
+void DpBf16RepackW(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
+void DpBf16PanelGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
+                     const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                     int terms);
 #endif
 // Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
 extern const KernelTable kScalarKernelTable;
@@ -321,6 +336,17 @@ constexpr size_t DpBf16PackedXBytes(int64_t n, int64_t k, int terms) {
   return static_cast<size_t>(n) * static_cast<size_t>(terms) *
          static_cast<size_t>(DpBf16PackedK(k)) * 2;
 }
+
+// The DpBf16 panel layout of a BF16 weight (KernelTable::repack_dpbf16; CpuBackend's
+// PrepareGemmWeight copies at MatmulPrecision kMedium on gemm_dpbf16): rows in groups of
+// kDpBf16PanelRows, group g at g * DpBf16PanelGroupBytes(k); within a group, k slice c of
+// kDpBf16PanelK elements (the last may be shorter) at c * kDpBf16PanelK * 64 bytes, as 32-bit words
+// [q][j] (q < the slice's pairs, j < 32) = w[j, e], w[j, e + 1] with e = c * kDpBf16PanelK + 2 q
+// (bf16, low half first; zero past k). So one 64-byte line holds one k pair of 16 rows, as
+// vdpbf16ps takes them, and a group's panels are one ascending stream.
+inline constexpr int64_t kDpBf16PanelRows = 32;
+inline constexpr int64_t kDpBf16PanelK = 512;
+constexpr int64_t DpBf16PanelGroupBytes(int64_t k) { return kDpBf16PanelRows * 4 * ((k + 1) / 2); }
 
 // Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, up to three bf16 terms per element)
 // and scratch (a 256 x 128 f32 staging block and 64 KiB of packed w).

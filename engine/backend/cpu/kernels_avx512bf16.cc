@@ -57,8 +57,8 @@ void PackXTerms(const float* x, int64_t k, int64_t row_begin, int64_t row_end, u
 // = the pair w[j, 2q], w[j, 2q + 1] of row j, zero past the block's rows or the slice's k. 32 KiB:
 // it stays in L1 while kMr x rows stream past it. A block's kNcPanels panels (128 KiB) sit in L2
 // and serve every x row of the call.
-constexpr int64_t kNr = 32;
-constexpr int64_t kKc = 512;
+constexpr int64_t kNr = kDpBf16PanelRows;
+constexpr int64_t kKc = kDpBf16PanelK;
 constexpr int64_t kNcPanels = 4;
 
 // Panels of weight rows [0, nc) of w (row stride ldw elements) over k elements [0, kc). Whole
@@ -91,25 +91,30 @@ void PackPanels(const bf16_t* w, int64_t ldw, int64_t nc, int64_t kc, uint32_t* 
 }
 
 // ---- the micro-kernel -----------------------------------------------------------------------
-// c[r, 0..nr) (+)= sum over the slice of x[r] . w for r < mr: a[r] points at row r's term 0 at the
-// slice's first pair (term t kp elements further on; rows past mr repeat a valid row, their
-// results dropped). On the first slice c starts from the bias (or zero) instead of being read.
+// c[r, 0..nr) (+)= sum over the slice of x[r] . w for r < kMr: a[r] points at row r's term 0 at
+// the slice's first pair (term t kp elements further on). On the first slice c starts from the
+// bias (or zero) instead of being read. Each row's sums take the same operations whatever kMr,
+// so a row gets the same bits in a tile of any height.
 constexpr int kMr = 8;
 // Lines of each next-block row that GemmTerms has the micro-kernel prefetch: a kKc slice's.
 constexpr int64_t kPrefetchLines = kKc * 2 / 64;
 
-template <int kTerms>
+// The first pf_steps steps prefetch kPfPerStep lines each: line L at pf + L / kPrefetchLines *
+// pf_stride + L % kPrefetchLines * 64 (rows of a block in w's layout, or with pf_stride one row's
+// lines, a contiguous run).
+template <int kTerms, int kMrT, int kPfPerStep>
 void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, float* c,
-                 int64_t ldc, int mr, int nr, bool first, const float* bias, const char* pf,
+                 int64_t ldc, int nr, bool first, const float* bias, const char* pf,
                  int64_t pf_stride, int64_t pf_steps) {
-  __m512 acc[kMr][2];
+  constexpr int mr = kMrT;
+  __m512 acc[kMrT][2];
 #pragma GCC unroll 16
-  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int r = 0; r < kMrT; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   auto step = [&](int64_t q) __attribute__((always_inline)) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
 #pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) {
+    for (int r = 0; r < kMrT; ++r) {
 #pragma GCC unroll 3
       for (int t = 0; t < kTerms; ++t) {
         uint32_t pair;
@@ -123,7 +128,11 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
   // The first pf_steps steps prefetch a line each (GemmTerms); a branch in one loop made GCC
   // keep the accumulators in memory, hence two loops.
   for (int64_t q = 0; q < pf_steps; ++q) {
-    __builtin_prefetch(pf + q / kPrefetchLines * pf_stride + q % kPrefetchLines * 64, 0, 2);
+#pragma GCC unroll 2
+    for (int l = 0; l < kPfPerStep; ++l) {
+      const int64_t line = q * kPfPerStep + l;
+      __builtin_prefetch(pf + line / kPrefetchLines * pf_stride + line % kPrefetchLines * 64, 0, 2);
+    }
     step(q);
   }
   for (int64_t q = pf_steps; q < pairs; ++q) step(q);
@@ -155,6 +164,16 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
   }
 }
 
+using MicroKernelFn = void (*)(const uint16_t* const*, int64_t, const uint32_t*, int64_t, float*,
+                               int64_t, int, bool, const float*, const char*, int64_t, int64_t);
+// MicroKernel by tile height: [mr - 1] for mr = 1 .. kMr.
+template <int kTerms, int kPfPerStep>
+inline constexpr MicroKernelFn kMicroKernels[kMr] = {
+    &MicroKernel<kTerms, 1, kPfPerStep>, &MicroKernel<kTerms, 2, kPfPerStep>,
+    &MicroKernel<kTerms, 3, kPfPerStep>, &MicroKernel<kTerms, 4, kPfPerStep>,
+    &MicroKernel<kTerms, 5, kPfPerStep>, &MicroKernel<kTerms, 6, kPfPerStep>,
+    &MicroKernel<kTerms, 7, kPfPerStep>, &MicroKernel<kTerms, 8, kPfPerStep>};
+
 template <int kTerms>
 void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
                const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end) {
@@ -184,9 +203,7 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
       for (int64_t i0 = x_begin; i0 < x_end; i0 += kMr) {
         const int mr = static_cast<int>(Min64(kMr, x_end - i0));
         const uint16_t* a[kMr];
-        for (int r = 0; r < kMr; ++r) {
-          a[r] = packed_x + (i0 + (r < mr ? r : mr - 1)) * kTerms * kp + k0;
-        }
+        for (int r = 0; r < mr; ++r) a[r] = packed_x + (i0 + r) * kTerms * kp + k0;
         for (int64_t p = 0; p < panels; ++p) {
           const int nr = static_cast<int>(Min64(kNr, nc - p * kNr));
           // Whole rows (past a shorter slice the lines belong to the row's next one or the
@@ -195,9 +212,76 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
           const char* pf = next != nullptr ? next + next_row * k * 2 : nullptr;
           const int64_t pf_steps = rows_here * kPrefetchLines;
           next_row += rows_here;
-          MicroKernel<kTerms>(a, kp, packed + p * pairs * kNr, pairs, out + i0 * ldo + jb + p * kNr,
-                              ldo, mr, nr, k0 == 0, bias != nullptr ? bias + jb + p * kNr : nullptr,
-                              pf, k * 2, pf_steps);
+          kMicroKernels<kTerms, 1>[mr - 1](
+              a, kp, packed + p * pairs * kNr, pairs, out + i0 * ldo + jb + p * kNr, ldo, nr,
+              k0 == 0, bias != nullptr ? bias + jb + p * kNr : nullptr, pf, k * 2, pf_steps);
+        }
+      }
+    }
+  }
+}
+
+// ---- w prepared once: the DpBf16 panel layout (kernels.h) -------------------------------------
+// Group g's panels at g * kNr * pairs(k) words, slice k0's at k0 / 2 * kNr words into it.
+constexpr int64_t GroupWords(int64_t k) { return DpBf16PanelGroupBytes(k) / 4; }
+
+void RepackPanels(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group_end,
+                  uint32_t* dst) {
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+      PackPanels(w + g * kNr * k + k0, k, kNr, Min64(kKc, k - k0),
+                 dst + g * GroupWords(k) + k0 / 2 * kNr);
+    }
+  }
+}
+
+// GemmTerms over prepared panels: the same blocks of kNcPanels groups by a kKc slice, the same
+// micro-kernel steps (so the same bits), and no packing. Each panel's micro-kernel calls
+// prefetch the same panel of the next block into L2 (a panel's pairs * 128 bytes): the only x
+// tile two lines per step, or the first two tiles one line per step each, so that the lines go
+// out at the pace of the compute instead of in one burst.
+template <int kTerms>
+void GemmPanelTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
+                    const uint32_t* w, const float* bias, float* out, int64_t ldo,
+                    int64_t row_begin, int64_t row_end) {
+  const int64_t kp = DpBf16PackedK(k);
+  const int64_t group_words = GroupWords(k);
+  for (int64_t jb = row_begin; jb < row_end; jb += kNr * kNcPanels) {
+    const int64_t panels = Min64(kNcPanels, (row_end - jb) / kNr);
+    const uint32_t* block = w + jb / kNr * group_words;
+    for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+      const int64_t pairs = (Min64(kKc, k - k0) + 1) / 2;
+      // The next block: this block's groups at the next slice, or the next groups' first.
+      const uint32_t* next = nullptr;
+      if (k0 + kKc < k) {
+        next = block + (k0 + kKc) / 2 * kNr;
+      } else if (jb + kNr * kNcPanels < row_end) {
+        next = block + kNcPanels * group_words;
+      }
+      const int64_t next_panels = next == nullptr ? 0
+                                  : k0 + kKc < k
+                                      ? panels
+                                      : Min64(kNcPanels, (row_end - jb) / kNr - kNcPanels);
+      for (int64_t i0 = x_begin; i0 < x_end; i0 += kMr) {
+        const int mr = static_cast<int>(Min64(kMr, x_end - i0));
+        const uint16_t* a[kMr];
+        for (int r = 0; r < mr; ++r) a[r] = packed_x + (i0 + r) * kTerms * kp + k0;
+        const int64_t tile = (i0 - x_begin) / kMr;
+        for (int64_t p = 0; p < panels; ++p) {
+          const uint32_t* b = block + p * group_words + k0 / 2 * kNr;
+          float* c = out + i0 * ldo + jb + p * kNr;
+          const float* bp = bias != nullptr ? bias + jb + p * kNr : nullptr;
+          const char* pf = p < next_panels && tile < 2
+                               ? reinterpret_cast<const char*>(next + p * group_words)
+                               : nullptr;
+          if (pf != nullptr && x_end - x_begin <= kMr) {
+            kMicroKernels<kTerms, 2>[mr - 1](a, kp, b, pairs, c, ldo, kNr, k0 == 0, bp, pf,
+                                             kPrefetchLines * 64, pairs);
+          } else {
+            kMicroKernels<kTerms, 1>[mr - 1](a, kp, b, pairs, c, ldo, kNr, k0 == 0, bp,
+                                             pf != nullptr ? pf + tile * pairs * 64 : nullptr,
+                                             kPrefetchLines * 64, pf != nullptr ? pairs : 0);
+          }
         }
       }
     }
@@ -207,6 +291,25 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
 }  // namespace
 
 namespace internal {
+void DpBf16RepackW(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
+  RepackPanels(w, k, group_begin, group_end, static_cast<uint32_t*>(dst));
+}
+
+void DpBf16PanelGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
+                     const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
+                     int terms) {
+  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
+  const uint32_t* pw = static_cast<const uint32_t*>(w);
+  switch (terms) {
+    case 1:
+      return GemmPanelTerms<1>(px, k, x_begin, x_end, pw, bias, out, ldo, row_begin, row_end);
+    case 2:
+      return GemmPanelTerms<2>(px, k, x_begin, x_end, pw, bias, out, ldo, row_begin, row_end);
+    default:
+      return GemmPanelTerms<3>(px, k, x_begin, x_end, pw, bias, out, ldo, row_begin, row_end);
+  }
+}
+
 void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
                  int terms) {
   uint16_t* p = static_cast<uint16_t*>(packed);

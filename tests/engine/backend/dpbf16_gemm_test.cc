@@ -5,6 +5,7 @@
 // only below kHighest and only for prefill-sized calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -200,6 +201,128 @@ TEST(DpBf16GemmTest, TheBackendTakesItAtMediumBeyondTheDecodeRange) {
       }
       EXPECT_EQ(testing::RandomBf16Gemm(*backend, kDpBf16SmallNMax),
                 testing::RandomBf16Gemm(**fma, kDpBf16SmallNMax));
+    }
+  }
+}
+
+// The panel copy (repack_dpbf16, written in two group ranges as the backend's threads write it)
+// and gemm_dpbf16_panels give gemm_dpbf16's bits from the same weights, at each term count, for
+// every tile height (1 to 8 rows, and tiles beside them), odd and sliced k, group ranges that do
+// not start at 0, with and without a bias; and each x row the bits of a one-row call.
+TEST(DpBf16GemmTest, ThePanelCopyGivesThePackingGemmsBitsAtEveryRowCount) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const KernelTable& t = KernelsFor(Isa::kAvx512);
+  ASSERT_NE(t.repack_dpbf16, nullptr);
+  ASSERT_NE(t.gemm_dpbf16_panels, nullptr);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  struct Shape {
+    int64_t m, k, row_begin, row_end;
+  };
+  const Shape shapes[] = {{32, 1, 0, 32},      {32, 2, 0, 32},     {64, 31, 0, 64},
+                          {96, 512, 32, 96},   {160, 513, 0, 160}, {288, 1100, 64, 288},
+                          {320, 1536, 0, 320}, {128, 2048, 0, 128}};
+  for (const Shape& sh : shapes) {
+    std::vector<bf16_t> w(sh.m * sh.k);
+    for (bf16_t& v : w) v = F32ToBf16(dist(rng));
+    std::vector<float> bias(sh.m);
+    for (float& v : bias) v = dist(rng);
+    const int64_t groups = sh.m / kDpBf16PanelRows;
+    std::vector<uint32_t> panels(groups * DpBf16PanelGroupBytes(sh.k) / 4, 0xdeadbeefu);
+    t.repack_dpbf16(w.data(), sh.k, 0, groups / 2, panels.data());
+    t.repack_dpbf16(w.data(), sh.k, groups / 2, groups, panels.data());
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 35}) {
+      std::vector<float> x(n * sh.k);
+      for (float& v : x) v = dist(rng);
+      for (int terms = 1; terms <= 3; ++terms) {
+        SCOPED_TRACE("m=" + std::to_string(sh.m) + " k=" + std::to_string(sh.k) + " rows [" +
+                     std::to_string(sh.row_begin) + ", " + std::to_string(sh.row_end) +
+                     ") n=" + std::to_string(n) + " terms " + std::to_string(terms));
+        const std::vector<uint16_t> packed = Pack(x, n, sh.k, terms);
+        const float* b = n % 2 == 0 ? bias.data() : nullptr;
+        std::vector<float> got(n * sh.m, -1.0f), want(n * sh.m, -1.0f);
+        t.gemm_dpbf16_panels(packed.data(), sh.k, 0, n, panels.data(), b, got.data(), sh.m,
+                             sh.row_begin, sh.row_end, terms);
+        t.gemm_dpbf16(packed.data(), sh.k, 0, n, w.data(), b, want.data(), sh.m, sh.row_begin,
+                      sh.row_end, terms);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+        // Row by row, each as its own one-row call (its terms at row 0 of a packing of its own).
+        for (int64_t i = 0; i < n; ++i) {
+          const std::vector<float> xi(x.begin() + i * sh.k, x.begin() + (i + 1) * sh.k);
+          const std::vector<uint16_t> pi = Pack(xi, 1, sh.k, terms);
+          std::vector<float> one(sh.m, -1.0f);
+          t.gemm_dpbf16_panels(pi.data(), sh.k, 0, 1, panels.data(), b, one.data(), sh.m,
+                               sh.row_begin, sh.row_end, terms);
+          ASSERT_EQ(std::memcmp(one.data(), got.data() + i * sh.m, sh.m * sizeof(float)), 0)
+              << "row " << i;
+        }
+      }
+    }
+  }
+}
+
+// At kMedium, PrepareGemmWeight keeps a BF16 weight of a multiple of kDpBf16PanelRows rows as
+// panels (and leaves other row counts, and kHighest, alone); Gemms from the copy give the
+// unprepared backend's bits beyond kDpBf16SmallNMax rows, stay within one term's bound below it,
+// and give every row a one-row call's bits; a view of whole groups of the copy is a Gemm weight
+// too.
+TEST(DpBf16GemmTest, TheBackendKeepsBf16WeightsAsPanelsAtMedium) {
+  SKIP_WITHOUT_AVX512_BF16();
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx512Vnni}) {
+    if (!CpuHasIsa(isa)) continue;
+    SCOPED_TRACE(std::string(IsaName(isa)));
+    auto medium = Backend(isa, MatmulPrecision::kMedium);
+    auto highest = Backend(isa, MatmulPrecision::kHighest);
+    ASSERT_TRUE(medium != nullptr && highest != nullptr);
+    std::mt19937 rng(23);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const int64_t k = 600, m = 160;
+    std::vector<bf16_t> w(m * k), w48(48 * k);
+    for (bf16_t& v : w) v = F32ToBf16(dist(rng));
+    for (bf16_t& v : w48) v = F32ToBf16(dist(rng));
+    const TensorView wv(w.data(), DType::kBF16, {m, k});
+    absl::StatusOr<TensorView> prepared = medium->PrepareGemmWeight(wv);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    EXPECT_NE(prepared->data, wv.data) << "not copied";
+    absl::StatusOr<TensorView> again = medium->PrepareGemmWeight(*prepared);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->data, prepared->data) << "a copy copied again";
+    const TensorView w48v(w48.data(), DType::kBF16, {48, k});
+    EXPECT_EQ(medium->PrepareGemmWeight(w48v)->data, w48v.data) << "48 rows are not whole groups";
+    EXPECT_EQ(highest->PrepareGemmWeight(wv)->data, wv.data) << "copied at highest";
+    std::vector<float> wf(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToF32(w[i]);
+    auto gemm = [&](const TensorView& weight, const std::vector<float>& x, int64_t n,
+                    int64_t rows) {
+      std::vector<float> out(n * rows, 0.0f);
+      medium->Gemm(TensorView(const_cast<float*>(x.data()), DType::kF32, {n, k}), weight,
+                   TensorView(), TensorView(out.data(), DType::kF32, {n, rows}));
+      return out;
+    };
+    for (int64_t n : {int64_t{1}, int64_t{3}, kDpBf16SmallNMax, kDpBf16SmallNMax + 1, int64_t{40},
+                      int64_t{300}}) {
+      SCOPED_TRACE("rows " + std::to_string(n));
+      std::vector<float> x(n * k);
+      for (float& v : x) v = dist(rng);
+      const std::vector<float> got = gemm(*prepared, x, n, m);
+      if (n > kDpBf16SmallNMax) {
+        EXPECT_EQ(got, gemm(wv, x, n, m)) << "not the packing Gemm's bits";
+      }
+      testing::ExpectWithinTermsBound({n, k, m, 0, n, 0, m, false}, 1, x, wf, {}, got, 0.0f);
+      for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 5)) {
+        const std::vector<float> xi(x.begin() + i * k, x.begin() + (i + 1) * k);
+        const std::vector<float> one = gemm(*prepared, xi, 1, m);
+        ASSERT_TRUE(std::equal(one.begin(), one.end(), got.begin() + i * m)) << "row " << i;
+      }
+      // Groups 1 and 2 of the copy as a weight of their own: rows 32..95 of the whole's output.
+      const TensorView part(static_cast<char*>(prepared->data) + DpBf16PanelGroupBytes(k),
+                            DType::kBF16, {64, k}, Device::kCpu);
+      const std::vector<float> sub = gemm(part, x, n, 64);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(
+            std::equal(sub.begin() + i * 64, sub.begin() + (i + 1) * 64, got.begin() + i * m + 32))
+            << "row " << i;
+      }
     }
   }
 }
