@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/cpu/kernels.h"
 #include "engine/engine.h"
 #include "engine/sampler/speculative_sampling.h"
 #include "gtest/gtest.h"
@@ -239,6 +240,44 @@ TEST(SpeculativeDecodingTest, BatchedVerificationStaysWithinTheBackendsRowInvari
     }
   }
   EXPECT_EQ(engine->kv_stats().num_free_pages, engine->kv_stats().num_pages);
+}
+
+// At --matmul_precision medium on a CPU with AVX512_BF16 and no AMX, models/demo's BF16 matrices
+// (every row count a multiple of 32) run from vdpbf16ps panels, one kernel for every row count,
+// so the engine's row-invariant range is no longer capped at 8 rows; a batch of eight drafting
+// sequences then verifies 8 (1 + 8) rows in one pass (past every float kernel crossover) and must
+// give plain batched decoding's output at that precision exactly. Elsewhere the range caps the
+// pass, as it should.
+TEST(SpeculativeDecodingTest, AtMediumPrecisionBatchedVerificationGivesPlainDecodingsOutput) {
+  EngineOptions eo;
+  eo.model_dir = kDemo;
+  eo.num_threads = 2;
+  eo.kv_cache_bytes = 16 << 20;
+  eo.matmul_precision = backend::MatmulPrecision::kMedium;
+  auto created = Engine::Create(eo);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& engine = **created;
+  const bool panels =
+      backend::cpu::CpuHasAvx512Bf16() && backend::cpu::BestIsa() != backend::cpu::Isa::kAmx;
+  if (panels) {
+    EXPECT_EQ(engine.max_row_invariant_rows(), eo.max_batch_tokens);
+  }
+  const int64_t vocab = engine.config().vocab_size;
+  std::vector<Request> plain;
+  for (int32_t i = 0; i < 8; ++i) plain.push_back(Greedy(Prompt(11 + 3 * i, i, vocab), 28));
+  auto want = engine.Generate(plain);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::vector<Request> spec = plain;
+  for (Request& r : spec) {
+    r.speculative_tokens = 8;
+    r.speculative_threshold = 0.9;
+  }
+  auto got = engine.Generate(spec);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ExpectSameOutput((*got)[i], (*want)[i], "request " + std::to_string(i));
+  }
+  EXPECT_EQ(engine.kv_stats().num_free_pages, engine.kv_stats().num_pages);
 }
 
 TEST(SpeculativeDecodingTest, PreemptedSpeculativeSequenceResumesWithTheSameOutput) {

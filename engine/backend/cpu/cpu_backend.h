@@ -50,13 +50,15 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   // Float weights: the decode kernels' range, up to the ISA's measured crossover for the dtype
   // (KernelTable::SmallNMax; the prefill kernels beyond it sum in another order), except weights
-  // of at most
-  // kGemmSkinnyRows rows, which take the decode kernels at every row count. Quantized weights:
-  // every row count, since their prefill kernels make each block's f32 update in the decode
-  // kernels' order (quant_kernels_avx2_impl.h; the scalar table has one kernel). Elementwise
-  // ops, attention and the activation quantizer work row by row.
+  // of at most kGemmSkinnyRows rows, which take the decode kernels at every row count, and BF16
+  // weights that PrepareGemmWeight keeps as vdpbf16ps panels (UsesDpBf16Panels: one kernel for
+  // every row count; for such a weight as PrepareGemmWeight returned it, as the engine runs it).
+  // Quantized weights: every row count, since their prefill kernels make each block's f32 update
+  // in the decode kernels' order (quant_kernels_avx2_impl.h; the scalar table has one kernel).
+  // Elementwise ops, attention and the activation quantizer work row by row.
   int64_t MaxRowInvariantRows(DType weight_dtype, int64_t weight_rows) const override {
-    return DTypeIsQuantized(weight_dtype) || weight_rows <= kGemmSkinnyRows
+    return DTypeIsQuantized(weight_dtype) || weight_rows <= kGemmSkinnyRows ||
+                   (weight_dtype == DType::kBF16 && UsesDpBf16Panels(weight_rows))
                ? std::numeric_limits<int64_t>::max()
                : SmallNMax(weight_dtype);
   }
