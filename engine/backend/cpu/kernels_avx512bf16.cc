@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/backend/cpu/kernels.h"
 
@@ -288,6 +289,19 @@ void GemmPanelTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_
   }
 }
 
+// f(std::integral_constant<int, T>()) for T = terms: 1, 2, or 3 for any other count.
+template <typename F>
+void ByTerms(int terms, F&& f) {
+  switch (terms) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    default:
+      return f(std::integral_constant<int, 3>());
+  }
+}
+
 }  // namespace
 
 namespace internal {
@@ -298,43 +312,27 @@ void DpBf16RepackW(const bf16_t* w, int64_t k, int64_t group_begin, int64_t grou
 void DpBf16PanelGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
                      const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                      int terms) {
-  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
-  const uint32_t* pw = static_cast<const uint32_t*>(w);
-  switch (terms) {
-    case 1:
-      return GemmPanelTerms<1>(px, k, x_begin, x_end, pw, bias, out, ldo, row_begin, row_end);
-    case 2:
-      return GemmPanelTerms<2>(px, k, x_begin, x_end, pw, bias, out, ldo, row_begin, row_end);
-    default:
-      return GemmPanelTerms<3>(px, k, x_begin, x_end, pw, bias, out, ldo, row_begin, row_end);
-  }
+  ByTerms(terms, [&](auto t) {
+    GemmPanelTerms<decltype(t)::value>(static_cast<const uint16_t*>(packed_x), k, x_begin, x_end,
+                                       static_cast<const uint32_t*>(w), bias, out, ldo, row_begin,
+                                       row_end);
+  });
 }
 
 void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,
                  int terms) {
-  uint16_t* p = static_cast<uint16_t*>(packed);
-  switch (terms) {
-    case 1:
-      return PackXTerms<1>(x, k, row_begin, row_end, p);
-    case 2:
-      return PackXTerms<2>(x, k, row_begin, row_end, p);
-    default:
-      return PackXTerms<3>(x, k, row_begin, row_end, p);
-  }
+  ByTerms(terms, [&](auto t) {
+    PackXTerms<decltype(t)::value>(x, k, row_begin, row_end, static_cast<uint16_t*>(packed));
+  });
 }
 
 void DpBf16Gemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
                 const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                 int terms) {
-  const uint16_t* px = static_cast<const uint16_t*>(packed_x);
-  switch (terms) {
-    case 1:
-      return GemmTerms<1>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
-    case 2:
-      return GemmTerms<2>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
-    default:
-      return GemmTerms<3>(px, k, x_begin, x_end, w, bias, out, ldo, row_begin, row_end);
-  }
+  ByTerms(terms, [&](auto t) {
+    GemmTerms<decltype(t)::value>(static_cast<const uint16_t*>(packed_x), k, x_begin, x_end, w,
+                                  bias, out, ldo, row_begin, row_end);
+  });
 }
 }  // namespace internal
 
