@@ -101,8 +101,8 @@ constexpr int kMr = 8;
 constexpr int64_t kPrefetchLines = kKc * 2 / 64;
 
 // The first pf_steps steps prefetch kPfPerStep lines each: line L at pf + L / kPrefetchLines *
-// pf_stride + L % kPrefetchLines * 64 (rows of a block in w's layout, or with pf_stride one row's
-// lines, a contiguous run).
+// pf_stride + L % kPrefetchLines * 64 (GemmTerms: rows of the next block in w's layout, pf_stride
+// a row's bytes; GemmPanelTerms: pf_stride kPrefetchLines * 64, so one contiguous run).
 template <int kTerms, int kMrT, int kPfPerStep>
 void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, float* c,
                  int64_t ldc, int nr, bool first, const float* bias, const char* pf,
