@@ -29,6 +29,8 @@
 #
 #   tests/bench/llamacpp/compare.sh [SDIST]
 #   SHAPES="110m tinyllama" WTYPES="bf16 f16 q8_0" THREADS=2 CTX=128 TG=64 PP=512 REPS=3
+#   MATMUL_PRECISION=highest (modserve-bench's --matmul_precision: medium rounds x to bf16 for BF16
+#   weights, the arithmetic of llama.cpp's BF16 matmul)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../../.." && pwd)"
@@ -44,6 +46,7 @@ CTX="${CTX:-128}"
 TG="${TG:-64}"
 PP="${PP:-512}"
 REPS="${REPS:-3}"
+MATMUL_PRECISION="${MATMUL_PRECISION:-highest}"
 JOBS="${JOBS:-2}"
 GGUF_ROWS="${GGUF_ROWS-smollm2 tinyllama:q8_0 tinyllama:q4_k}"
 SMOLLM2="${SMOLLM2:-$REPO/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -95,6 +98,7 @@ for shape in $SHAPES; do
   "$MODSERVE_BIN_DIR/modserve-bench" --workdir "$WORKDIR" --shapes "$shape" --batches 1 \
     --contexts "$CTX" --steps "$TG" --threads "$THREADS" --kv_dtype f16 \
     --prefill_tokens "$PP" --prefill_reps "$REPS" --variants dense,mod \
+    --matmul_precision "$MATMUL_PRECISION" \
     | tee "$OUT/modserve-$shape.txt" >&2
   python3 - "$OUT/modserve-$shape.txt" "$shape" "$CTX" >> "$RESULTS" <<'EOF'
 import re, sys
@@ -202,7 +206,8 @@ for row in $GGUF_ROWS; do
   log "modserve-bench --model $(basename "$gguf")"
   "$MODSERVE_BIN_DIR/modserve-bench" --model "$gguf" --batches 1 --contexts "$CTX" \
     --steps "$TG" --threads "$THREADS" --kv_dtype f16 --prefill_tokens "$PP" \
-    --prefill_reps "$REPS" | tee "$OUT/modserve-$shape-$wt.txt" >&2
+    --prefill_reps "$REPS" --matmul_precision "$MATMUL_PRECISION" \
+    | tee "$OUT/modserve-$shape-$wt.txt" >&2
   python3 - "$OUT/modserve-$shape-$wt.txt" "$shape" "$wt" "$CTX" >> "$RESULTS" <<'EOF2'
 import re, sys
 text, shape, wt, ctx = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3], sys.argv[4]
