@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/cpu/cpu_backend.h"
 #include "engine/backend/cpu/kernels.h"
 #include "engine/engine.h"
 #include "engine/sampler/speculative_sampling.h"
@@ -258,12 +258,11 @@ TEST(SpeculativeDecodingTest, AtMediumPrecisionBatchedVerificationGivesPlainDeco
   auto created = Engine::Create(eo);
   ASSERT_TRUE(created.ok()) << created.status();
   Engine& engine = **created;
-  // The table the engine's backend runs: the best, or MODSERVE_CPU_ISA's (the narrower-ISA runs).
-  backend::cpu::Isa isa = backend::cpu::BestIsa();
-  if (const char* env = std::getenv("MODSERVE_CPU_ISA"); env != nullptr && env[0] != '\0') {
-    isa = backend::cpu::IsaFromName(env).value_or(isa);
-  }
-  const backend::cpu::KernelTable& table = backend::cpu::KernelsFor(isa);
+  // The table the engine's backend runs (the best, or MODSERVE_CPU_ISA's in the narrower-ISA
+  // runs): a CPU backend created as the engine creates one picks it.
+  auto probe = backend::cpu::CpuBackend::Create({.num_threads = 1});
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const backend::cpu::KernelTable& table = backend::cpu::KernelsFor((*probe)->isa());
   const bool panels = table.gemm_dpbf16_panels != nullptr && table.gemm_amx_bf16 == nullptr;
   if (panels) {
     EXPECT_EQ(engine.max_row_invariant_rows(), eo.max_batch_tokens);

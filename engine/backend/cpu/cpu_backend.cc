@@ -709,9 +709,8 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   }
   if (small_rows > 0) {
     static_assert(kGemmRowGrain % kQ4KX16Rows == 0 && kDpBf16PanelRows % kGemmRowGrain == 0);
-    const int64_t unit = unit_rows;
-    pool_.ParallelFor(0, (small_rows + unit - 1) / unit, 1, [&](int64_t ub, int64_t ue) {
-      const int64_t b = ub * unit, e = std::min(small_rows, ue * unit);
+    pool_.ParallelFor(0, (small_rows + unit_rows - 1) / unit_rows, 1, [&](int64_t ub, int64_t ue) {
+      const int64_t b = ub * unit_rows, e = std::min(small_rows, ue * unit_rows);
       for (const GemmMember& g : gemm_members_) {
         if (g.large) continue;
         const int64_t lo = std::max(b, g.first), hi = std::min(e, g.first + g.m);
