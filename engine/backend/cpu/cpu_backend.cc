@@ -171,18 +171,18 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   const int64_t m = w.dim(0), k = w.dim(1);
   // The copy's repack function, rows per group and the bytes of one row group, where the table
   // has a kernel for it and the shape fits: the quantized types' interleaved layouts, and BF16's
-  // panels where every BF16 Gemm of the weight can run on them (UsesDpBf16Panels).
+  // panels where every BF16 Gemm of the weight can run on them (UsesBf16Panels).
   std::function<void(int64_t, int64_t, void*)> repack;
   int64_t group_bytes = 0, group_rows = kQ4KX16Rows;
   const char* layout = "interleaved";
   if (w.dtype == DType::kBF16) {
-    if (!UsesDpBf16Panels(m)) return w;
+    if (!UsesBf16Panels(m)) return w;
     repack = [&](int64_t b, int64_t e, void* dst) {
       kernels_.repack_dpbf16(w.as<bf16_t>(), k, b, e, dst);
     };
     group_bytes = DpBf16PanelGroupBytes(k);
     group_rows = kDpBf16PanelRows;
-    layout = "vdpbf16ps panel";
+    layout = "bf16 panel";
   } else {
     if (InterleavedKernel(w.dtype) == nullptr) return w;
     void (*fn)(const void*, int64_t, int64_t, int64_t, void*) = nullptr;
@@ -475,9 +475,13 @@ void CpuBackend::GemmRange(const GemmMember& g, const float* x, int64_t n, int64
                                   static_cast<const bf16_t*>(g.w), g.bias, g.out, g.m, row_begin,
                                   row_end, ThreadScratch(kAmxScratchFloats), amx_terms_);
   }
-  if (g.panels) {
+  if (g.panels && UsesDpBf16()) {
     return kernels_.gemm_dpbf16_panels(amx_x_.get(), k, x_begin, x_end, g.w, g.bias, g.out, g.m,
                                        row_begin, row_end, amx_terms_);
+  }
+  if (g.panels) {
+    return kernels_.gemm_bf16_panels(x, k, x_begin, x_end, g.w, g.bias, g.out, g.m, row_begin,
+                                     row_end);
   }
   if (g.dpbf16) {
     return kernels_.gemm_dpbf16(amx_x_.get(), k, x_begin, x_end, static_cast<const bf16_t*>(g.w),
@@ -654,14 +658,14 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.large = n > kQuantSmallNMax;
     } else {
       mem.large = n > SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;
-      // A BF16 panel copy (only at kMedium on gemm_dpbf16, PrepareGemmWeight) takes its kernel at
-      // every row count.
+      // A BF16 panel copy (PrepareGemmWeight, UsesBf16Panels) takes its kernel at every row
+      // count.
       mem.panels = prepared && mem.dtype == DType::kBF16;
       mem.amx = mem.large && mem.dtype == DType::kBF16 && kernels_.gemm_amx_bf16 != nullptr;
       // KernelTable::gemm_dpbf16 says why only at kMedium.
       mem.dpbf16 = mem.large && mem.dtype == DType::kBF16 && UsesDpBf16() && !mem.panels;
       any_amx = any_amx || mem.amx;
-      any_dpbf16 = any_dpbf16 || mem.dpbf16 || mem.panels;
+      any_dpbf16 = any_dpbf16 || mem.dpbf16 || (mem.panels && UsesDpBf16());
     }
     any_small_bf16 = any_small_bf16 || (!mem.large && mem.dtype == DType::kBF16 && !mem.panels);
     if (mem.large) {

@@ -51,14 +51,14 @@ class CpuBackend final : public Backend {
   // Float weights: the decode kernels' range, up to the ISA's measured crossover for the dtype
   // (KernelTable::SmallNMax; the prefill kernels beyond it sum in another order), except weights
   // of at most kGemmSkinnyRows rows, which take the decode kernels at every row count, and BF16
-  // weights that PrepareGemmWeight keeps as vdpbf16ps panels (UsesDpBf16Panels: one kernel for
+  // weights that PrepareGemmWeight keeps as bf16 panels (UsesBf16Panels: one kernel for
   // every row count; for such a weight as PrepareGemmWeight returned it, as the engine runs it).
   // Quantized weights: every row count, since their prefill kernels make each block's f32 update
   // in the decode kernels' order (quant_kernels_avx2_impl.h; the scalar table has one kernel).
   // Elementwise ops, attention and the activation quantizer work row by row.
   int64_t MaxRowInvariantRows(DType weight_dtype, int64_t weight_rows) const override {
     return DTypeIsQuantized(weight_dtype) || weight_rows <= kGemmSkinnyRows ||
-                   (weight_dtype == DType::kBF16 && UsesDpBf16Panels(weight_rows))
+                   (weight_dtype == DType::kBF16 && UsesBf16Panels(weight_rows))
                ? std::numeric_limits<int64_t>::max()
                : SmallNMax(weight_dtype);
   }
@@ -133,11 +133,14 @@ class CpuBackend final : public Backend {
     return kernels_.gemm_amx_bf16 == nullptr && kernels_.gemm_dpbf16 != nullptr && amx_terms_ == 1;
   }
   // Whether PrepareGemmWeight keeps a BF16 weight of m rows in the DpBf16 panel layout, so that
-  // its Gemms of every row count run on gemm_dpbf16_panels: with UsesDpBf16() and m a multiple
-  // of kDpBf16PanelRows.
-  bool UsesDpBf16Panels(int64_t m) const {
-    return UsesDpBf16() && kernels_.gemm_dpbf16_panels != nullptr &&
-           kernels_.repack_dpbf16 != nullptr && m % kDpBf16PanelRows == 0;
+  // its Gemms of every row count run on one kernel: m a multiple of kDpBf16PanelRows, a table
+  // without the tiles, and gemm_dpbf16_panels at kMedium (UsesDpBf16()) or gemm_bf16_panels (f32
+  // FMA) at kHigh and kHighest.
+  bool UsesBf16Panels(int64_t m) const {
+    return kernels_.gemm_amx_bf16 == nullptr && kernels_.repack_dpbf16 != nullptr &&
+           m % kDpBf16PanelRows == 0 &&
+           (UsesDpBf16() ? kernels_.gemm_dpbf16_panels != nullptr
+                         : kernels_.gemm_bf16_panels != nullptr);
   }
   // The decode kernels' range for float weights of `dtype`: the table's (KernelTable::SmallNMax),
   // or kDpBf16SmallNMax for BF16 on gemm_dpbf16.
@@ -157,8 +160,9 @@ class CpuBackend final : public Backend {
     bool large = false;                 // the prefill kernels (tiles) rather than the decode ones
     bool amx = false;                   // large BF16 on the matrix unit (x from amx_x_)
     bool dpbf16 = false;                // large BF16 on vdpbf16ps (x from amx_x_, DpBf16 layout)
-    bool panels = false;  // BF16 in a PrepareGemmWeight copy: gemm_dpbf16_panels, every n (x as
-                          // for dpbf16; rows in groups of kDpBf16PanelRows)
+    bool panels = false;  // BF16 in a PrepareGemmWeight copy, every n: gemm_dpbf16_panels (x as
+                          // for dpbf16) at kMedium, else gemm_bf16_panels (f32 x); rows in
+                          // groups of kDpBf16PanelRows
     int64_t first = 0;  // its first weight row (decode) or tile (prefill) in the group's pass
     int64_t col_block = 0;  // weight rows per prefill tile
   };

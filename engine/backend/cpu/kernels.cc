@@ -156,6 +156,7 @@ const KernelTable& Avx512KernelTable() {
       t.gemm_dpbf16 = &internal::DpBf16Gemm;
       t.repack_dpbf16 = &internal::DpBf16RepackW;
       t.gemm_dpbf16_panels = &internal::DpBf16PanelGemm;
+      t.gemm_bf16_panels = &internal::Bf16PanelFmaGemm;
     }
     return t;
   }();

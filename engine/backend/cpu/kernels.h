@@ -39,8 +39,9 @@ std::string_view AmxUnavailableReason();
 std::string_view AmxInt8UnavailableReason();
 // The widest ISA that CpuHasIsa() accepts.
 Isa BestIsa();
-// Whether the CPU reports AVX512_BF16: the AVX-512 tables then carry the vdpbf16ps Gemm for
-// MatmulPrecision kHigh and kMedium (KernelTable::gemm_dpbf16).
+// Whether the CPU reports AVX512_BF16: the AVX-512 tables then carry the vdpbf16ps Gemms
+// (KernelTable::gemm_dpbf16, MatmulPrecision kMedium) and the BF16 panel copy with its Gemms
+// (repack_dpbf16, gemm_dpbf16_panels, gemm_bf16_panels).
 bool CpuHasAvx512Bf16();
 // Whether the CPU is AMD's family 1Ah (Zen 5; CPUID leaf 1's family plus extended family): the
 // VNNI table then takes kFarPrefetchQuantGemms' K-quant Gemms (internal, below).
@@ -188,6 +189,15 @@ struct KernelTable {
   void (*gemm_dpbf16_panels)(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
                              const void* w, const float* bias, float* out, int64_t ldo,
                              int64_t row_begin, int64_t row_end, int terms);
+  // The f32 FMA Gemm over the same panels, for MatmulPrecision kHighest and kHigh where the table
+  // has no gemm_amx_bf16: rows [row_begin, row_end) (multiples of kDpBf16PanelRows) of out =
+  // x @ w^T + bias for the x rows [x_begin, x_end) of x [n, k] (f32, unpacked). Each output sums
+  // its products in k order, one f32 FMA each, per slice of kDpBf16PanelK, so every x row gets
+  // the bits of a one-row call at every row count, within the f32 bound of the other FMA kernels.
+  // Set beside repack_dpbf16.
+  void (*gemm_bf16_panels)(const float* x, int64_t k, int64_t x_begin, int64_t x_end,
+                           const void* w, const float* bias, float* out, int64_t ldo,
+                           int64_t row_begin, int64_t row_end);
   // The decode kernels' range for float weights of `dtype`: float_small_n_max, or
   // kAmxSmallNMax for BF16 where the tiles take the rest.
   int64_t SmallNMax(DType dtype) const;
@@ -309,6 +319,10 @@ void DpBf16RepackW(const bf16_t* w, int64_t k, int64_t group_begin, int64_t grou
 void DpBf16PanelGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
                      const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                      int terms);
+// KernelTable::gemm_bf16_panels.
+void Bf16PanelFmaGemm(const float* x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
+                      const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                      int64_t row_end);
 #endif
 // Defined, constant-initialised, in kernels_<isa>.cc; use KernelsFor().
 extern const KernelTable kScalarKernelTable;
@@ -338,7 +352,8 @@ constexpr size_t DpBf16PackedXBytes(int64_t n, int64_t k, int terms) {
 }
 
 // The DpBf16 panel layout of a BF16 weight (KernelTable::repack_dpbf16; CpuBackend's
-// PrepareGemmWeight copies at MatmulPrecision kMedium on gemm_dpbf16): rows in groups of
+// PrepareGemmWeight copies where the table has no AMX, for gemm_dpbf16_panels at MatmulPrecision
+// kMedium and gemm_bf16_panels above it): rows in groups of
 // kDpBf16PanelRows, group g at g * DpBf16PanelGroupBytes(k); within a group, k slice c of
 // kDpBf16PanelK elements (the last may be shorter) at c * kDpBf16PanelK * 64 bytes, as 32-bit words
 // [q][j] (q < the slice's pairs, j < 32) = w[j, e], w[j, e + 1] with e = c * kDpBf16PanelK + 2 q

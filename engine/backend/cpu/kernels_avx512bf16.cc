@@ -100,14 +100,56 @@ constexpr int kMr = 8;
 // Lines of each next-block row that GemmTerms has the micro-kernel prefetch: a kKc slice's.
 constexpr int64_t kPrefetchLines = kKc * 2 / 64;
 
+// c[r, 0..nr) = (first ? the bias or 0 : c[r, 0..nr)) + acc[r] for r < kMrT: a micro-kernel's
+// write-out, one add per element.
+template <int kMrT>
+inline void StoreTile(const __m512 (&acc)[kMrT][2], float* c, int64_t ldc, int nr, bool first,
+                      const float* bias) {
+  if (nr == kNr) {
+    for (int r = 0; r < kMrT; ++r) {
+      float* cr = c + r * ldc;
+      __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
+      if (!first) {
+        c0 = _mm512_loadu_ps(cr);
+        c1 = _mm512_loadu_ps(cr + 16);
+      } else if (bias != nullptr) {
+        c0 = _mm512_loadu_ps(bias);
+        c1 = _mm512_loadu_ps(bias + 16);
+      }
+      _mm512_storeu_ps(cr, _mm512_add_ps(c0, acc[r][0]));
+      _mm512_storeu_ps(cr + 16, _mm512_add_ps(c1, acc[r][1]));
+    }
+    return;
+  }
+  alignas(64) float tmp[kNr];
+  for (int r = 0; r < kMrT; ++r) {
+    float* cr = c + r * ldc;
+    _mm512_store_ps(tmp, acc[r][0]);
+    _mm512_store_ps(tmp + 16, acc[r][1]);
+    for (int j = 0; j < nr; ++j) {
+      const float base = !first ? cr[j] : (bias != nullptr ? bias[j] : 0.0f);
+      cr[j] = base + tmp[j];
+    }
+  }
+}
+
+// Step q's kPfPerStep prefetches into L2 (see MicroKernel).
+template <int kPfPerStep>
+inline void PrefetchStep(const char* pf, int64_t pf_stride, int64_t q) {
+#pragma GCC unroll 2
+  for (int l = 0; l < kPfPerStep; ++l) {
+    const int64_t line = q * kPfPerStep + l;
+    __builtin_prefetch(pf + line / kPrefetchLines * pf_stride + line % kPrefetchLines * 64, 0, 2);
+  }
+}
+
 // The first pf_steps steps prefetch kPfPerStep lines each: line L at pf + L / kPrefetchLines *
 // pf_stride + L % kPrefetchLines * 64 (GemmTerms: rows of the next block in w's layout, pf_stride
-// a row's bytes; GemmPanelTerms: pf_stride kPrefetchLines * 64, so one contiguous run).
+// a row's bytes; PanelWalk: pf_stride kPrefetchLines * 64, so one contiguous run).
 template <int kTerms, int kMrT, int kPfPerStep>
 void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, float* c,
                  int64_t ldc, int nr, bool first, const float* bias, const char* pf,
                  int64_t pf_stride, int64_t pf_steps) {
-  constexpr int mr = kMrT;
   __m512 acc[kMrT][2];
 #pragma GCC unroll 16
   for (int r = 0; r < kMrT; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -126,54 +168,78 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
       }
     }
   };
-  // The first pf_steps steps prefetch a line each (GemmTerms); a branch in one loop made GCC
-  // keep the accumulators in memory, hence two loops.
+  // The first pf_steps steps prefetch (GemmTerms); a branch in one loop made GCC keep the
+  // accumulators in memory, hence two loops.
   for (int64_t q = 0; q < pf_steps; ++q) {
-#pragma GCC unroll 2
-    for (int l = 0; l < kPfPerStep; ++l) {
-      const int64_t line = q * kPfPerStep + l;
-      __builtin_prefetch(pf + line / kPrefetchLines * pf_stride + line % kPrefetchLines * 64, 0, 2);
-    }
+    PrefetchStep<kPfPerStep>(pf, pf_stride, q);
     step(q);
   }
   for (int64_t q = pf_steps; q < pairs; ++q) step(q);
-  if (nr == kNr) {
-    for (int r = 0; r < mr; ++r) {
-      float* cr = c + r * ldc;
-      __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps();
-      if (!first) {
-        c0 = _mm512_loadu_ps(cr);
-        c1 = _mm512_loadu_ps(cr + 16);
-      } else if (bias != nullptr) {
-        c0 = _mm512_loadu_ps(bias);
-        c1 = _mm512_loadu_ps(bias + 16);
-      }
-      _mm512_storeu_ps(cr, _mm512_add_ps(c0, acc[r][0]));
-      _mm512_storeu_ps(cr + 16, _mm512_add_ps(c1, acc[r][1]));
-    }
-    return;
-  }
-  alignas(64) float tmp[kNr];
-  for (int r = 0; r < mr; ++r) {
-    float* cr = c + r * ldc;
-    _mm512_store_ps(tmp, acc[r][0]);
-    _mm512_store_ps(tmp + 16, acc[r][1]);
-    for (int j = 0; j < nr; ++j) {
-      const float base = !first ? cr[j] : (bias != nullptr ? bias[j] : 0.0f);
-      cr[j] = base + tmp[j];
-    }
-  }
+  StoreTile<kMrT>(acc, c, ldc, nr, first, bias);
 }
 
-using MicroKernelFn = void (*)(const uint16_t* const*, int64_t, const uint32_t*, int64_t, float*,
-                               int64_t, int, bool, const float*, const char*, int64_t, int64_t);
-// MicroKernel by tile height: [mr - 1] for mr = 1 .. kMr.
+// The f32 FMA micro-kernel over the same panels (gemm_bf16_panels: kHighest and kHigh): a[r]
+// points at x row r (f32) at the slice's first element, kc is the slice's elements. Each weight
+// pair is widened by a shift (element 2q) and a mask (2q + 1), which is exact, and each output
+// takes x[2q] * w then x[2q + 1] * w as two FMAs into one f32 lane: products exact within the
+// FMA, one rounding per sum, each row in the same order whatever kMrT.
+template <int kMrT, int kPfPerStep>
+void FmaMicroKernel(const float* const* a, int64_t kc, const uint32_t* b, int64_t pairs, float* c,
+                    int64_t ldc, int nr, bool first, const float* bias, const char* pf,
+                    int64_t pf_stride, int64_t pf_steps) {
+  (void)pairs;
+  __m512 acc[kMrT][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMrT; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i hi_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  auto half = [&](__m512 w0, __m512 w1, int64_t e) __attribute__((always_inline)) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kMrT; ++r) {
+      const __m512 xv = _mm512_set1_ps(a[r][e]);
+      acc[r][0] = _mm512_fmadd_ps(w0, xv, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(w1, xv, acc[r][1]);
+    }
+  };
+  auto step = [&](int64_t q) __attribute__((always_inline)) {
+    const __m512i v0 = _mm512_loadu_si512(b + q * kNr);
+    const __m512i v1 = _mm512_loadu_si512(b + q * kNr + 16);
+    half(_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)),
+         _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), 2 * q);
+    half(_mm512_castsi512_ps(_mm512_and_si512(v0, hi_half)),
+         _mm512_castsi512_ps(_mm512_and_si512(v1, hi_half)), 2 * q + 1);
+  };
+  // Whole pairs, then the lone element of an odd slice (its pair's high half is zero padding and
+  // x has no element there).
+  const int64_t whole = kc / 2;
+  const int64_t pf_whole = Min64(pf_steps, whole);
+  for (int64_t q = 0; q < pf_whole; ++q) {
+    PrefetchStep<kPfPerStep>(pf, pf_stride, q);
+    step(q);
+  }
+  for (int64_t q = pf_whole; q < whole; ++q) step(q);
+  if (kc % 2 != 0) {
+    half(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(b + whole * kNr), 16)),
+         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(b + whole * kNr + 16), 16)),
+         2 * whole);
+  }
+  StoreTile<kMrT>(acc, c, ldc, nr, first, bias);
+}
+
+template <typename X>
+using TileFn = void (*)(const X* const*, int64_t, const uint32_t*, int64_t, float*, int64_t, int,
+                        bool, const float*, const char*, int64_t, int64_t);
+// The micro-kernels by tile height: [mr - 1] for mr = 1 .. kMr.
 template <int kTerms, int kPfPerStep>
-inline constexpr MicroKernelFn kMicroKernels[kMr] = {
+inline constexpr TileFn<uint16_t> kMicroKernels[kMr] = {
     &MicroKernel<kTerms, 1, kPfPerStep>, &MicroKernel<kTerms, 2, kPfPerStep>,
     &MicroKernel<kTerms, 3, kPfPerStep>, &MicroKernel<kTerms, 4, kPfPerStep>,
     &MicroKernel<kTerms, 5, kPfPerStep>, &MicroKernel<kTerms, 6, kPfPerStep>,
     &MicroKernel<kTerms, 7, kPfPerStep>, &MicroKernel<kTerms, 8, kPfPerStep>};
+template <int kPfPerStep>
+inline constexpr TileFn<float> kFmaMicroKernels[kMr] = {
+    &FmaMicroKernel<1, kPfPerStep>, &FmaMicroKernel<2, kPfPerStep>, &FmaMicroKernel<3, kPfPerStep>,
+    &FmaMicroKernel<4, kPfPerStep>, &FmaMicroKernel<5, kPfPerStep>, &FmaMicroKernel<6, kPfPerStep>,
+    &FmaMicroKernel<7, kPfPerStep>, &FmaMicroKernel<8, kPfPerStep>};
 
 template <int kTerms>
 void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const bf16_t* w,
@@ -242,11 +308,13 @@ void RepackPanels(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group
 // micro-kernel calls prefetch the same panel of the next block into L2 (a panel's pairs * 128
 // bytes): the only x tile two lines per step, or the first two tiles one line per step each, so
 // that the lines go out at the pace of the compute instead of in one burst.
-template <int kTerms>
-void GemmPanelTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_end,
-                    const uint32_t* w, const float* bias, float* out, int64_t ldo,
-                    int64_t row_begin, int64_t row_end) {
-  const int64_t kp = DpBf16PackedK(k);
+//
+// x row i at x + i * x_stride (the packed terms, or f32 rows); tiles[mr - 1] the micro-kernels
+// of one line per prefetching step, tiles2 of two; `aux` their second argument at slice k0.
+template <typename X, typename Aux>
+void PanelWalk(const X* x, int64_t x_stride, int64_t k, int64_t x_begin, int64_t x_end,
+               const uint32_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
+               int64_t row_end, const TileFn<X>* tiles, const TileFn<X>* tiles2, Aux&& aux) {
   const int64_t group_words = GroupWords(k);
   const int64_t nc_panels = x_end - x_begin <= kMr ? 1 : kNcPanels;
   for (int64_t jb = row_begin; jb < row_end; jb += kNr * nc_panels) {
@@ -267,8 +335,8 @@ void GemmPanelTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_
                                       : Min64(nc_panels, (row_end - jb) / kNr - nc_panels);
       for (int64_t i0 = x_begin; i0 < x_end; i0 += kMr) {
         const int mr = static_cast<int>(Min64(kMr, x_end - i0));
-        const uint16_t* a[kMr];
-        for (int r = 0; r < mr; ++r) a[r] = packed_x + (i0 + r) * kTerms * kp + k0;
+        const X* a[kMr];
+        for (int r = 0; r < mr; ++r) a[r] = x + (i0 + r) * x_stride + k0;
         const int64_t tile = (i0 - x_begin) / kMr;
         for (int64_t p = 0; p < panels; ++p) {
           const uint32_t* b = block + p * group_words + k0 / 2 * kNr;
@@ -278,12 +346,12 @@ void GemmPanelTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_
                                ? reinterpret_cast<const char*>(next + p * group_words)
                                : nullptr;
           if (pf != nullptr && x_end - x_begin <= kMr) {
-            kMicroKernels<kTerms, 2>[mr - 1](a, kp, b, pairs, c, ldo, kNr, k0 == 0, bp, pf,
-                                             kPrefetchLines * 64, pairs);
+            tiles2[mr - 1](a, aux(k0), b, pairs, c, ldo, kNr, k0 == 0, bp, pf, kPrefetchLines * 64,
+                           pairs);
           } else {
-            kMicroKernels<kTerms, 1>[mr - 1](a, kp, b, pairs, c, ldo, kNr, k0 == 0, bp,
-                                             pf != nullptr ? pf + tile * pairs * 64 : nullptr,
-                                             kPrefetchLines * 64, pf != nullptr ? pairs : 0);
+            tiles[mr - 1](a, aux(k0), b, pairs, c, ldo, kNr, k0 == 0, bp,
+                          pf != nullptr ? pf + tile * pairs * 64 : nullptr, kPrefetchLines * 64,
+                          pf != nullptr ? pairs : 0);
           }
         }
       }
@@ -314,11 +382,21 @@ void DpBf16RepackW(const bf16_t* w, int64_t k, int64_t group_begin, int64_t grou
 void DpBf16PanelGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
                      const float* bias, float* out, int64_t ldo, int64_t row_begin, int64_t row_end,
                      int terms) {
+  const int64_t kp = DpBf16PackedK(k);
   ByTerms(terms, [&](auto t) {
-    GemmPanelTerms<decltype(t)::value>(static_cast<const uint16_t*>(packed_x), k, x_begin, x_end,
-                                       static_cast<const uint32_t*>(w), bias, out, ldo, row_begin,
-                                       row_end);
+    constexpr int kTerms = decltype(t)::value;
+    PanelWalk(static_cast<const uint16_t*>(packed_x), kTerms * kp, k, x_begin, x_end,
+              static_cast<const uint32_t*>(w), bias, out, ldo, row_begin, row_end,
+              kMicroKernels<kTerms, 1>, kMicroKernels<kTerms, 2>, [kp](int64_t) { return kp; });
   });
+}
+
+void Bf16PanelFmaGemm(const float* x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
+                      const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                      int64_t row_end) {
+  PanelWalk(x, k, k, x_begin, x_end, static_cast<const uint32_t*>(w), bias, out, ldo, row_begin,
+            row_end, kFmaMicroKernels<1>, kFmaMicroKernels<2>,
+            [k](int64_t k0) { return Min64(kKc, k - k0); });
 }
 
 void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,

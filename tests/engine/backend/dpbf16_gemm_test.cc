@@ -184,11 +184,11 @@ TEST(DpBf16GemmTest, TheBackendTakesItAtMediumBeyondTheDecodeRange) {
       ASSERT_NE(backend, nullptr);
       const bool medium = precision == MatmulPrecision::kMedium;
       // 4080 rows are not whole 32-row groups, so such a weight stays unprepared; 4096 become
-      // panels at medium (TheBackendKeepsBf16WeightsAsPanelsAtMedium).
+      // panels at every precision (TheBackendKeepsBf16WeightsAsPanels).
       EXPECT_EQ(backend->MaxRowInvariantRows(DType::kBF16, 4080),
                 medium ? kDpBf16SmallNMax : table.float_small_n_max);
       EXPECT_EQ(backend->MaxRowInvariantRows(DType::kBF16, 4096),
-                medium ? std::numeric_limits<int64_t>::max() : table.float_small_n_max);
+                std::numeric_limits<int64_t>::max());
       EXPECT_EQ(backend->MaxRowInvariantRows(DType::kF32, 4096), table.float_small_n_max);
       for (int64_t n : {kDpBf16SmallNMax + 1, table.float_small_n_max + 37}) {
         SCOPED_TRACE("rows " + std::to_string(n));
@@ -265,67 +265,139 @@ TEST(DpBf16GemmTest, ThePanelCopyGivesThePackingGemmsBitsAtEveryRowCount) {
   }
 }
 
-// At kMedium, PrepareGemmWeight keeps a BF16 weight of a multiple of kDpBf16PanelRows rows as
-// panels (and leaves other row counts, and kHighest, alone); Gemms from the copy give the
-// unprepared backend's bits beyond kDpBf16SmallNMax rows, stay within one term's bound below it,
-// and give every row a one-row call's bits; a view of whole groups of the copy is a Gemm weight
-// too.
-TEST(DpBf16GemmTest, TheBackendKeepsBf16WeightsAsPanelsAtMedium) {
+// gemm_bf16_panels, the f32 FMA Gemm over the same panels (kHighest and kHigh): within the f32
+// bound of a double sum (x exact, one rounding per product's sum: TermsBound's three terms), over
+// odd and sliced k, group ranges that do not start at 0, x ranges that do not start at 0, every
+// tile height, extreme scales, with and without a bias, and nothing written outside its ranges;
+// each x row gets the bits of a one-row call, and a row range split in two the bits of the whole.
+TEST(DpBf16GemmTest, TheFmaPanelGemmIsWithinTheF32BoundAndGivesEachRowItsOneRowBits) {
+  SKIP_WITHOUT_AVX512_BF16();
+  const KernelTable& t = KernelsFor(Isa::kAvx512);
+  ASSERT_NE(t.repack_dpbf16, nullptr);
+  ASSERT_NE(t.gemm_bf16_panels, nullptr);
+  std::mt19937 rng(29);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const Case cases[] = {
+      {1, 1, 32, 0, 1, 0, 32, false},
+      {2, 2, 32, 0, 2, 0, 32, true},
+      {3, 31, 64, 1, 3, 0, 64, true},
+      {8, 512, 96, 0, 8, 32, 96, false},     // one whole slice
+      {9, 513, 160, 0, 9, 0, 160, true},     // a slice of one element after it
+      {17, 1100, 288, 5, 17, 64, 288, true}, // three slices, the last even
+      {35, 1027, 64, 0, 35, 0, 64, false},   // the last slice odd
+      {16, 64, 32, 0, 16, 0, 32, true, 1e30f, 1e-30f},
+      {16, 64, 32, 0, 16, 0, 32, true, 1e-20f, 1e20f},
+      {16, 64, 32, 0, 16, 0, 32, false, 1e-3f, 1e3f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Describe(c));
+    std::vector<float> x(c.n * c.k), bias(c.m);
+    std::vector<bf16_t> w(c.m * c.k);
+    for (float& v : x) v = dist(rng) * c.x_scale;
+    for (bf16_t& v : w) v = F32ToBf16(dist(rng) * c.w_scale);
+    for (float& v : bias) v = dist(rng);
+    const int64_t groups = c.m / kDpBf16PanelRows;
+    std::vector<uint32_t> panels(groups * DpBf16PanelGroupBytes(c.k) / 4, 0xdeadbeefu);
+    t.repack_dpbf16(w.data(), c.k, 0, groups / 2, panels.data());
+    t.repack_dpbf16(w.data(), c.k, groups / 2, groups, panels.data());
+    const float* b = c.bias ? bias.data() : nullptr;
+    const float sentinel = -12345.0f;
+    std::vector<float> out(c.n * c.m, sentinel);
+    t.gemm_bf16_panels(x.data(), c.k, c.x_begin, c.x_end, panels.data(), b, out.data(), c.m,
+                       c.row_begin, c.row_end);
+    std::vector<float> wf(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToF32(w[i]);
+    testing::ExpectWithinTermsBound(c, 3, x, wf, bias, out, sentinel);
+    for (int64_t i = c.x_begin; i < c.x_end; ++i) {
+      std::vector<float> one(c.m, sentinel);
+      t.gemm_bf16_panels(x.data() + i * c.k, c.k, 0, 1, panels.data(), b, one.data(), c.m,
+                         c.row_begin, c.row_end);
+      ASSERT_EQ(std::memcmp(one.data() + c.row_begin, out.data() + i * c.m + c.row_begin,
+                            (c.row_end - c.row_begin) * sizeof(float)),
+                0)
+          << "row " << i;
+    }
+    const int64_t mid = (c.row_begin + c.row_end) / 2 / kDpBf16PanelRows * kDpBf16PanelRows;
+    std::vector<float> split(c.n * c.m, sentinel);
+    t.gemm_bf16_panels(x.data(), c.k, c.x_begin, c.x_end, panels.data(), b, split.data(), c.m,
+                       c.row_begin, mid);
+    t.gemm_bf16_panels(x.data(), c.k, c.x_begin, c.x_end, panels.data(), b, split.data(), c.m,
+                       mid, c.row_end);
+    EXPECT_EQ(std::memcmp(split.data(), out.data(), out.size() * sizeof(float)), 0);
+  }
+}
+
+// PrepareGemmWeight keeps a BF16 weight of a multiple of kDpBf16PanelRows rows as panels at every
+// precision (and leaves other row counts alone, and tables with neither panel Gemm). At kMedium,
+// Gemms from the copy give the unprepared backend's bits beyond kDpBf16SmallNMax rows and stay
+// within one term's bound below it; at kHighest and kHigh they stay within the f32 bound. Every
+// row gets a one-row call's bits, and a view of whole groups of the copy is a Gemm weight too.
+TEST(DpBf16GemmTest, TheBackendKeepsBf16WeightsAsPanels) {
   SKIP_WITHOUT_AVX512_BF16();
   for (Isa isa : {Isa::kAvx512, Isa::kAvx512Vnni}) {
     if (!CpuHasIsa(isa)) continue;
-    SCOPED_TRACE(std::string(IsaName(isa)));
-    auto medium = Backend(isa, MatmulPrecision::kMedium);
-    auto highest = Backend(isa, MatmulPrecision::kHighest);
-    ASSERT_TRUE(medium != nullptr && highest != nullptr);
-    std::mt19937 rng(23);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    const int64_t k = 600, m = 160;
-    std::vector<bf16_t> w(m * k), w48(48 * k);
-    for (bf16_t& v : w) v = F32ToBf16(dist(rng));
-    for (bf16_t& v : w48) v = F32ToBf16(dist(rng));
-    const TensorView wv(w.data(), DType::kBF16, {m, k});
-    absl::StatusOr<TensorView> prepared = medium->PrepareGemmWeight(wv);
-    ASSERT_TRUE(prepared.ok()) << prepared.status();
-    EXPECT_NE(prepared->data, wv.data) << "not copied";
-    absl::StatusOr<TensorView> again = medium->PrepareGemmWeight(*prepared);
-    ASSERT_TRUE(again.ok());
-    EXPECT_EQ(again->data, prepared->data) << "a copy copied again";
-    const TensorView w48v(w48.data(), DType::kBF16, {48, k});
-    EXPECT_EQ(medium->PrepareGemmWeight(w48v)->data, w48v.data) << "48 rows are not whole groups";
-    EXPECT_EQ(highest->PrepareGemmWeight(wv)->data, wv.data) << "copied at highest";
-    std::vector<float> wf(w.size());
-    for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToF32(w[i]);
-    auto gemm = [&](const TensorView& weight, const std::vector<float>& x, int64_t n,
-                    int64_t rows) {
-      std::vector<float> out(n * rows, 0.0f);
-      medium->Gemm(TensorView(const_cast<float*>(x.data()), DType::kF32, {n, k}), weight,
-                   TensorView(), TensorView(out.data(), DType::kF32, {n, rows}));
-      return out;
-    };
-    for (int64_t n : {int64_t{1}, int64_t{3}, kDpBf16SmallNMax, kDpBf16SmallNMax + 1, int64_t{40},
-                      int64_t{300}}) {
-      SCOPED_TRACE("rows " + std::to_string(n));
-      std::vector<float> x(n * k);
-      for (float& v : x) v = dist(rng);
-      const std::vector<float> got = gemm(*prepared, x, n, m);
-      if (n > kDpBf16SmallNMax) {
-        EXPECT_EQ(got, gemm(wv, x, n, m)) << "not the packing Gemm's bits";
-      }
-      testing::ExpectWithinTermsBound({n, k, m, 0, n, 0, m, false}, 1, x, wf, {}, got, 0.0f);
-      for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 5)) {
-        const std::vector<float> xi(x.begin() + i * k, x.begin() + (i + 1) * k);
-        const std::vector<float> one = gemm(*prepared, xi, 1, m);
-        ASSERT_TRUE(std::equal(one.begin(), one.end(), got.begin() + i * m)) << "row " << i;
-      }
-      // Groups 1 and 2 of the copy as a weight of their own: rows 32..95 of the whole's output.
-      const TensorView part(static_cast<char*>(prepared->data) + DpBf16PanelGroupBytes(k),
-                            DType::kBF16, {64, k}, Device::kCpu);
-      const std::vector<float> sub = gemm(part, x, n, 64);
-      for (int64_t i = 0; i < n; ++i) {
-        ASSERT_TRUE(
-            std::equal(sub.begin() + i * 64, sub.begin() + (i + 1) * 64, got.begin() + i * m + 32))
-            << "row " << i;
+    KernelTable no_panels = KernelsFor(isa);
+    no_panels.gemm_bf16_panels = nullptr;
+    auto plain = CpuBackend::Create({.num_threads = 2, .kernels = &no_panels});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    for (auto precision :
+         {MatmulPrecision::kMedium, MatmulPrecision::kHigh, MatmulPrecision::kHighest}) {
+      SCOPED_TRACE(std::string(IsaName(isa)) + " " + std::string(MatmulPrecisionName(precision)));
+      const bool medium = precision == MatmulPrecision::kMedium;
+      auto backend = Backend(isa, precision);
+      ASSERT_NE(backend, nullptr);
+      std::mt19937 rng(23);
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      const int64_t k = 600, m = 160;
+      std::vector<bf16_t> w(m * k), w48(48 * k);
+      for (bf16_t& v : w) v = F32ToBf16(dist(rng));
+      for (bf16_t& v : w48) v = F32ToBf16(dist(rng));
+      const TensorView wv(w.data(), DType::kBF16, {m, k});
+      absl::StatusOr<TensorView> prepared = backend->PrepareGemmWeight(wv);
+      ASSERT_TRUE(prepared.ok()) << prepared.status();
+      EXPECT_NE(prepared->data, wv.data) << "not copied";
+      absl::StatusOr<TensorView> again = backend->PrepareGemmWeight(*prepared);
+      ASSERT_TRUE(again.ok());
+      EXPECT_EQ(again->data, prepared->data) << "a copy copied again";
+      const TensorView w48v(w48.data(), DType::kBF16, {48, k});
+      EXPECT_EQ(backend->PrepareGemmWeight(w48v)->data, w48v.data) << "48 rows are not groups";
+      // Without gemm_bf16_panels only kMedium's vdpbf16ps panels remain.
+      EXPECT_EQ((*plain)->PrepareGemmWeight(wv)->data, wv.data)
+          << "copied at highest without the FMA panel Gemm";
+      std::vector<float> wf(w.size());
+      for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToF32(w[i]);
+      auto gemm = [&](const TensorView& weight, const std::vector<float>& x, int64_t n,
+                      int64_t rows) {
+        std::vector<float> out(n * rows, 0.0f);
+        backend->Gemm(TensorView(const_cast<float*>(x.data()), DType::kF32, {n, k}), weight,
+                      TensorView(), TensorView(out.data(), DType::kF32, {n, rows}));
+        return out;
+      };
+      for (int64_t n : {int64_t{1}, int64_t{3}, kDpBf16SmallNMax, kDpBf16SmallNMax + 1,
+                        int64_t{40}, int64_t{300}}) {
+        SCOPED_TRACE("rows " + std::to_string(n));
+        std::vector<float> x(n * k);
+        for (float& v : x) v = dist(rng);
+        const std::vector<float> got = gemm(*prepared, x, n, m);
+        if (medium && n > kDpBf16SmallNMax) {
+          EXPECT_EQ(got, gemm(wv, x, n, m)) << "not the packing Gemm's bits";
+        }
+        testing::ExpectWithinTermsBound({n, k, m, 0, n, 0, m, false}, medium ? 1 : 3, x, wf, {},
+                                        got, 0.0f);
+        for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 5)) {
+          const std::vector<float> xi(x.begin() + i * k, x.begin() + (i + 1) * k);
+          const std::vector<float> one = gemm(*prepared, xi, 1, m);
+          ASSERT_TRUE(std::equal(one.begin(), one.end(), got.begin() + i * m)) << "row " << i;
+        }
+        // Groups 1 and 2 of the copy as a weight of their own: rows 32..95 of the whole's output.
+        const TensorView part(static_cast<char*>(prepared->data) + DpBf16PanelGroupBytes(k),
+                              DType::kBF16, {64, k}, Device::kCpu);
+        const std::vector<float> sub = gemm(part, x, n, 64);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(std::equal(sub.begin() + i * 64, sub.begin() + (i + 1) * 64,
+                                 got.begin() + i * m + 32))
+              << "row " << i;
+        }
       }
     }
   }
