@@ -317,8 +317,8 @@ class Backend {
   // Gemm within the op's conformance tolerance, and a row's bits still do not depend on the
   // rows beside it (MaxRowInvariantRows). The CPU backend copies Q4_K, Q5_K, Q6_K and Q8_0
   // weights whose rows come in groups of 16 into its interleaved layouts when its kernels read
-  // one, and at MatmulPrecision kMedium on vdpbf16ps BF16 weights of whole 32-row groups into
-  // panels (cpu/kernels.h); ResourceExhausted when there is no memory for the copy.
+  // one, and on a CPU with AVX512_BF16 and no AMX BF16 weights of whole 32-row groups into
+  // bf16 pair panels (cpu/kernels.h); ResourceExhausted when there is no memory for the copy.
   virtual absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) { return w; }
 
   // Copies host_src (Device::kCpu) into dst (this backend's device); same byte size.

@@ -669,7 +669,7 @@ int Main(int argc, char** argv) {
           ? " (AMD family 1Ah: the VNNI table's one-row K-quant tiles prefetch into L2)"
           : "",
       std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
-      CpuHasAvx512Bf16() ? "present (the vdpbf16ps Gemm at medium)" : "absent", amx.c_str(),
+      CpuHasAvx512Bf16() ? "present (BF16 weights as panels without AMX; vdpbf16ps at medium)" : "absent", amx.c_str(),
       std::string(MatmulPrecisionName(options.matmul_precision)).c_str());
   if (only == "isa-rates") {
     // One core, register-only chains (isa_rates.h): the instruction rates the kernels are built
