@@ -211,8 +211,8 @@ HugeBuffer<uint8_t> QuantizedWeights(DType dtype, int64_t m, int64_t k, std::mt1
 }
 
 // w as the engine runs it: through PrepareGemmWeight (prepare = true), which may return a copy
-// in the backend's own layout (Q4_K in 16-row groups where the kernels read it, BF16 in vdpbf16ps
-// panels at medium), or as the file stores it. Sets *name to the dtype's name, with "x16" (or
+// in the backend's own layout (Q4_K in 16-row groups where the kernels read it, BF16 in pair
+// panels where the CPU has AVX512_BF16 and no AMX), or as the file stores it. Sets *name to the dtype's name, with "x16" (or
 // "p", panels) when it was copied.
 TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::string* name) {
   absl::StatusOr<TensorView> p = prepare ? backend.PrepareGemmWeight(w) : w;
@@ -385,9 +385,9 @@ double MeasureAndPrintCorePeak() {
   return peak;
 }
 
-// Prefill Gemm (n x rows) on one thread in process CPU time, best of 5 runs of >= 0.3 s: GFLOP/s
-// per core-second, against the per-core FMA peak probe measured the same way. Run with
-// num_threads = 1 (other threads' spinning would count as CPU time too).
+// Prefill Gemm (n x rows; w as the engine runs it, AsRun) on one thread in process CPU time, best
+// of 5 runs of >= 0.3 s: GFLOP/s per core-second, against the per-core FMA peak probe measured
+// the same way. Run with num_threads = 1 (other threads' spinning would count as CPU time too).
 void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k, int64_t n,
                          double peak) {
   std::mt19937 rng(8);
@@ -412,7 +412,8 @@ void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k,
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (float& v : x) v = dist(rng);
   TensorView xv(x.data(), DType::kF32, {n, k}), ov(out.data(), DType::kF32, {n, m});
-  TensorView wv(w.data(), dtype, {m, k});
+  std::string name;
+  const TensorView wv = AsRun(backend, TensorView(w.data(), dtype, {m, k}), true, &name);
   backend.Gemm(xv, wv, TensorView(), ov);
   double sec = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
@@ -421,9 +422,9 @@ void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k,
                    }));
   }
   const double gflops = 2.0 * n * m * k / sec / 1e9;
-  std::printf("  prefill %-4s m=%-5lld k=%-5lld n=%-4lld %6.1f GFLOP/s per core-second  %5.1f%% of "
+  std::printf("  prefill %-7s m=%-5lld k=%-5lld n=%-4lld %6.1f GFLOP/s per core-second  %5.1f%% of "
               "the probe\n",
-              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m),
+              name.c_str(), static_cast<long long>(m),
               static_cast<long long>(k), static_cast<long long>(n), gflops,
               peak > 0 ? 100.0 * gflops / peak : 0.0);
 }
