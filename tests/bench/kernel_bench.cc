@@ -212,8 +212,8 @@ HugeBuffer<uint8_t> QuantizedWeights(DType dtype, int64_t m, int64_t k, std::mt1
 
 // w as the engine runs it: through PrepareGemmWeight (prepare = true), which may return a copy
 // in the backend's own layout (Q4_K in 16-row groups where the kernels read it, BF16 in pair
-// panels where the CPU has AVX512_BF16 and no AMX), or as the file stores it. Sets *name to the dtype's name, with "x16" (or
-// "p", panels) when it was copied.
+// panels where the CPU has AVX512_BF16 and no AMX), or as the file stores it. Sets *name to the
+// dtype's name, with "x16" (or "p", panels) when it was copied.
 TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::string* name) {
   absl::StatusOr<TensorView> p = prepare ? backend.PrepareGemmWeight(w) : w;
   MODSERVE_CHECK(p.ok()) << p.status();
@@ -422,11 +422,11 @@ void BenchPrefillCompute(CpuBackend& backend, DType dtype, int64_t m, int64_t k,
                    }));
   }
   const double gflops = 2.0 * n * m * k / sec / 1e9;
-  std::printf("  prefill %-7s m=%-5lld k=%-5lld n=%-4lld %6.1f GFLOP/s per core-second  %5.1f%% of "
-              "the probe\n",
-              name.c_str(), static_cast<long long>(m),
-              static_cast<long long>(k), static_cast<long long>(n), gflops,
-              peak > 0 ? 100.0 * gflops / peak : 0.0);
+  std::printf(
+      "  prefill %-7s m=%-5lld k=%-5lld n=%-4lld %6.1f GFLOP/s per core-second  %5.1f%% of "
+      "the probe\n",
+      name.c_str(), static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n),
+      gflops, peak > 0 ? 100.0 * gflops / peak : 0.0);
 }
 
 // Memory / compute overlap (overlap_probe.h): each thread streams its share of a 1 GiB buffer
@@ -670,8 +670,9 @@ int Main(int argc, char** argv) {
           ? " (AMD family 1Ah: the VNNI table's one-row K-quant tiles prefetch into L2)"
           : "",
       std::string(IsaName(backend.isa())).c_str(), backend.num_threads(),
-      CpuHasAvx512Bf16() ? "present (BF16 weights as panels without AMX; vdpbf16ps at medium)" : "absent", amx.c_str(),
-      std::string(MatmulPrecisionName(options.matmul_precision)).c_str());
+      CpuHasAvx512Bf16() ? "present (BF16 weights as panels without AMX; vdpbf16ps at medium)"
+                         : "absent",
+      amx.c_str(), std::string(MatmulPrecisionName(options.matmul_precision)).c_str());
   if (only == "isa-rates") {
     // One core, register-only chains (isa_rates.h): the instruction rates the kernels are built
     // around, and each against the ymm FMA's.

@@ -195,9 +195,9 @@ struct KernelTable {
   // its products in k order, one f32 FMA each, per slice of kDpBf16PanelK, so every x row gets
   // the bits of a one-row call at every row count, within the f32 bound of the other FMA kernels.
   // Set beside repack_dpbf16.
-  void (*gemm_bf16_panels)(const float* x, int64_t k, int64_t x_begin, int64_t x_end,
-                           const void* w, const float* bias, float* out, int64_t ldo,
-                           int64_t row_begin, int64_t row_end);
+  void (*gemm_bf16_panels)(const float* x, int64_t k, int64_t x_begin, int64_t x_end, const void* w,
+                           const float* bias, float* out, int64_t ldo, int64_t row_begin,
+                           int64_t row_end);
   // The decode kernels' range for float weights of `dtype`: float_small_n_max, or
   // kAmxSmallNMax for BF16 where the tiles take the rest.
   int64_t SmallNMax(DType dtype) const;

@@ -281,10 +281,10 @@ TEST(DpBf16GemmTest, TheFmaPanelGemmIsWithinTheF32BoundAndGivesEachRowItsOneRowB
       {1, 1, 32, 0, 1, 0, 32, false},
       {2, 2, 32, 0, 2, 0, 32, true},
       {3, 31, 64, 1, 3, 0, 64, true},
-      {8, 512, 96, 0, 8, 32, 96, false},     // one whole slice
-      {9, 513, 160, 0, 9, 0, 160, true},     // a slice of one element after it
-      {17, 1100, 288, 5, 17, 64, 288, true}, // three slices, the last even
-      {35, 1027, 64, 0, 35, 0, 64, false},   // the last slice odd
+      {8, 512, 96, 0, 8, 32, 96, false},      // one whole slice
+      {9, 513, 160, 0, 9, 0, 160, true},      // a slice of one element after it
+      {17, 1100, 288, 5, 17, 64, 288, true},  // three slices, the last even
+      {35, 1027, 64, 0, 35, 0, 64, false},    // the last slice odd
       {16, 64, 32, 0, 16, 0, 32, true, 1e30f, 1e-30f},
       {16, 64, 32, 0, 16, 0, 32, true, 1e-20f, 1e20f},
       {16, 64, 32, 0, 16, 0, 32, false, 1e-3f, 1e3f},
@@ -321,8 +321,8 @@ TEST(DpBf16GemmTest, TheFmaPanelGemmIsWithinTheF32BoundAndGivesEachRowItsOneRowB
     std::vector<float> split(c.n * c.m, sentinel);
     t.gemm_bf16_panels(x.data(), c.k, c.x_begin, c.x_end, panels.data(), b, split.data(), c.m,
                        c.row_begin, mid);
-    t.gemm_bf16_panels(x.data(), c.k, c.x_begin, c.x_end, panels.data(), b, split.data(), c.m,
-                       mid, c.row_end);
+    t.gemm_bf16_panels(x.data(), c.k, c.x_begin, c.x_end, panels.data(), b, split.data(), c.m, mid,
+                       c.row_end);
     EXPECT_EQ(std::memcmp(split.data(), out.data(), out.size() * sizeof(float)), 0);
   }
 }
@@ -373,8 +373,8 @@ TEST(DpBf16GemmTest, TheBackendKeepsBf16WeightsAsPanels) {
                       TensorView(), TensorView(out.data(), DType::kF32, {n, rows}));
         return out;
       };
-      for (int64_t n : {int64_t{1}, int64_t{3}, kDpBf16SmallNMax, kDpBf16SmallNMax + 1,
-                        int64_t{40}, int64_t{300}}) {
+      for (int64_t n : {int64_t{1}, int64_t{3}, kDpBf16SmallNMax, kDpBf16SmallNMax + 1, int64_t{40},
+                        int64_t{300}}) {
         SCOPED_TRACE("rows " + std::to_string(n));
         std::vector<float> x(n * k);
         for (float& v : x) v = dist(rng);
