@@ -353,15 +353,17 @@ constexpr size_t DpBf16PackedXBytes(int64_t n, int64_t k, int terms) {
 
 // The DpBf16 panel layout of a BF16 weight (KernelTable::repack_dpbf16; CpuBackend's
 // PrepareGemmWeight copies where the table has no AMX, for gemm_dpbf16_panels at MatmulPrecision
-// kMedium and gemm_bf16_panels above it): rows in groups of
-// kDpBf16PanelRows, group g at g * DpBf16PanelGroupBytes(k); within a group, k slice c of
-// kDpBf16PanelK elements (the last may be shorter) at c * kDpBf16PanelK * 64 bytes, as 32-bit words
-// [q][j] (q < the slice's pairs, j < 32) = w[j, e], w[j, e + 1] with e = c * kDpBf16PanelK + 2 q
-// (bf16, low half first; zero past k). So one 64-byte line holds one k pair of 16 rows, as
-// vdpbf16ps takes them, and a group's panels are one ascending stream.
+// kMedium and gemm_bf16_panels above it): rows in groups of kDpBf16PanelRows, group g at
+// g * DpBf16PanelGroupBytes(k), which is its rows' bytes in the file (so the copy is as large as
+// the tensor, and a view of whole groups starts where TensorView::rows puts it); within a group,
+// k slice c of kDpBf16PanelK elements (the last may be shorter) at c * kDpBf16PanelK * 64 bytes,
+// as 32-bit words [q][j] (q < the slice's whole pairs, j < 32) = w[j, e], w[j, e + 1] with
+// e = c * kDpBf16PanelK + 2 q (bf16, low half first). So one 64-byte line holds one k pair of 16
+// rows, as vdpbf16ps takes them, and a group's panels are one ascending stream. Where k is odd,
+// the last slice ends with one 64-byte line of the 32 rows' last elements (row j's at bf16 j).
 inline constexpr int64_t kDpBf16PanelRows = 32;
 inline constexpr int64_t kDpBf16PanelK = 512;
-constexpr int64_t DpBf16PanelGroupBytes(int64_t k) { return kDpBf16PanelRows * 4 * ((k + 1) / 2); }
+constexpr int64_t DpBf16PanelGroupBytes(int64_t k) { return kDpBf16PanelRows * 2 * k; }
 
 // Sizes of the AMX Gemm's packed x (rows padded to 32, k to 32, up to three bf16 terms per element)
 // and scratch (a 256 x 128 f32 staging block and 64 KiB of packed w).

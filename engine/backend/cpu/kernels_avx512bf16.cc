@@ -146,9 +146,13 @@ inline void PrefetchStep(const char* pf, int64_t pf_stride, int64_t q) {
 // The first pf_steps steps prefetch kPfPerStep lines each: line L at pf + L / kPrefetchLines *
 // pf_stride + L % kPrefetchLines * 64 (GemmTerms: rows of the next block in w's layout, pf_stride
 // a row's bytes; PanelWalk: pf_stride kPrefetchLines * 64, so one contiguous run).
+//
+// `lone` (the prepared layout's odd last slice, kernels.h): after the pairs, one 64-byte line of
+// the 32 rows' last elements, each widened to a pair with a zero high half, which is the word the
+// packing Gemm's panels hold there, so the bits are the same.
 template <int kTerms, int kMrT, int kPfPerStep>
-void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, float* c,
-                 int64_t ldc, int nr, bool first, const float* bias, const char* pf,
+void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_t pairs, bool lone,
+                 float* c, int64_t ldc, int nr, bool first, const float* bias, const char* pf,
                  int64_t pf_stride, int64_t pf_steps) {
   __m512 acc[kMrT][2];
 #pragma GCC unroll 16
@@ -170,24 +174,43 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
   };
   // The first pf_steps steps prefetch (GemmTerms); a branch in one loop made GCC keep the
   // accumulators in memory, hence two loops.
-  for (int64_t q = 0; q < pf_steps; ++q) {
+  const int64_t pf_whole = Min64(pf_steps, pairs);
+  for (int64_t q = 0; q < pf_whole; ++q) {
     PrefetchStep<kPfPerStep>(pf, pf_stride, q);
     step(q);
   }
-  for (int64_t q = pf_steps; q < pairs; ++q) step(q);
+  for (int64_t q = pf_whole; q < pairs; ++q) step(q);
+  if (lone) {
+    const __m512i line = _mm512_loadu_si512(b + pairs * kNr);
+    const __m512bh b0 =
+        reinterpret_cast<__m512bh>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(line)));
+    const __m512bh b1 =
+        reinterpret_cast<__m512bh>(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(line, 1)));
+#pragma GCC unroll 16
+    for (int r = 0; r < kMrT; ++r) {
+#pragma GCC unroll 3
+      for (int t = 0; t < kTerms; ++t) {
+        uint32_t pair;
+        std::memcpy(&pair, a[r] + t * kp + 2 * pairs, 4);
+        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+      }
+    }
+  }
   StoreTile<kMrT>(acc, c, ldc, nr, first, bias);
 }
 
-// The f32 FMA micro-kernel over the same panels (gemm_bf16_panels: kHighest and kHigh): a[r]
-// points at x row r (f32) at the slice's first element, kc is the slice's elements. Each weight
+// The f32 FMA micro-kernel over the prepared panels (gemm_bf16_panels: kHighest and kHigh): a[r]
+// points at x row r (f32) at the slice's first element; `pairs` whole pairs, then the `lone`
+// line of an odd last slice (MicroKernel); the second argument is unused. Each weight
 // pair is widened by a shift (element 2q) and a mask (2q + 1), which is exact, and each output
 // takes x[2q] * w then x[2q + 1] * w as two FMAs into one f32 lane: products exact within the
 // FMA, one rounding per sum, each row in the same order whatever kMrT.
 template <int kMrT, int kPfPerStep>
-void FmaMicroKernel(const float* const* a, int64_t kc, const uint32_t* b, int64_t pairs, float* c,
-                    int64_t ldc, int nr, bool first, const float* bias, const char* pf,
+void FmaMicroKernel(const float* const* a, int64_t, const uint32_t* b, int64_t pairs, bool lone,
+                    float* c, int64_t ldc, int nr, bool first, const float* bias, const char* pf,
                     int64_t pf_stride, int64_t pf_steps) {
-  (void)pairs;
   __m512 acc[kMrT][2];
 #pragma GCC unroll 16
   for (int r = 0; r < kMrT; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -208,26 +231,26 @@ void FmaMicroKernel(const float* const* a, int64_t kc, const uint32_t* b, int64_
     half(_mm512_castsi512_ps(_mm512_and_si512(v0, hi_half)),
          _mm512_castsi512_ps(_mm512_and_si512(v1, hi_half)), 2 * q + 1);
   };
-  // Whole pairs, then the lone element of an odd slice (its pair's high half is zero padding and
-  // x has no element there).
-  const int64_t whole = kc / 2;
-  const int64_t pf_whole = Min64(pf_steps, whole);
+  const int64_t pf_whole = Min64(pf_steps, pairs);
   for (int64_t q = 0; q < pf_whole; ++q) {
     PrefetchStep<kPfPerStep>(pf, pf_stride, q);
     step(q);
   }
-  for (int64_t q = pf_whole; q < whole; ++q) step(q);
-  if (kc % 2 != 0) {
-    half(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(b + whole * kNr), 16)),
-         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(b + whole * kNr + 16), 16)),
-         2 * whole);
+  for (int64_t q = pf_whole; q < pairs; ++q) step(q);
+  if (lone) {
+    const __m512i line = _mm512_loadu_si512(b + pairs * kNr);
+    half(_mm512_castsi512_ps(
+             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(line)), 16)),
+         _mm512_castsi512_ps(
+             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(line, 1)), 16)),
+         2 * pairs);
   }
   StoreTile<kMrT>(acc, c, ldc, nr, first, bias);
 }
 
 template <typename X>
-using TileFn = void (*)(const X* const*, int64_t, const uint32_t*, int64_t, float*, int64_t, int,
-                        bool, const float*, const char*, int64_t, int64_t);
+using TileFn = void (*)(const X* const*, int64_t, const uint32_t*, int64_t, bool, float*, int64_t,
+                        int, bool, const float*, const char*, int64_t, int64_t);
 // The micro-kernels by tile height: [mr - 1] for mr = 1 .. kMr.
 template <int kTerms, int kPfPerStep>
 inline constexpr TileFn<uint16_t> kMicroKernels[kMr] = {
@@ -280,7 +303,7 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
           const int64_t pf_steps = rows_here * kPrefetchLines;
           next_row += rows_here;
           kMicroKernels<kTerms, 1>[mr - 1](
-              a, kp, packed + p * pairs * kNr, pairs, out + i0 * ldo + jb + p * kNr, ldo, nr,
+              a, kp, packed + p * pairs * kNr, pairs, false, out + i0 * ldo + jb + p * kNr, ldo, nr,
               k0 == 0, bias != nullptr ? bias + jb + p * kNr : nullptr, pf, k * 2, pf_steps);
         }
       }
@@ -289,15 +312,22 @@ void GemmTerms(const uint16_t* packed_x, int64_t k, int64_t x_begin, int64_t x_e
 }
 
 // ---- w prepared once: the DpBf16 panel layout (kernels.h) -------------------------------------
-// Group g's panels at g * kNr * pairs(k) words, slice k0's at k0 / 2 * kNr words into it.
+// Group g's panels at g * GroupWords(k) words (its rows' bytes), slice k0's at k0 / 2 * kNr words
+// into it; an odd last slice's pairs, then its lone line of 32 bf16 (row j's last element at j).
 constexpr int64_t GroupWords(int64_t k) { return DpBf16PanelGroupBytes(k) / 4; }
 
 void RepackPanels(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group_end,
                   uint32_t* dst) {
+  const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
   for (int64_t g = group_begin; g < group_end; ++g) {
     for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-      PackPanels(w + g * kNr * k + k0, k, kNr, Min64(kKc, k - k0),
-                 dst + g * GroupWords(k) + k0 / 2 * kNr);
+      const int64_t kc = Min64(kKc, k - k0);
+      uint32_t* slice = dst + g * GroupWords(k) + k0 / 2 * kNr;
+      PackPanels(w + g * kNr * k + k0, k, kNr, kc / 2 * 2, slice);
+      if (kc % 2 != 0) {
+        uint16_t* line = reinterpret_cast<uint16_t*>(slice + kc / 2 * kNr);
+        for (int64_t j = 0; j < kNr; ++j) line[j] = wb[(g * kNr + j) * k + k - 1];
+      }
     }
   }
 }
@@ -305,23 +335,25 @@ void RepackPanels(const bf16_t* w, int64_t k, int64_t group_begin, int64_t group
 // GemmTerms over prepared panels: the same blocks of kNcPanels groups by a kKc slice (one group
 // when there is one x tile, so that a decode call's rows are one ascending stream: batch-1 decode
 // 1.2-1.5x on Zen 5), the same micro-kernel steps (so the same bits), and no packing. Each panel's
-// micro-kernel calls prefetch the same panel of the next block into L2 (a panel's pairs * 128
-// bytes): the only x tile two lines per step, or the first two tiles one line per step each, so
-// that the lines go out at the pace of the compute instead of in one burst.
+// micro-kernel calls prefetch the same panel of the next block into L2 (its pairs' 128 bytes
+// each): the only x tile two lines per step, or the first two tiles one line per
+// step each, so that the lines go out at the pace of the compute instead of in one burst.
 //
 // x row i at x + i * x_stride (the packed terms, or f32 rows); tiles[mr - 1] the micro-kernels
-// of one line per prefetching step, tiles2 of two; `aux` their second argument at slice k0.
-template <typename X, typename Aux>
+// of one line per prefetching step, tiles2 of two; `aux` their second argument.
+template <typename X>
 void PanelWalk(const X* x, int64_t x_stride, int64_t k, int64_t x_begin, int64_t x_end,
                const uint32_t* w, const float* bias, float* out, int64_t ldo, int64_t row_begin,
-               int64_t row_end, const TileFn<X>* tiles, const TileFn<X>* tiles2, Aux&& aux) {
+               int64_t row_end, const TileFn<X>* tiles, const TileFn<X>* tiles2, int64_t aux) {
   const int64_t group_words = GroupWords(k);
   const int64_t nc_panels = x_end - x_begin <= kMr ? 1 : kNcPanels;
   for (int64_t jb = row_begin; jb < row_end; jb += kNr * nc_panels) {
     const int64_t panels = Min64(nc_panels, (row_end - jb) / kNr);
     const uint32_t* block = w + jb / kNr * group_words;
     for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-      const int64_t pairs = (Min64(kKc, k - k0) + 1) / 2;
+      const int64_t kc = Min64(kKc, k - k0);
+      const int64_t pairs = kc / 2;
+      const bool lone = kc % 2 != 0;
       // The next block: this block's groups at the next slice, or the next groups' first.
       const uint32_t* next = nullptr;
       if (k0 + kKc < k) {
@@ -346,10 +378,10 @@ void PanelWalk(const X* x, int64_t x_stride, int64_t k, int64_t x_begin, int64_t
                                ? reinterpret_cast<const char*>(next + p * group_words)
                                : nullptr;
           if (pf != nullptr && x_end - x_begin <= kMr) {
-            tiles2[mr - 1](a, aux(k0), b, pairs, c, ldo, kNr, k0 == 0, bp, pf, kPrefetchLines * 64,
-                           pairs);
+            tiles2[mr - 1](a, aux, b, pairs, lone, c, ldo, kNr, k0 == 0, bp, pf,
+                           kPrefetchLines * 64, pairs);
           } else {
-            tiles[mr - 1](a, aux(k0), b, pairs, c, ldo, kNr, k0 == 0, bp,
+            tiles[mr - 1](a, aux, b, pairs, lone, c, ldo, kNr, k0 == 0, bp,
                           pf != nullptr ? pf + tile * pairs * 64 : nullptr, kPrefetchLines * 64,
                           pf != nullptr ? pairs : 0);
           }
@@ -387,7 +419,7 @@ void DpBf16PanelGemm(const void* packed_x, int64_t k, int64_t x_begin, int64_t x
     constexpr int kTerms = decltype(t)::value;
     PanelWalk(static_cast<const uint16_t*>(packed_x), kTerms * kp, k, x_begin, x_end,
               static_cast<const uint32_t*>(w), bias, out, ldo, row_begin, row_end,
-              kMicroKernels<kTerms, 1>, kMicroKernels<kTerms, 2>, [kp](int64_t) { return kp; });
+              kMicroKernels<kTerms, 1>, kMicroKernels<kTerms, 2>, kp);
   });
 }
 
@@ -395,8 +427,7 @@ void Bf16PanelFmaGemm(const float* x, int64_t k, int64_t x_begin, int64_t x_end,
                       const float* bias, float* out, int64_t ldo, int64_t row_begin,
                       int64_t row_end) {
   PanelWalk(x, k, k, x_begin, x_end, static_cast<const uint32_t*>(w), bias, out, ldo, row_begin,
-            row_end, kFmaMicroKernels<1>, kFmaMicroKernels<2>,
-            [k](int64_t k0) { return Min64(kKc, k - k0); });
+            row_end, kFmaMicroKernels<1>, kFmaMicroKernels<2>, 0);
 }
 
 void DpBf16PackX(const float* x, int64_t k, int64_t row_begin, int64_t row_end, void* packed,

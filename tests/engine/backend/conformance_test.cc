@@ -979,6 +979,79 @@ TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
   if (ran == 0) GTEST_SKIP() << backend_->name() << " runs no block-quantized Gemm weight";
 }
 
+TEST_P(BackendConformanceTest, PreparedFloatGemmWeightsGiveTheReferenceGemm) {
+  // The same for float weights (the CPU backend: BF16 weights of whole 32-row groups in its bf16
+  // pair panels where the CPU has AVX512_BF16 and no AMX tiles, at every matmul precision; F32,
+  // F16 and other row counts as they are): within the f32 Gemm's tolerance of the reference at
+  // every row count, with and without bias, a slice of whole 32-row groups gives those rows, and
+  // each x row gets a one-row call's bits within MaxRowInvariantRows (up to 40 rows).
+  const std::vector<std::pair<int64_t, int64_t>> mk = {{32, 1},   {32, 67},   {48, 67},
+                                                       {96, 257}, {160, 520}, {64, 1030}};
+  for (DType dt : kStorageDTypes) {
+    for (auto [m, k] : mk) {
+      std::mt19937 rng(static_cast<uint32_t>(m * 31 + k + 5 * static_cast<int>(dt)));
+      HostTensor w = Random(rng, dt, {m, k});
+      HostTensor bias = Random(rng, DType::kF32, {m});
+      absl::StatusOr<TensorView> prepared = backend_->PrepareGemmWeight(Upload(w));
+      ASSERT_TRUE(prepared.ok()) << prepared.status();
+      EXPECT_EQ(prepared->dtype, dt);
+      ASSERT_EQ(prepared->ndim, 2);
+      EXPECT_EQ(prepared->dim(0), m);
+      EXPECT_EQ(prepared->dim(1), k);
+      const std::string shape =
+          std::string(DTypeName(dt)) + " m=" + std::to_string(m) + " k=" + std::to_string(k);
+      for (int64_t n : {1, 3, 4, 8, 9, 16, 17, 31, 33, 64, 128}) {
+        const bool with_bias = (n + m) % 2 == 1;
+        HostTensor x = Random(rng, DType::kF32, {n, k});
+        HostTensor want(DType::kF32, {n, m});
+        TensorView no_bias;
+        cpu::reference::Gemm(x.view(), w.view(), with_bias ? bias.view() : no_bias, want.view());
+        const TensorView out = Upload(want);
+        backend_->Gemm(Upload(x), *prepared, with_bias ? Upload(bias) : no_bias, out);
+        ExpectClose(
+            Download(out, want), want, kAccumOrderRelTol,
+            "prepared Gemm " + shape + " n=" + std::to_string(n) + (with_bias ? " +bias" : ""));
+      }
+      if (m >= 96) {
+        // Row groups 1.. alone: the reference's rows 32...
+        const int64_t n = 5;
+        HostTensor x = Random(rng, DType::kF32, {n, k});
+        HostTensor want(DType::kF32, {n, m});
+        cpu::reference::Gemm(x.view(), w.view(), TensorView(), want.view());
+        HostTensor got(DType::kF32, {n, m - 32});
+        const TensorView out = Upload(got);
+        backend_->Gemm(Upload(x), prepared->rows(32, m - 32), TensorView(), out);
+        got = Download(out, got);
+        HostTensor want_tail(DType::kF32, {n, m - 32});
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t r = 32; r < m; ++r) {
+            want_tail.f32()[i * (m - 32) + r - 32] = want.f32()[i * m + r];
+          }
+        }
+        ExpectClose(got, want_tail, kAccumOrderRelTol, "rows 32.. of a prepared " + shape);
+      }
+      const int64_t bound = std::min<int64_t>(backend_->MaxRowInvariantRows(dt, m), 40);
+      if (bound >= 2) {
+        HostTensor x = Random(rng, DType::kF32, {bound, k});
+        HostTensor all(DType::kF32, {bound, m});
+        const TensorView all_d = Upload(all);
+        backend_->Gemm(Upload(x), *prepared, TensorView(), all_d);
+        all = Download(all_d, all);
+        for (int64_t i = 0; i < bound; ++i) {
+          HostTensor xi(DType::kF32, {1, k});
+          std::memcpy(xi.f32(), x.f32() + i * k, k * sizeof(float));
+          HostTensor oi(DType::kF32, {1, m});
+          const TensorView oi_d = Upload(oi);
+          backend_->Gemm(Upload(xi), *prepared, TensorView(), oi_d);
+          oi = Download(oi_d, oi);
+          EXPECT_EQ(std::memcmp(oi.f32(), all.f32() + i * m, m * sizeof(float)), 0)
+              << "prepared " << shape << " row " << i << " of " << bound;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(BackendConformanceTest, AllocateOfAnImpossibleSizeFailsCleanly) {
   // Sizes whose rounding up to the allocation granule would wrap around must fail, not return a
   // small buffer that claims to be huge. (Sizes that merely exceed memory are left out: under
