@@ -11,8 +11,13 @@
 // bf16, kMedium), or two or three, each multiplied by the same weight pair, so every product is
 // exact and only the f32 sums round. The backend passes one: two terms (x to within 2^-16) take
 // as many instructions per product as the FMA kernel and three 1.5 times as many, and measured
-// slower (KernelTable::gemm_dpbf16), so kHigh and kHighest keep that kernel and its bits; tests
-// run all three.
+// slower (KernelTable::gemm_dpbf16), so kHigh and kHighest stay on the FMA units; tests run all
+// three.
+//
+// The BF16 weights that CpuBackend::PrepareGemmWeight copies into the panels once, at load
+// (repack_dpbf16), take every Gemm of every row count from them: gemm_dpbf16_panels on this
+// micro-kernel at kMedium, gemm_bf16_panels on an f32 FMA micro-kernel over the same panels at
+// kHigh and kHighest (FmaMicroKernel below; it needs only AVX-512 F).
 //
 // The instruction flushes denormal inputs and outputs to zero (it ignores MXCSR): a bf16 term
 // below 2^-126 counts as 0, which is within every precision's bound.

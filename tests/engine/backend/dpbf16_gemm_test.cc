@@ -2,7 +2,10 @@
 // on CPUs with AVX512_BF16 (AMD Zen 4 and 5, Xeons from Cooper Lake on); skipped elsewhere. The
 // packer is held to the AMX split's bits (amx_gemm_impl.h's AmxSplit, the scalar definition of the
 // terms), the Gemm to a double sum within each precision's bound, and the backend to taking it
-// only below kHighest and only for prefill-sized calls.
+// only at kMedium and only for prefill-sized calls on weights it did not copy. The panel copy
+// (repack_dpbf16) and its Gemms: gemm_dpbf16_panels to the packing Gemm's bits, gemm_bf16_panels
+// (the f32 FMA one, kHighest and kHigh) to a double sum within the f32 bound, and both to one-row
+// bits for every row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
