@@ -148,6 +148,27 @@ inline void PrefetchStep(const char* pf, int64_t pf_stride, int64_t q) {
   }
 }
 
+// step(q) for q < pairs, the first pf_steps of them with their prefetches (PrefetchStep); a branch
+// in one loop made GCC keep the accumulators in memory, hence two loops.
+template <int kPfPerStep, typename Step>
+__attribute__((always_inline)) inline void RunSteps(Step&& step, int64_t pairs, const char* pf,
+                                                    int64_t pf_stride, int64_t pf_steps) {
+  const int64_t pf_whole = Min64(pf_steps, pairs);
+  for (int64_t q = 0; q < pf_whole; ++q) {
+    PrefetchStep<kPfPerStep>(pf, pf_stride, q);
+    step(q);
+  }
+  for (int64_t q = pf_whole; q < pairs; ++q) step(q);
+}
+
+// The lone line of an odd last slice (kernels.h) as the pair words of rows 0-15 and 16-31: each
+// bf16 in a word's low half, the high half zero.
+inline void LoneLineWords(const uint32_t* line, __m512i* lo, __m512i* hi) {
+  const __m512i v = _mm512_loadu_si512(line);
+  *lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v));
+  *hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1));
+}
+
 // The first pf_steps steps prefetch kPfPerStep lines each: line L at pf + L / kPrefetchLines *
 // pf_stride + L % kPrefetchLines * 64 (GemmTerms: rows of the next block in w's layout, pf_stride
 // a row's bytes; PanelWalk: pf_stride kPrefetchLines * 64, so one contiguous run).
@@ -162,9 +183,8 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
   __m512 acc[kMrT][2];
 #pragma GCC unroll 16
   for (int r = 0; r < kMrT; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  auto step = [&](int64_t q) __attribute__((always_inline)) {
-    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr));
-    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16));
+  // Pair q of x against the weight words of 16 + 16 rows in b0, b1.
+  auto dot = [&](__m512bh b0, __m512bh b1, int64_t q) __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int r = 0; r < kMrT; ++r) {
 #pragma GCC unroll 3
@@ -177,31 +197,15 @@ void MicroKernel(const uint16_t* const* a, int64_t kp, const uint32_t* b, int64_
       }
     }
   };
-  // The first pf_steps steps prefetch (GemmTerms); a branch in one loop made GCC keep the
-  // accumulators in memory, hence two loops.
-  const int64_t pf_whole = Min64(pf_steps, pairs);
-  for (int64_t q = 0; q < pf_whole; ++q) {
-    PrefetchStep<kPfPerStep>(pf, pf_stride, q);
-    step(q);
-  }
-  for (int64_t q = pf_whole; q < pairs; ++q) step(q);
+  auto step = [&](int64_t q) __attribute__((always_inline)) {
+    dot(reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr)),
+        reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + q * kNr + 16)), q);
+  };
+  RunSteps<kPfPerStep>(step, pairs, pf, pf_stride, pf_steps);
   if (lone) {
-    const __m512i line = _mm512_loadu_si512(b + pairs * kNr);
-    const __m512bh b0 =
-        reinterpret_cast<__m512bh>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(line)));
-    const __m512bh b1 =
-        reinterpret_cast<__m512bh>(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(line, 1)));
-#pragma GCC unroll 16
-    for (int r = 0; r < kMrT; ++r) {
-#pragma GCC unroll 3
-      for (int t = 0; t < kTerms; ++t) {
-        uint32_t pair;
-        std::memcpy(&pair, a[r] + t * kp + 2 * pairs, 4);
-        const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
-      }
-    }
+    __m512i lo, hi;
+    LoneLineWords(b + pairs * kNr, &lo, &hi);
+    dot(reinterpret_cast<__m512bh>(lo), reinterpret_cast<__m512bh>(hi), pairs);
   }
   StoreTile<kMrT>(acc, c, ldc, nr, first, bias);
 }
@@ -236,19 +240,12 @@ void FmaMicroKernel(const float* const* a, int64_t, const uint32_t* b, int64_t p
     half(_mm512_castsi512_ps(_mm512_and_si512(v0, hi_half)),
          _mm512_castsi512_ps(_mm512_and_si512(v1, hi_half)), 2 * q + 1);
   };
-  const int64_t pf_whole = Min64(pf_steps, pairs);
-  for (int64_t q = 0; q < pf_whole; ++q) {
-    PrefetchStep<kPfPerStep>(pf, pf_stride, q);
-    step(q);
-  }
-  for (int64_t q = pf_whole; q < pairs; ++q) step(q);
+  RunSteps<kPfPerStep>(step, pairs, pf, pf_stride, pf_steps);
   if (lone) {
-    const __m512i line = _mm512_loadu_si512(b + pairs * kNr);
-    half(_mm512_castsi512_ps(
-             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(line)), 16)),
-         _mm512_castsi512_ps(
-             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(line, 1)), 16)),
-         2 * pairs);
+    __m512i lo, hi;
+    LoneLineWords(b + pairs * kNr, &lo, &hi);
+    half(_mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)),
+         _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)), 2 * pairs);
   }
   StoreTile<kMrT>(acc, c, ldc, nr, first, bias);
 }

@@ -90,6 +90,26 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
     return out;
   }
 
+  // Each row of the Gemm of x [n, k] by the device weight w [m, k] (no bias) gets the bits of a
+  // one-row call.
+  void ExpectRowsGetOneRowBits(const HostTensor& x, const TensorView& w, const std::string& what) {
+    const int64_t n = x.dims[0], k = x.dims[1], m = w.dim(0);
+    HostTensor all(DType::kF32, {n, m});
+    const TensorView all_d = Upload(all);
+    backend_->Gemm(Upload(x), w, TensorView(), all_d);
+    all = Download(all_d, all);
+    for (int64_t i = 0; i < n; ++i) {
+      HostTensor xi(DType::kF32, {1, k});
+      std::memcpy(xi.f32(), x.f32() + i * k, k * sizeof(float));
+      HostTensor oi(DType::kF32, {1, m});
+      const TensorView oi_d = Upload(oi);
+      backend_->Gemm(Upload(xi), w, TensorView(), oi_d);
+      oi = Download(oi_d, oi);
+      EXPECT_EQ(std::memcmp(oi.f32(), all.f32() + i * m, m * sizeof(float)), 0)
+          << what << " row " << i << " of " << n;
+    }
+  }
+
   std::unique_ptr<Backend> backend_;
   std::vector<DeviceBuffer> buffers_;
 };
@@ -957,21 +977,8 @@ TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
         // Row invariance, up to 20 rows.
         const int64_t bound = std::min<int64_t>(backend_->MaxRowInvariantRows(dt, m), 20);
         if (bound >= 2 && k == 768) {
-          HostTensor x = QuantGemmInput(rng, bound, k);
-          HostTensor all(DType::kF32, {bound, m});
-          const TensorView all_d = Upload(all);
-          backend_->Gemm(Upload(x), *prepared, TensorView(), all_d);
-          all = Download(all_d, all);
-          for (int64_t i = 0; i < bound; ++i) {
-            HostTensor xi(DType::kF32, {1, k});
-            std::memcpy(xi.f32(), x.f32() + i * k, k * sizeof(float));
-            HostTensor oi(DType::kF32, {1, m});
-            const TensorView oi_d = Upload(oi);
-            backend_->Gemm(Upload(xi), *prepared, TensorView(), oi_d);
-            oi = Download(oi_d, oi);
-            EXPECT_EQ(std::memcmp(oi.f32(), all.f32() + i * m, m * sizeof(float)), 0)
-                << DTypeName(dt) << " prepared m=" << m << " row " << i << " of " << bound;
-          }
+          ExpectRowsGetOneRowBits(QuantGemmInput(rng, bound, k), *prepared,
+                                  std::string(DTypeName(dt)) + " prepared m=" + std::to_string(m));
         }
       }
     }
@@ -1032,21 +1039,8 @@ TEST_P(BackendConformanceTest, PreparedFloatGemmWeightsGiveTheReferenceGemm) {
       }
       const int64_t bound = std::min<int64_t>(backend_->MaxRowInvariantRows(dt, m), 40);
       if (bound >= 2) {
-        HostTensor x = Random(rng, DType::kF32, {bound, k});
-        HostTensor all(DType::kF32, {bound, m});
-        const TensorView all_d = Upload(all);
-        backend_->Gemm(Upload(x), *prepared, TensorView(), all_d);
-        all = Download(all_d, all);
-        for (int64_t i = 0; i < bound; ++i) {
-          HostTensor xi(DType::kF32, {1, k});
-          std::memcpy(xi.f32(), x.f32() + i * k, k * sizeof(float));
-          HostTensor oi(DType::kF32, {1, m});
-          const TensorView oi_d = Upload(oi);
-          backend_->Gemm(Upload(xi), *prepared, TensorView(), oi_d);
-          oi = Download(oi_d, oi);
-          EXPECT_EQ(std::memcmp(oi.f32(), all.f32() + i * m, m * sizeof(float)), 0)
-              << "prepared " << shape << " row " << i << " of " << bound;
-        }
+        ExpectRowsGetOneRowBits(Random(rng, DType::kF32, {bound, k}), *prepared,
+                                "prepared " + shape);
       }
     }
   }
