@@ -156,25 +156,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   to.kv_dtype = e->kv_dtype_;
   to.device_routing = options.device_routing;
   to.graphs = options.graphs;
+  // Weights the backend copies into its own layout are read from the copy only: their file
+  // pages are dropped as each copy is made (the peak stays near one model's bytes, not two). A
+  // tied lm_head's pages are the Embed table's, which stay.
+  {
+    Engine* engine = e.get();
+    to.on_weight_copied = [engine](const TensorView& f) {
+      if (f.data != engine->model_.weights().embed_tokens.data) {
+        engine->model_.checkpoint().ReleasePages(f.data, f.bytes());
+      }
+    };
+  }
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
-  {
-    // Weights the backend copied into its own layout are read from the copy only: their file
-    // pages need not stay resident. A tied lm_head's pages are the Embed table's, which stay.
-    const ModelWeights& file = e->model_.weights();
-    const ModelWeights& run = e->transformer_->weights();
-    auto release = [&](const TensorView& f, const TensorView& r) {
-      if (f.data != r.data && f.data != file.embed_tokens.data) {
-        e->model_.checkpoint().ReleasePages(f.data, f.bytes());
-      }
-    };
-    release(file.lm_head, run.lm_head);
-    for (size_t l = 0; l < file.layers.size(); ++l) {
-      const auto f = GemmWeights(file.layers[l]), r = GemmWeights(run.layers[l]);
-      for (size_t i = 0; i < f.size(); ++i) release(*f[i], *r[i]);
-    }
-  }
   if (options.prefix_caching) e->kv_->EnablePrefixCache();
   {
     const ModelWeights& w = e->model_.weights();

@@ -189,7 +189,9 @@ absl::StatusOr<TensorView> Transformer::CopyToOwnedBuffer(const TensorView& host
 absl::Status Transformer::PrepareGemmWeights() {
   auto prepare = [&](TensorView& w) -> absl::Status {
     if (w.empty()) return absl::OkStatus();
+    const TensorView held = w;
     MODSERVE_ASSIGN_OR_RETURN(w, backend_->PrepareGemmWeight(w));
+    if (w.data != held.data && options_.on_weight_copied) options_.on_weight_copied(held);
     return absl::OkStatus();
   };
   MODSERVE_RETURN_IF_ERROR(prepare(weights_.lm_head));

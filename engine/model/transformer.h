@@ -6,6 +6,7 @@
 #define MODSERVE_ENGINE_MODEL_TRANSFORMER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,11 @@ struct TransformerOptions {
   // 2, 4, ... 64 sequences and a page-table stride) and replayed (DESIGN.md section 5.2); kAuto:
   // on a backend with graphs that is not the CPU.
   DeviceRouting graphs = DeviceRouting::kAuto;
+  // Called with a Gemm weight's view as the transformer held it (on a host backend, the file's)
+  // right after Backend::PrepareGemmWeight returned a copy of it: the engine drops the view's file
+  // pages there, one weight at a time, so that loading never holds the file's pages and the
+  // copies of the whole model at once. Null: nothing is called.
+  std::function<void(const TensorView&)> on_weight_copied;
 };
 
 // One sequence's share of a step. The sequence must already be added to the KV manager.
