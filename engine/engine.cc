@@ -170,6 +170,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
+  {
+    // The same for weights the transformer holds elsewhere once built (a device backend's
+    // uploaded copies): their file pages go now. Pages already dropped above cost nothing here.
+    const ModelWeights& file = e->model_.weights();
+    const ModelWeights& run = e->transformer_->weights();
+    auto release = [&](const TensorView& f, const TensorView& r) {
+      if (f.data != r.data && f.data != file.embed_tokens.data) {
+        e->model_.checkpoint().ReleasePages(f.data, f.bytes());
+      }
+    };
+    release(file.lm_head, run.lm_head);
+    for (size_t l = 0; l < file.layers.size(); ++l) {
+      const auto f = GemmWeights(file.layers[l]), r = GemmWeights(run.layers[l]);
+      for (size_t i = 0; i < f.size(); ++i) release(*f[i], *r[i]);
+    }
+  }
   if (options.prefix_caching) e->kv_->EnablePrefixCache();
   {
     const ModelWeights& w = e->model_.weights();
