@@ -159,14 +159,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // Weights the backend copies into its own layout are read from the copy only: their file
   // pages are dropped as each copy is made (the peak stays near one model's bytes, not two). A
   // tied lm_head's pages are the Embed table's, which stay.
-  {
-    Engine* engine = e.get();
-    to.on_weight_copied = [engine](const TensorView& f) {
-      if (f.data != engine->model_.weights().embed_tokens.data) {
-        engine->model_.checkpoint().ReleasePages(f.data, f.bytes());
-      }
-    };
-  }
+  Engine* engine = e.get();
+  auto drop_file_pages = [engine](const TensorView& f) {
+    if (f.data != engine->model_.weights().embed_tokens.data) {
+      engine->model_.checkpoint().ReleasePages(f.data, f.bytes());
+    }
+  };
+  to.on_weight_copied = drop_file_pages;
   MODSERVE_ASSIGN_OR_RETURN(e->transformer_, Transformer::Create(cfg, e->model_.weights(),
                                                                  e->backend_.get(), e->kv_.get(),
                                                                  to));
@@ -176,9 +175,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     const ModelWeights& file = e->model_.weights();
     const ModelWeights& run = e->transformer_->weights();
     auto release = [&](const TensorView& f, const TensorView& r) {
-      if (f.data != r.data && f.data != file.embed_tokens.data) {
-        e->model_.checkpoint().ReleasePages(f.data, f.bytes());
-      }
+      if (f.data != r.data) drop_file_pages(f);
     };
     release(file.lm_head, run.lm_head);
     for (size_t l = 0; l < file.layers.size(); ++l) {
