@@ -310,7 +310,7 @@ class Backend {
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
 
   // A Gemm weight in the layout this backend's kernels read fastest, made once when a model is
-  // loaded: either `w` itself, or a copy of it (same dtype and shape) in a layout private
+  // loaded: either `w` itself, or a copy of it (same dtype, shape and bytes) in a layout private
   // to the backend, in memory the backend owns until it is destroyed. A copy may be passed only
   // as a Gemm/GemmGroup weight, whole or as a slice of whole row groups (the backend CHECKs);
   // every other reader (Embed of a tied table, say) keeps the original. The result is the same

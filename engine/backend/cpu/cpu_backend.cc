@@ -165,7 +165,7 @@ absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
 absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   MODSERVE_CHECK(!capturing_) << "PrepareGemmWeight during a graph capture";
   if (w.ndim != 2 || w.device != Device::kCpu || w.empty() || w.dim(0) == 0 ||
-      w.dim(0) % kQ4KX16Rows != 0 || IsPrepared(w)) {
+      w.dim(0) % kQ4KX16Rows != 0 || PreparedGroupRows(w) != 0) {
     return w;
   }
   const int64_t m = w.dim(0), k = w.dim(1);
@@ -203,8 +203,11 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
     repack = [&, fn](int64_t b, int64_t e, void* dst) { fn(w.data, k, b, e, dst); };
   }
   const int64_t groups = m / group_rows;
-  const size_t copy_bytes = static_cast<size_t>(groups) * static_cast<size_t>(group_bytes);
-  const size_t bytes = (copy_bytes + kAlignment - 1) / kAlignment * kAlignment;
+  // Every layout keeps a row group in its rows' bytes, so views of whole groups start where
+  // TensorView::rows puts them.
+  MODSERVE_CHECK(static_cast<size_t>(groups) * static_cast<size_t>(group_bytes) == w.bytes())
+      << layout << " copy of " << w.ShapeString() << " is not the tensor's size";
+  const size_t bytes = (w.bytes() + kAlignment - 1) / kAlignment * kAlignment;
   if (prepared_chunks_.empty() || prepared_used_ + bytes > prepared_chunks_.back().bytes()) {
     absl::StatusOr<DeviceBuffer> chunk = Allocate(std::max(kPreparedChunkBytes, bytes));
     if (!chunk.ok()) {
@@ -218,26 +221,24 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
   char* dst = static_cast<char*>(prepared_chunks_.back().data()) + prepared_used_;
   prepared_used_ += bytes;
   pool_.ParallelFor(0, groups, 1, [&](int64_t begin, int64_t end) { repack(begin, end, dst); });
-  prepared_.emplace(dst, PreparedWeight{copy_bytes, group_bytes, group_rows, w.dtype});
+  prepared_.emplace(dst, PreparedWeight{w.bytes(), group_bytes, group_rows, w.dtype});
   return TensorView(dst, w.dtype, {m, k}, Device::kCpu);
 }
 
-bool CpuBackend::IsPrepared(const TensorView& w) const {
+int64_t CpuBackend::PreparedGroupRows(const TensorView& w) const {
   const char* p = static_cast<const char*>(w.data);
   auto it = prepared_.upper_bound(p);
-  if (it == prepared_.begin()) return false;
+  if (it == prepared_.begin()) return 0;
   --it;
-  if (p >= it->first + it->second.bytes) return false;
+  if (p >= it->first + it->second.bytes) return 0;
   const int64_t offset = p - it->first;
   MODSERVE_CHECK(w.dtype == it->second.dtype && w.ndim == 2 &&
                  offset % it->second.group_bytes == 0 && w.dim(0) % it->second.group_rows == 0 &&
-                 static_cast<size_t>(offset) + w.dim(0) / it->second.group_rows *
-                                                   static_cast<size_t>(it->second.group_bytes) <=
-                     it->second.bytes)
+                 static_cast<size_t>(offset) + w.bytes() <= it->second.bytes)
       << "a view " << w.ShapeString() << " " << DTypeName(w.dtype) << " at byte " << offset
       << " of a prepared " << DTypeName(it->second.dtype)
       << " weight is not whole row groups of it";
-  return true;
+  return it->second.group_rows;
 }
 
 absl::Status CpuBackend::CopyToDevice(const TensorView& host_src, const TensorView& dst) {
@@ -360,7 +361,7 @@ void CpuBackend::EmbedQuantized(const TensorView& ids, const TensorView& table,
 void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const TensorView& out) {
   if (capturing_) return Record([=, this] { Embed(ids, table, out); });
   CheckEmbedArgs(kHost, ids, table, out);
-  MODSERVE_CHECK(!IsPrepared(table)) << "Embed of a PrepareGemmWeight copy";
+  MODSERVE_CHECK(PreparedGroupRows(table) == 0) << "Embed of a PrepareGemmWeight copy";
   if (const int64_t n = CountedRows(ids.dim(0)); n < ids.dim(0)) {
     if (n > 0) Embed(ids.rows(0, n), table, out.rows(0, n));
     return;
@@ -651,7 +652,8 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
       mem.bias = dst;
       bias_used += mem.m;
     }
-    const bool prepared = IsPrepared(g.w);
+    const int64_t group_rows = PreparedGroupRows(g.w);
+    const bool prepared = group_rows != 0;
     if (DTypeIsQuantized(mem.dtype)) {
       mem.quant = prepared ? InterleavedKernel(mem.dtype) : QuantKernel(mem.dtype);
       mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
@@ -675,10 +677,9 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     } else {
       // A prepared weight's rows are split in whole groups: it starts on a group boundary of
       // the pass, which is split at multiples of unit_rows below.
-      const int64_t group = mem.panels ? kDpBf16PanelRows : kQ4KX16Rows;
-      mem.first = prepared ? (small_rows + group - 1) / group * group : small_rows;
+      mem.first = prepared ? (small_rows + group_rows - 1) / group_rows * group_rows : small_rows;
       small_rows = mem.first + mem.m;
-      if (prepared) unit_rows = std::max(unit_rows, group);
+      unit_rows = std::max(unit_rows, group_rows);
     }
     gemm_members_.push_back(mem);
   }

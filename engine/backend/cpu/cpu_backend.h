@@ -174,9 +174,10 @@ class CpuBackend final : public Backend {
   // The kernel of dtype's interleaved layout (PrepareGemmWeight's copies); null where the table
   // has none.
   QuantGemmFn InterleavedKernel(DType dtype) const;
-  // Whether w lies in a PrepareGemmWeight copy; CHECKs that it is then a whole number of its row
-  // groups from a group boundary.
-  bool IsPrepared(const TensorView& w) const;
+  // The rows per group of the PrepareGemmWeight copy w lies in (kQ4KX16Rows for the interleaved
+  // layouts, kDpBf16PanelRows for the BF16 panels), or 0 where w is no copy; CHECKs that w is
+  // then a whole number of the copy's row groups from a group boundary.
+  int64_t PreparedGroupRows(const TensorView& w) const;
   template <typename T>
   void RopeAndAppendKvT(const RopeParams& params, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& positions, const TensorView& slots,

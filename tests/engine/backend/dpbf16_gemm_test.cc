@@ -40,6 +40,16 @@ std::vector<uint16_t> Pack(const std::vector<float>& x, int64_t n, int64_t k, in
   return packed;
 }
 
+// The panel copy of w [m, k] (repack_dpbf16), written in two group ranges as the backend's
+// threads write it, over a buffer of 0xdeadbeef.
+std::vector<uint32_t> Panels(const std::vector<bf16_t>& w, int64_t m, int64_t k) {
+  const int64_t groups = m / kDpBf16PanelRows;
+  std::vector<uint32_t> panels(groups * DpBf16PanelGroupBytes(k) / 4, 0xdeadbeefu);
+  KernelsFor(Isa::kAvx512).repack_dpbf16(w.data(), k, 0, groups / 2, panels.data());
+  KernelsFor(Isa::kAvx512).repack_dpbf16(w.data(), k, groups / 2, groups, panels.data());
+  return panels;
+}
+
 TEST(DpBf16GemmTest, TheTablesCarryTheKernelExactlyWhereTheCpuHasAvx512Bf16) {
   if (!CpuHasIsa(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512";
   for (Isa isa : {Isa::kAvx512, Isa::kAvx512Vnni}) {
@@ -212,10 +222,10 @@ TEST(DpBf16GemmTest, TheBackendTakesItAtMediumBeyondTheDecodeRange) {
   }
 }
 
-// The panel copy (repack_dpbf16, written in two group ranges as the backend's threads write it)
-// and gemm_dpbf16_panels give gemm_dpbf16's bits from the same weights, at each term count, for
-// every tile height (1 to 8 rows, and tiles beside them), odd and sliced k, group ranges that do
-// not start at 0, with and without a bias; and each x row the bits of a one-row call.
+// The panel copy (Panels) and gemm_dpbf16_panels give gemm_dpbf16's bits from the same weights, at
+// each term count, for every tile height (1 to 8 rows, and tiles beside them), odd and sliced k,
+// group ranges that do not start at 0, with and without a bias; and each x row the bits of a
+// one-row call.
 TEST(DpBf16GemmTest, ThePanelCopyGivesThePackingGemmsBitsAtEveryRowCount) {
   SKIP_WITHOUT_AVX512_BF16();
   const KernelTable& t = KernelsFor(Isa::kAvx512);
@@ -234,10 +244,7 @@ TEST(DpBf16GemmTest, ThePanelCopyGivesThePackingGemmsBitsAtEveryRowCount) {
     for (bf16_t& v : w) v = F32ToBf16(dist(rng));
     std::vector<float> bias(sh.m);
     for (float& v : bias) v = dist(rng);
-    const int64_t groups = sh.m / kDpBf16PanelRows;
-    std::vector<uint32_t> panels(groups * DpBf16PanelGroupBytes(sh.k) / 4, 0xdeadbeefu);
-    t.repack_dpbf16(w.data(), sh.k, 0, groups / 2, panels.data());
-    t.repack_dpbf16(w.data(), sh.k, groups / 2, groups, panels.data());
+    const std::vector<uint32_t> panels = Panels(w, sh.m, sh.k);
     for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 35}) {
       std::vector<float> x(n * sh.k);
       for (float& v : x) v = dist(rng);
@@ -299,10 +306,7 @@ TEST(DpBf16GemmTest, TheFmaPanelGemmIsWithinTheF32BoundAndGivesEachRowItsOneRowB
     for (float& v : x) v = dist(rng) * c.x_scale;
     for (bf16_t& v : w) v = F32ToBf16(dist(rng) * c.w_scale);
     for (float& v : bias) v = dist(rng);
-    const int64_t groups = c.m / kDpBf16PanelRows;
-    std::vector<uint32_t> panels(groups * DpBf16PanelGroupBytes(c.k) / 4, 0xdeadbeefu);
-    t.repack_dpbf16(w.data(), c.k, 0, groups / 2, panels.data());
-    t.repack_dpbf16(w.data(), c.k, groups / 2, groups, panels.data());
+    const std::vector<uint32_t> panels = Panels(w, c.m, c.k);
     const float* b = c.bias ? bias.data() : nullptr;
     const float sentinel = -12345.0f;
     std::vector<float> out(c.n * c.m, sentinel);
