@@ -51,6 +51,10 @@ uint32_t FileType(DType t) {
       return 3;
     case DType::kQ8_0:
       return 7;
+    case DType::kQ5_0:
+      return 8;
+    case DType::kQ5_1:
+      return 9;
     case DType::kQ4_K:
       return 14;  // Q4_K_S: every matrix Q4_K
     case DType::kQ5_K:
@@ -279,7 +283,7 @@ std::optional<DType> ParseWeightType(std::string_view name) {
   std::string n(name);
   for (char& ch : n) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+                  DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     if (n == DTypeName(t)) return t;
   }
   return std::nullopt;

@@ -15,8 +15,8 @@
 ABSL_FLAG(std::string, model, "", "checkpoint directory (config.json, safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, out, "", "the .gguf file to write");
 ABSL_FLAG(std::string, type, "q8_0",
-          "type of the weight matrices: q8_0, q4_k, q5_k, q4_0, q4_1, q6_k, f16, bf16 or f32 "
-          "(norms, routers and predictors stay f32)");
+          "type of the weight matrices: q8_0, q4_k, q5_k, q4_0, q4_1, q5_0, q5_1, q6_k, f16, bf16 "
+          "or f32 (norms, routers and predictors stay f32)");
 ABSL_FLAG(std::string, embed_type, "", "type of token_embd and output; empty = --type");
 ABSL_FLAG(int32_t, threads, 0,
           "threads that quantize each tensor's rows; 0 = every core (the file is the same for "

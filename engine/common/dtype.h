@@ -15,7 +15,20 @@ namespace modserve {
 // kQ8_0 .. kQ5_K are block-quantized weight storage as GGUF files hold it: each run of
 // DTypeBlockElems(t) consecutive elements of a row is one block of DTypeBlockBytes(t) bytes, so
 // a quantized row's length must be a multiple of the block.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ6_K, kQ5_K };
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kI32,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ4_K,
+  kQ6_K,
+  kQ5_K,
+  kQ5_0,
+  kQ5_1
+};
 
 constexpr bool DTypeIsQuantized(DType t) {
   switch (t) {
@@ -30,6 +43,8 @@ constexpr bool DTypeIsQuantized(DType t) {
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       return true;
   }
   return false;
@@ -46,6 +61,8 @@ constexpr int64_t DTypeBlockElems(DType t) {
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       return 32;
     case DType::kQ4_K:
     case DType::kQ5_K:
@@ -78,6 +95,10 @@ constexpr size_t DTypeBlockBytes(DType t) {
       return 210;  // 256 x 6 bits, 16 x int8 scales, f16 super-scale
     case DType::kQ5_K:
       return 176;  // as Q4_K, plus 256 high bits
+    case DType::kQ5_0:
+      return 22;  // f16 scale, 32 high bits, 32 x 4 low bits
+    case DType::kQ5_1:
+      return 24;  // f16 scale and minimum, 32 high bits, 32 x 4 low bits
   }
   return 0;
 }
@@ -114,6 +135,10 @@ constexpr std::string_view DTypeName(DType t) {
       return "Q6_K";
     case DType::kQ5_K:
       return "Q5_K";
+    case DType::kQ5_0:
+      return "Q5_0";
+    case DType::kQ5_1:
+      return "Q5_1";
   }
   return "?";
 }

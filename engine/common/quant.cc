@@ -59,6 +59,28 @@ void DequantQ4_1(const BlockQ4_1* b, int64_t num_blocks, float* y) {
   }
 }
 
+// Q5_0 and Q5_1 (kHasMin): level j's fifth bit is bit j of qh.
+template <bool kHasMin, class B>
+void DequantQ5(const B* b, int64_t num_blocks, float* y) {
+  for (int64_t i = 0; i < num_blocks; ++i, y += kBlockElems) {
+    uint32_t qh;
+    std::memcpy(&qh, b[i].qh, 4);
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1) << 4);
+      const int q1 = (b[i].qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+      if constexpr (kHasMin) {
+        const float m = F16ToF32(b[i].m);
+        y[j] = static_cast<float>(q0) * d + m;
+        y[j + 16] = static_cast<float>(q1) * d + m;
+      } else {
+        y[j] = static_cast<float>(q0 - 16) * d;
+        y[j + 16] = static_cast<float>(q1 - 16) * d;
+      }
+    }
+  }
+}
+
 // Q4_K, and Q5_K (B = BlockQ5_K: the fifth bit of each level from qh), in GGML's order of f32
 // operations: d * sc, then times the level, minus dmin * mn.
 template <class B>
@@ -143,6 +165,48 @@ void QuantQ4_1(const float* x, int64_t num_blocks, BlockQ4_1* b) {
       const int q1 = std::min(15, static_cast<int>((x[j + 16] - lo) * id + 0.5f));
       b[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
     }
+  }
+}
+
+// Q5_0 and Q5_1: Q4_0's and Q4_1's rounding with 32 levels (the signed value of largest magnitude
+// maps to -16; the minimum to level 0), the fifth bits gathered into qh.
+template <bool kHasMin, class B>
+void QuantQ5(const float* x, int64_t num_blocks, B* b) {
+  for (int64_t i = 0; i < num_blocks; ++i, x += kBlockElems) {
+    float d = 0.0f, lo = 0.0f;
+    if constexpr (kHasMin) {
+      float hi = x[0];
+      lo = x[0];
+      for (int j = 1; j < kBlockElems; ++j) {
+        lo = std::min(lo, x[j]);
+        hi = std::max(hi, x[j]);
+      }
+      d = (hi - lo) / 31.0f;
+      b[i].m = F32ToF16(lo);
+    } else {
+      float amax = 0.0f, max = 0.0f;
+      for (int j = 0; j < kBlockElems; ++j) {
+        if (std::fabs(x[j]) > amax) {
+          amax = std::fabs(x[j]);
+          max = x[j];
+        }
+      }
+      d = max / -16.0f;
+    }
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = F32ToF16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      // Truncation of a value >= 0.5 is round-to-nearest.
+      const int q0 = kHasMin ? std::min(31, static_cast<int>((x[j] - lo) * id + 0.5f))
+                             : std::min(31, static_cast<int>(x[j] * id + 16.5f));
+      const int q1 = kHasMin ? std::min(31, static_cast<int>((x[j + 16] - lo) * id + 0.5f))
+                             : std::min(31, static_cast<int>(x[j + 16] * id + 16.5f));
+      b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+      qh |= static_cast<uint32_t>(q0 >> 4) << j;
+      qh |= static_cast<uint32_t>(q1 >> 4) << (j + 16);
+    }
+    std::memcpy(b[i].qh, &qh, 4);
   }
 }
 
@@ -401,6 +465,10 @@ void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst) {
       return DequantQ6_K(static_cast<const BlockQ6_K*>(src), num_blocks, dst);
     case DType::kQ5_K:
       return DequantQ4_5K(static_cast<const BlockQ5_K*>(src), num_blocks, dst);
+    case DType::kQ5_0:
+      return DequantQ5<false>(static_cast<const BlockQ5_0*>(src), num_blocks, dst);
+    case DType::kQ5_1:
+      return DequantQ5<true>(static_cast<const BlockQ5_1*>(src), num_blocks, dst);
     case DType::kI32:
       break;
   }
@@ -440,6 +508,8 @@ absl::Status QuantizeRow(DType t, const float* src, int64_t num_elems, void* dst
     case DType::kQ8_0:
     case DType::kQ4_0:
     case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       // One check up front keeps the simple quantizers free of early exits.
       for (int64_t b = 0; b < num_blocks; ++b) {
         const float* x = src + b * kBlockElems;
@@ -451,12 +521,16 @@ absl::Status QuantizeRow(DType t, const float* src, int64_t num_elems, void* dst
         const float amax = std::max(std::fabs(lo), std::fabs(hi));
         const float scale = t == DType::kQ8_0   ? amax / 127.0f
                             : t == DType::kQ4_0 ? amax / 8.0f
-                                                : std::max((hi - lo) / 15.0f, amax);
+                            : t == DType::kQ5_0 ? amax / 16.0f
+                            : t == DType::kQ4_1 ? std::max((hi - lo) / 15.0f, amax)
+                                                : std::max((hi - lo) / 31.0f, amax);
         MODSERVE_RETURN_IF_ERROR(ScaleFits(scale, b * kBlockElems));
       }
       if (t == DType::kQ8_0) QuantQ8_0(src, num_blocks, static_cast<BlockQ8_0*>(dst));
       if (t == DType::kQ4_0) QuantQ4_0(src, num_blocks, static_cast<BlockQ4_0*>(dst));
       if (t == DType::kQ4_1) QuantQ4_1(src, num_blocks, static_cast<BlockQ4_1*>(dst));
+      if (t == DType::kQ5_0) QuantQ5<false>(src, num_blocks, static_cast<BlockQ5_0*>(dst));
+      if (t == DType::kQ5_1) QuantQ5<true>(src, num_blocks, static_cast<BlockQ5_1*>(dst));
       return absl::OkStatus();
     case DType::kQ4_K:
       return QuantQ4_K(src, num_blocks, static_cast<BlockQ4_K*>(dst));

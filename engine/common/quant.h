@@ -1,6 +1,7 @@
-// The GGML block-quantized weight layouts (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) exactly as GGUF
-// files store them, and plain scalar reference quantizers and dequantizers. No SIMD and no threads:
-// the CPU backend's kernels read these layouts directly; this file is their definition and oracle.
+// The GGML block-quantized weight layouts (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) exactly
+// as GGUF files store them, and plain scalar reference quantizers and dequantizers. No SIMD and no
+// threads: the CPU backend's kernels read these layouts directly; this file is their definition and
+// oracle.
 #ifndef MODSERVE_ENGINE_COMMON_QUANT_H_
 #define MODSERVE_ENGINE_COMMON_QUANT_H_
 
@@ -37,6 +38,24 @@ struct BlockQ4_0 {
 struct BlockQ4_1 {
   f16_t d;
   f16_t m;
+  uint8_t qs[16];
+};
+
+// Q5_0: x[j] = d * (q[j] - 16), q[j] in 0..31: its low 4 bits are Q4_0's nibble j, its fifth bit
+// is bit j of qh read as a little-endian uint32. Where a K-quant needs a row length that is a
+// multiple of 256, GGML's quantizer writes Q5_0 instead (a Q4_K_M file of a model 576 or 896 wide
+// is mostly Q5_0).
+struct BlockQ5_0 {
+  f16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+
+// Q5_1: x[j] = d * q[j] + m, q[j] in 0..31 as in Q5_0.
+struct BlockQ5_1 {
+  f16_t d;
+  f16_t m;
+  uint8_t qh[4];
   uint8_t qs[16];
 };
 
@@ -79,6 +98,8 @@ static_assert(sizeof(BlockQ4_1) == DTypeBlockBytes(DType::kQ4_1));
 static_assert(sizeof(BlockQ4_K) == DTypeBlockBytes(DType::kQ4_K));
 static_assert(sizeof(BlockQ6_K) == DTypeBlockBytes(DType::kQ6_K));
 static_assert(sizeof(BlockQ5_K) == DTypeBlockBytes(DType::kQ5_K));
+static_assert(sizeof(BlockQ5_0) == DTypeBlockBytes(DType::kQ5_0));
+static_assert(sizeof(BlockQ5_1) == DTypeBlockBytes(DType::kQ5_1));
 static_assert(offsetof(BlockQ5_K, scales) == offsetof(BlockQ4_K, scales));
 static_assert(alignof(BlockQ8_0) == 2 && alignof(BlockQ4_K) == 2 && alignof(BlockQ6_K) == 2);
 
@@ -104,11 +125,11 @@ inline void Q4KScaleMin(const uint8_t* scales, int s, uint8_t* sc, uint8_t* mn) 
 void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst);
 
 // Writes the blocks (or plain elements) of `t` for src[0 .. num_elems) to dst, which must hold
-// DTypeRowBytes(t, num_elems) bytes. Q8_0, Q4_0 and Q4_1 use GGML's reference rounding (byte for
-// byte what its quantize_row_*_ref and the `gguf` package write); Q4_K, Q5_K and Q6_K search each
-// sub-block's scale (and minimum) for the least weighted squared error, as GGML's reference
-// K-quantizers do, so their round-trip error is comparable. F32/F16/BF16 convert with round to
-// nearest even. Errors (nothing useful is in dst then):
+// DTypeRowBytes(t, num_elems) bytes. Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 use GGML's reference rounding
+// (byte for byte what its quantize_row_*_ref and the `gguf` package write); Q4_K, Q5_K and Q6_K
+// search each sub-block's scale (and minimum) for the least weighted squared error, as GGML's
+// reference K-quantizers do, so their round-trip error is comparable. F32/F16/BF16 convert with
+// round to nearest even. Errors (nothing useful is in dst then):
 //   InvalidArgument: `t` is I32, num_elems is negative or not a multiple of the block, or an
 //     element is NaN or infinite (the message names its index);
 //   OutOfRange: a block's scale does not fit in f16 (|x| beyond ~8e6 for Q8_0; the message

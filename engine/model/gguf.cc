@@ -212,6 +212,10 @@ std::optional<DType> DTypeFromGgmlType(uint32_t id) {
       return DType::kQ4_0;
     case 3:
       return DType::kQ4_1;
+    case 6:
+      return DType::kQ5_0;
+    case 7:
+      return DType::kQ5_1;
     case 8:
       return DType::kQ8_0;
     case 12:
@@ -241,6 +245,10 @@ std::optional<uint32_t> GgmlTypeFromDType(DType t) {
       return 2;
     case DType::kQ4_1:
       return 3;
+    case DType::kQ5_0:
+      return 6;
+    case DType::kQ5_1:
+      return 7;
     case DType::kQ4_K:
       return 12;
     case DType::kQ5_K:

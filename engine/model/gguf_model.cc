@@ -308,7 +308,7 @@ absl::StatusOr<GgufModel> OpenGgufModel(const std::string& path) {
       return Invalid(file, absl::StrCat("tensor '", GgufPrintable(t.name), "' has type ",
                                         TensorTypeName(t.ggml_type),
                                         ", which modserve does not run (supported: F32, F16, "
-                                        "BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"));
+                                        "BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"));
     }
     Checkpoint::AdoptedTensor a;
     a.name = std::string(t.name);

@@ -52,7 +52,7 @@ struct GgufModel {
 
 // Opens `path`: GgufFile::Open's codes, ConfigFromGguf's, and InvalidArgument naming the tensor
 // and the type for a tensor of a ggml type the engine does not hold (anything but F32, F16,
-// BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+// BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
 absl::StatusOr<GgufModel> OpenGgufModel(const std::string& path);
 
 // llama.cpp's converter reorders the rows of each head of q_proj and k_proj for its interleaved

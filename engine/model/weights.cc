@@ -131,6 +131,8 @@ absl::Status CheckFinite(const TensorView& v, absl::string_view name) {
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   const std::string_view dtype_name = DTypeName(v.dtype);

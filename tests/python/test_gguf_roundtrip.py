@@ -165,10 +165,14 @@ def files(tmp_path_factory):
     q8 = quantize(str(d / "demo-q8_0.gguf"), "q8_0")
     q5 = quantize(str(d / "demo-q5_k.gguf"), "q5_k")
     q6 = quantize(str(d / "demo-q6_k.gguf"), "q6_k")
+    q5_0 = quantize(str(d / "demo-q5_0.gguf"), "q5_0")
+    q5_1 = quantize(str(d / "demo-q5_1.gguf"), "q5_1")
     return {"f32": quantize(str(d / "demo-f32.gguf"), "f32"), "q8_0": q8,
             "q8_0_dequantized": dequantized_dir(q8, str(d / "q8_0-dequantized")),
             "q5_k": q5, "q5_k_dequantized": dequantized_dir(q5, str(d / "q5_k-dequantized")),
-            "q6_k": q6, "q6_k_dequantized": dequantized_dir(q6, str(d / "q6_k-dequantized"))}
+            "q6_k": q6, "q6_k_dequantized": dequantized_dir(q6, str(d / "q6_k-dequantized")),
+            "q5_0": q5_0, "q5_0_dequantized": dequantized_dir(q5_0, str(d / "q5_0-dequantized")),
+            "q5_1": q5_1, "q5_1_dequantized": dequantized_dir(q5_1, str(d / "q5_1-dequantized"))}
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +247,23 @@ def test_q5_k_gguf_matches_its_dequantized_weights(files, runs):
 
 def test_q6_k_gguf_matches_its_dequantized_weights(files, runs):
     expect_k_quant_ffn_down(files, runs, "q6_k")
+
+
+@pytest.mark.parametrize("name", ["q5_0", "q5_1"])
+def test_q5_0_and_q5_1_ggufs_match_their_dequantized_weights(files, runs, name):
+    # Every matrix of models/demo (rows of 192 and 512) is of the type: 32-element blocks fit
+    # both widths, and the embeddings take it too (--embed_type defaults to --type).
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files[name]).tensors}
+    assert {n for n, t in types.items() if t == name.upper()} == {
+        n for n in types if not n.endswith("norm.weight") and ".mod_" not in n}, types
+    total, worst, ties = 0, 0.0, 0
+    for ids, a, b in zip(prompt_ids(), runs[name], runs[name + "_dequantized"]):
+        c, w, t = compare_resyncing(files[name], files[name + "_dequantized"], ids, a, b)
+        total, worst, ties = total + c, max(worst, w), ties + t
+    print(f"{name.upper()} file vs its dequantized weights: {total} steps, {ties} near-ties, "
+          f"max |dlogprob| {worst:.4f}")
+    assert worst < TOL
+    assert total >= len(PROMPTS) * NEW_TOKENS - ties
 
 
 def test_q8_0_gguf_round_trips_the_original(runs):

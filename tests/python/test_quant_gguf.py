@@ -4,7 +4,7 @@ The built helper quant_dump quantizes seeded rows (incl. zeros, spikes, all-nega
 and large scales) with modserve's reference quantizers and writes the blocks and modserve's
 dequantization. Here `gguf.quants` - an independent implementation, the one the Python
 reference model uses to read GGUF files - dequantizes the same bytes, and for the types it can
-quantize (Q8_0, Q4_0, Q4_1) re-quantizes the same inputs.
+quantize (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) re-quantizes the same inputs.
 
 The binary is found through $MODSERVE_QUANT_DUMP (ctest sets it) or under
 $MODSERVE_BUILD_DIR/tests (default build/, which tools/test.sh builds before pytest runs).
@@ -19,8 +19,8 @@ gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TYPES = {"Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1, "Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K,
-         "Q6_K": QT.Q6_K}
+TYPES = {"Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1, "Q5_0": QT.Q5_0, "Q5_1": QT.Q5_1,
+         "Q4_K": QT.Q4_K, "Q5_K": QT.Q5_K, "Q6_K": QT.Q6_K}
 ROW = 512  # elements per row in quant_dump
 
 
@@ -56,7 +56,7 @@ def test_dequantize_matches_gguf_bit_for_bit(dumped, name):
     np.testing.assert_array_equal(ours, theirs.astype(np.float32))
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_1", "Q4_0"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_1", "Q4_0", "Q5_1", "Q5_0"])
 def test_simple_quantizers_write_the_same_bytes_as_gguf(dumped, name):
     src, ours, _ = dumped[name]
     theirs = gguf_quants.quantize(src, TYPES[name]).reshape(ours.shape)
@@ -82,8 +82,8 @@ def test_round_trip_error_is_small_on_gaussian_rows(dumped, name):
     # for the noisier 512-element rows).
     src, blocks, _ = dumped[name]
     theirs = gguf_quants.dequantize(blocks, TYPES[name])
-    bound = {"Q8_0": 7e-5, "Q4_0": 1.8e-2, "Q4_1": 1.5e-2, "Q4_K": 1.3e-2, "Q5_K": 3.2e-3,
-             "Q6_K": 8e-4}
+    bound = {"Q8_0": 7e-5, "Q4_0": 1.8e-2, "Q4_1": 1.5e-2, "Q5_0": 4.6e-3, "Q5_1": 3.5e-3,
+             "Q4_K": 1.3e-2, "Q5_K": 3.2e-3, "Q6_K": 8e-4}
     for r in range(0, src.shape[0], 8):
         x, y = src[r].astype(np.float64), theirs[r].astype(np.float64)
         if np.sqrt((x ** 2).mean()) < 1e-2:

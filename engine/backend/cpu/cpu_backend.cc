@@ -379,6 +379,8 @@ void CpuBackend::Embed(const TensorView& ids, const TensorView& table, const Ten
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       return EmbedQuantized(ids, table, out);
     case DType::kI32:
       break;
@@ -439,6 +441,8 @@ void CpuBackend::RmsNorm(const RmsNormParams& params, const TensorView& x, const
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
@@ -527,6 +531,10 @@ QuantGemmFn CpuBackend::QuantKernel(DType dtype) const {
       return kernels_.gemm_q6_k;
     case DType::kQ5_K:
       return kernels_.gemm_q5_k;
+    case DType::kQ5_0:
+      return kernels_.gemm_q5_0;
+    case DType::kQ5_1:
+      return kernels_.gemm_q5_1;
     default:
       break;
   }
@@ -826,6 +834,8 @@ void CpuBackend::RopeAndAppendKv(const RopeParams& params, const TensorView& q, 
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
@@ -1153,6 +1163,8 @@ void CpuBackend::Attention(const AttentionParams& params, const TensorView& q,
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);

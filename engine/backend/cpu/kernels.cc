@@ -177,6 +177,8 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q4_k = q.gemm_q4_k;
     t.gemm_q6_k = q.gemm_q6_k;
     t.gemm_q5_k = q.gemm_q5_k;
+    t.gemm_q5_0 = q.gemm_q5_0;
+    t.gemm_q5_1 = q.gemm_q5_1;
     t.gemm_q4_k_x16 = q.gemm_q4_k_x16;
     t.gemm_q5_k_x16 = q.gemm_q5_k_x16;
     t.gemm_q6_k_x16 = q.gemm_q6_k_x16;

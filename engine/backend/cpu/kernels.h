@@ -64,9 +64,9 @@ using GemmLargeNFn = void (*)(const float* x, int64_t x_begin, int64_t x_end, in
 // Per 32-element block b of row i: x ~ d[b] * q (q in -127..127, d = max |x| / 127), ds[b] =
 // d[b] * sum of the block's q; sum16 holds the sums of each 16 consecutive q (Q6_K's 16-element
 // sub-blocks need them). The q of a row are stored in natural order, except for kPairInterleaved
-// (the Q4_0/Q4_1 kernels): each 64 elements (blocks b, b + 1) are stored as b[0..16), b+1[0..16),
-// b[16..32), b+1[16..32), matching the nibble halves of two blocks loaded side by side; an odd
-// last block stays in natural order.
+// (the Q4_0/Q4_1/Q5_0/Q5_1 kernels): each 64 elements (blocks b, b + 1) are stored as b[0..16),
+// b+1[0..16), b[16..32), b+1[16..32), matching the nibble halves of two blocks loaded side by side;
+// an odd last block stays in natural order.
 enum class ActLayout : uint8_t { kNatural, kPairInterleaved };
 struct QuantizedActs {
   int8_t* q;       // [n, k] int8
@@ -92,8 +92,8 @@ using QuantGemmFn = void (*)(const QuantizedActs& acts, int64_t x_begin, int64_t
                              const void* w, const float* bias, float* out, int64_t ldo,
                              int64_t row_begin, int64_t row_end);
 
-// The layout the kernels want for a Gemm of n rows: the Q4_0/Q4_1 decode kernels read two blocks
-// side by side; every prefill kernel (n > kQuantSmallNMax, below) reads natural order.
+// The layout the kernels want for a Gemm of n rows: the Q4_0/Q4_1/Q5_0/Q5_1 decode kernels read
+// two blocks side by side; every prefill kernel (n > kQuantSmallNMax, below) reads natural order.
 constexpr ActLayout ActLayoutFor(DType w, int64_t n);
 
 // Attention of a block of consecutive query rows of one sequence (a prefill chunk) for one kv
@@ -209,6 +209,8 @@ struct KernelTable {
   QuantGemmFn gemm_q4_k;
   QuantGemmFn gemm_q6_k;
   QuantGemmFn gemm_q5_k;
+  QuantGemmFn gemm_q5_0;
+  QuantGemmFn gemm_q5_1;
   // Q4_K weights in the interleaved layout of RepackQ4_KX16 (below), for every row count (one
   // kernel, so each x row's result is the same whatever rows share the call); row_begin and
   // row_end multiples of kQ4KX16Rows. Null in tables without one: Q4_K weights then stay as
@@ -513,7 +515,8 @@ void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t grou
 inline constexpr int64_t kGemmSkinnyRows = 64;
 
 constexpr ActLayout ActLayoutFor(DType w, int64_t n) {
-  return (w == DType::kQ4_0 || w == DType::kQ4_1) && n <= kQuantSmallNMax
+  return (w == DType::kQ4_0 || w == DType::kQ4_1 || w == DType::kQ5_0 || w == DType::kQ5_1) &&
+                 n <= kQuantSmallNMax
              ? ActLayout::kPairInterleaved
              : ActLayout::kNatural;
 }

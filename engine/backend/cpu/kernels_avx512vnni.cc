@@ -39,7 +39,7 @@ inline __m256i Broadcast4(const int8_t* p) {
 // its slot: qavx2::PanelDot with vpdpbusd for the integer sums. Each block's integer sum is the
 // same as there, and its f32 update is qavx2::BlockUpdate, so the bits are qavx2::PanelDot's (and
 // so the decode kernels').
-// kKind 0, 3, 4: levels 0..15 (0..31 for 4): 8 vpdpbusd per block and x row.
+// kKind 0, 3, 4, 5: levels 0..15 (0..31 for 4 and 5): 8 vpdpbusd per block and x row.
 // kKind 1: signed levels (Q8_0). vpdpbusd wants the weight bytes unsigned: w + 128 (w ^ 0x80,
 //   once per panel vector for all x rows), and the 128 * sum(a) that adds is taken back from the
 //   activation block sums in one vpdpwssd: (sum16[2b], sum16[2b + 1]) . (-128, -128).
@@ -156,11 +156,11 @@ struct Q8_0V : qavx2::Q8_0K {
   }
 };
 
-// Q4_0 / Q4_1: both nibble halves of the pair into one i32 vector in two vpdpbusd (qavx2: two
-// vpmaddubsw, a vpaddw and a vpmaddwd).
-template <bool kHasMin>
-struct Q4K32V : qavx2::Q4K32<kHasMin> {
-  using Pair = typename qavx2::Q4K32<kHasMin>::Pair;
+// Q4_0 / Q4_1 (and Q5_0 / Q5_1, kQ5): both nibble halves of the pair into one i32 vector in two
+// vpdpbusd (qavx2: two vpmaddubsw, a vpaddw and a vpmaddwd).
+template <bool kHasMin, bool kQ5 = false>
+struct Q4K32V : qavx2::Q4K32<kHasMin, kQ5> {
+  using Pair = typename qavx2::Q4K32<kHasMin, kQ5>::Pair;
   static __m256i PairDot(const Pair& w, const int8_t* a) {
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w.lo, LoadI(a)), w.hi,
                                LoadI(a + 32));
@@ -634,6 +634,8 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q4_k = &qvnni::Gemm<qvnni::Q4_KV, qavx2::Q4_KPack, 0>,
     .gemm_q6_k = &qvnni::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>,
     .gemm_q5_k = &qvnni::Gemm<qvnni::Q5_KV, qavx2::Q5_KPack, 4>,
+    .gemm_q5_0 = &qvnni::Gemm<qvnni::Q4K32V<false, true>, qavx2::Q4Pack<false, true>, 5>,
+    .gemm_q5_1 = &qvnni::Gemm<qvnni::Q4K32V<true, true>, qavx2::Q4Pack<true, true>, 4>,
     .gemm_q4_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTiles, 256, kQ4KX16UnitBytes>,
     .gemm_q5_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ5_K, 256, kQ5KX16UnitBytes>,
     .gemm_q6_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ6_K, 256, kQ6KX16UnitBytes>,

@@ -211,16 +211,36 @@ struct Q8_0K {
   }
 };
 
-// Q4_0 / Q4_1: two blocks side by side, [qs(b) | qs(b+1)], give the low nibbles (first halves of
-// both blocks) and the high nibbles (second halves); the pair-interleaved activations match them
-// byte for byte. Levels stay unsigned (0..15): the two products' i16 sum is below
-// 2 * 2 * 15 * 127 < 2^15. PairDot's lanes 0..3 hold block 2p, lanes 4..7 block 2p + 1; three
-// vphaddd levels leave lane order [0 2 4 6 1 3 5 7], which Finish undoes.
-template <bool kHasMin>
+// The 32 bits of m as 32 bytes: byte i is 0x10 (a level's fifth bit) where bit i of m is set, else
+// 0. Each 128-bit half of the broadcast holds m's 4 bytes, so the shuffle gives byte i a copy of
+// byte i / 8, and the mask keeps its bit i % 8.
+inline __m256i FifthBits(uint32_t m) {
+  const __m256i bytes =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit),
+                          _mm256_set1_epi8(0x10));
+}
+
+// Q4_0 / Q4_1, and Q5_0 / Q5_1 (kQ5): two blocks side by side, [qs(b) | qs(b+1)], give the low
+// nibbles (first halves of both blocks) and the high nibbles (second halves); the pair-interleaved
+// activations match them byte for byte. kQ5 ORs in each level's fifth bit from the blocks' qh
+// (bit j of block b's for its element j). Levels stay unsigned (0..15 or 0..31): the two
+// products' i16 sum is below 2 * 2 * 31 * 127 < 2^15. PairDot's lanes 0..3 hold block 2p, lanes
+// 4..7 block 2p + 1; three hadd levels leave lane order [0 2 4 6 1 3 5 7], which Finish undoes.
+template <bool kHasMin, bool kQ5 = false>
 struct Q4K32 {
-  static constexpr int64_t kBlockBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-  static constexpr int64_t kQs = kHasMin ? 4 : 2;
+  static constexpr int64_t kQh = kHasMin ? 4 : 2;  // Q5_0 / Q5_1: qh after d (and m)
+  static constexpr int64_t kQs = kQh + (kQ5 ? 4 : 0);
+  static constexpr int64_t kBlockBytes = kQs + 16;
   static constexpr int64_t kChunkBytes = 8 * kBlockBytes;
+  // Q4_0's levels are q - 8, Q5_0's q - 16.
+  static constexpr float kOffset = kQ5 ? 16.0f : 8.0f;
+  static_assert(kBlockBytes ==
+                (kQ5 ? (kHasMin ? sizeof(quant::BlockQ5_1) : sizeof(quant::BlockQ5_0))
+                     : (kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0))));
   struct Pair {
     __m256i lo, hi;
   };
@@ -230,18 +250,26 @@ struct Q4K32 {
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBlockBytes + kQs)), 1);
     const __m256i m4 = _mm256_set1_epi8(15);
-    return {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
+    Pair w{_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
+    if constexpr (kQ5) {
+      // The low nibbles are elements 0..15 of both blocks, the high ones 16..31.
+      const uint32_t h0 = LoadU32(blk + kQh), h1 = LoadU32(blk + kBlockBytes + kQh);
+      w.lo = _mm256_or_si256(w.lo, FifthBits((h0 & 0xffffu) | (h1 << 16)));
+      w.hi = _mm256_or_si256(w.hi, FifthBits((h0 >> 16) | (h1 & 0xffff0000u)));
+    }
+    return w;
   }
   static __m256i PairDot(const Pair& w, const int8_t* a) {
     return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w.lo, LoadI(a)),
                                               _mm256_maddubs_epi16(w.hi, LoadI(a + 32))),
                              Ones16());
   }
-  // Pair sums < 2^14, merged pairs < 2^15: both levels fit HaddSmall's i16 packing.
+  // Pair sums < 2^15 (8 products of at most 31 * 127): HaddSmall's i16 packing fits. Merged pairs
+  // are < 2^15 for 4-bit levels only; 5-bit ones take vphaddd.
   static __m256i Merge(__m256i a, __m256i b) { return HaddSmall(a, b); }
   static __m256i Finish(__m256i s0, __m256i s1) {
-    return _mm256_permutevar8x32_epi32(HaddSmall(s0, s1),
-                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i h = kQ5 ? _mm256_hadd_epi32(s0, s1) : HaddSmall(s0, s1);
+    return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   }
   struct Scales {
     __m256 dw, m;
@@ -257,11 +285,11 @@ struct Q4K32 {
       acc = _mm256_fmadd_ps(_mm256_mul_ps(sc.dw, _mm256_loadu_ps(da)), s, acc);
       return _mm256_fmadd_ps(sc.m, _mm256_loadu_ps(ds), acc);
     } else {
-      // dw * (da * isum - 8 * ds): the -8 of every level, through the activation block sum.
+      // dw * (da * isum - 8 * ds): the -8 (or -16) of every level, through the activation sum.
       return _mm256_fmadd_ps(
           sc.dw,
           _mm256_fmsub_ps(_mm256_loadu_ps(da), s,
-                          _mm256_mul_ps(_mm256_set1_ps(8.0f), _mm256_loadu_ps(ds))),
+                          _mm256_mul_ps(_mm256_set1_ps(kOffset), _mm256_loadu_ps(ds))),
           acc);
     }
   }
@@ -271,7 +299,7 @@ struct Q4K32 {
     if constexpr (kHasMin) {
       return __builtin_fmaf(HalfToFloat(LoadU16(blk + 2)), ds, __builtin_fmaf(dw * da, s, sum));
     } else {
-      return __builtin_fmaf(dw, __builtin_fmaf(da, s, -(8.0f * ds)), sum);
+      return __builtin_fmaf(dw, __builtin_fmaf(da, s, -(kOffset * ds)), sum);
     }
   }
   // Pairs (interleaved activations), then perhaps a lone block (natural order).
@@ -290,14 +318,20 @@ struct Q4K32 {
     }
     if (b < count) {
       const uint8_t* blk = blocks + b * kBlockBytes;
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs));
-      const __m256i w = _mm256_and_si256(
-          _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
-          _mm256_set1_epi8(15));
+      __m256i w = LoneLevels(blk);
       const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(w, LoadI(a + 32 * b)), Ones16());
       sum = Accumulate(sum, blk, HorizontalSumI32(v), da[b], ds[b]);
     }
     return sum;
+  }
+  // One block's 32 levels in natural order.
+  static __m256i LoneLevels(const uint8_t* blk) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs));
+    const __m256i w = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
+        _mm256_set1_epi8(15));
+    if constexpr (kQ5) return _mm256_or_si256(w, FifthBits(LoadU32(blk + kQh)));
+    return w;
   }
 };
 
@@ -527,16 +561,13 @@ struct Q8_0Pack {
     isc[0] = isc[1] = _mm256_setzero_si256();
   }
 };
-template <bool kHasMin>
+template <bool kHasMin, bool kQ5 = false>
 struct Q4Pack {
   static constexpr int64_t kBlocksPerUnit = 1;
-  static constexpr int64_t kUnitBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  static constexpr int64_t kUnitBytes = Q4K32<kHasMin, kQ5>::kBlockBytes;
   static constexpr bool kOffset = kHasMin, kIntScales = false;
   static __m256i Levels(const uint8_t* unit, int /*sub*/) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + (kHasMin ? 4 : 2)));
-    return _mm256_and_si256(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1),
-        _mm256_set1_epi8(15));
+    return Q4K32<kHasMin, kQ5>::LoneLevels(unit);
   }
   static void Scales(const uint8_t* unit, float* sc, float* off, int32_t isc[2]) {
     *sc = HalfToFloat(LoadU16(unit));
@@ -705,16 +736,16 @@ inline __m256i Broadcast4(const int8_t* p) {
 //   iscale[h] * (dot_h - 32 * asum16_h) (exact, as Q6_KK's madd and correction); acc =
 //   fma(scale * da, isum, acc) with scale = d.
 // kKind 3 (Q4_0): levels 0..15; acc = fma(scale, da * isum - 8 * ds, acc).
-// kKind 4 (Q5_K): levels 0..31; the update is kKind 0's.
+// kKind 4 (Q5_K, Q5_1): levels 0..31; the update is kKind 0's.
+// kKind 5 (Q5_0): levels 0..31; acc = fma(scale, da * isum - 16 * ds, acc).
 template <int kKind>
 inline __m256 BlockUpdate(const Panel& p, int64_t bi, __m256i isum, float da, float ds,
                           __m256 acc) {
   const __m256 s = _mm256_cvtepi32_ps(isum), sc = _mm256_load_ps(p.scale[bi]);
-  if constexpr (kKind == 3) {
-    return _mm256_fmadd_ps(sc,
-                           _mm256_fmsub_ps(_mm256_set1_ps(da), s,
-                                           _mm256_mul_ps(_mm256_set1_ps(8.0f), _mm256_set1_ps(ds))),
-                           acc);
+  if constexpr (kKind == 3 || kKind == 5) {
+    const __m256 offset = _mm256_set1_ps(kKind == 3 ? 8.0f : 16.0f);
+    return _mm256_fmadd_ps(
+        sc, _mm256_fmsub_ps(_mm256_set1_ps(da), s, _mm256_mul_ps(offset, _mm256_set1_ps(ds))), acc);
   } else {
     acc = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(da)), s, acc);
     if constexpr (kKind == 0 || kKind == 4) {
@@ -809,8 +840,8 @@ inline void AddLevelPair(const Panel& p, int64_t bi, int j, const int8_t* const*
 // acc[x] += the blocks b0 .. b0 + count - 1 of panel rows against activation row x0 + x, each
 // into its slot (PanelSlots). Integer sums: kKind 0 and 3, a lane's 16 products summed in i16 stay
 // below 8 * 2 * 15 * 127 < 2^15; kKind 1, |w| times the activation with w's sign, each
-// vpmaddubsw to i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second); kKind 2 and 4,
-// two vpmaddubsw per i16 sum (4 * 63 * 127 < 2^15).
+// vpmaddubsw to i32 at once (2 * 128 * 127 < 2^15 leaves no room for a second); kKind 2, 4 and
+// 5, two vpmaddubsw per i16 sum (4 * 63 * 127 < 2^15).
 template <int kKind, int NX>
 void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0, int64_t b0,
               int64_t nb_main, __m256 (*acc)[kAccSlots]) {
@@ -833,7 +864,7 @@ void PanelDot(const Panel& p, int64_t count, const QuantizedActs& a, int64_t x0,
         }
       }
       for (int x = 0; x < NX; ++x) isum[x] = _mm256_madd_epi16(s16[x], ones);
-    } else if constexpr (kKind == 4) {
+    } else if constexpr (kKind == 4 || kKind == 5) {
       for (int x = 0; x < NX; ++x) isum[x] = _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int j = 0; j < 8; j += 2) AddLevelPair<NX>(p, bi, j, q, isum);
@@ -1074,5 +1105,7 @@ constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.gemm_q4_k = &qavx2::Gemm<qavx2::Q4_KK, qavx2::Q4_KPack, 0>;
   t.gemm_q6_k = &qavx2::Gemm<qavx2::Q6_KK, qavx2::Q6_KPack, 2>;
   t.gemm_q5_k = &qavx2::Gemm<qavx2::Q5_KK, qavx2::Q5_KPack, 4>;
+  t.gemm_q5_0 = &qavx2::Gemm<qavx2::Q4K32<false, true>, qavx2::Q4Pack<false, true>, 5>;
+  t.gemm_q5_1 = &qavx2::Gemm<qavx2::Q4K32<true, true>, qavx2::Q4Pack<true, true>, 4>;
   return t;
 }

@@ -72,31 +72,38 @@ float DotQ8_0(const QuantizedActs& a, int64_t i, const void* w) {
   return acc;
 }
 
-// Q4_0 and Q4_1: the nibbles stay unsigned (0..15) in the integer sum; Q4_0's -8 and Q4_1's
-// minimum come back through the activation block sums: sum (q - 8) a = sum q a - 8 sum a.
-template <bool kHasMin>
+// Q4_0 and Q4_1, and Q5_0 and Q5_1 (kQ5: the fifth bit of level j is bit j of qh): the levels
+// stay unsigned (0..15 or 0..31) in the integer sum; Q4_0's -8, Q5_0's -16 and the minimum of
+// Q4_1 and Q5_1 come back through the activation block sums: sum (q - 8) a = sum q a - 8 sum a.
+template <bool kHasMin, bool kQ5 = false>
 float DotQ4(const QuantizedActs& a, int64_t i, const void* w) {
   const int64_t nb = a.k / 32;
   const int8_t* q = a.q + i * a.k;
   const uint8_t* base = static_cast<const uint8_t*>(w);
-  const size_t block_bytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  const size_t head_bytes = (kHasMin ? 4 : 2) + (kQ5 ? 4 : 0);
+  const size_t block_bytes = head_bytes + 16;
+  const float offset = kQ5 ? 16.0f : 8.0f;
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = base + b * block_bytes;
     f16_t dh, mh{0};
     __builtin_memcpy(&dh, blk, 2);
     if (kHasMin) __builtin_memcpy(&mh, blk + 2, 2);
-    const uint8_t* qs = blk + (kHasMin ? 4 : 2);
+    uint32_t qh = 0;
+    if (kQ5) __builtin_memcpy(&qh, blk + (kHasMin ? 4 : 2), 4);
+    const uint8_t* qs = blk + head_bytes;
     int32_t isum = 0;
     for (int j = 0; j < 16; ++j) {
-      isum += (qs[j] & 15) * q[ActIndex(a.layout, nb, b, j)];
-      isum += (qs[j] >> 4) * q[ActIndex(a.layout, nb, b, 16 + j)];
+      const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1) << 4);
+      const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+      isum += lo * q[ActIndex(a.layout, nb, b, j)];
+      isum += hi * q[ActIndex(a.layout, nb, b, 16 + j)];
     }
     const float dw = F16ToF32(dh), da = a.d[i * nb + b], ds = a.ds[i * nb + b];
     if (kHasMin) {
       acc += dw * da * static_cast<float>(isum) + F16ToF32(mh) * ds;
     } else {
-      acc += dw * (da * static_cast<float>(isum) - 8.0f * ds);
+      acc += dw * (da * static_cast<float>(isum) - offset * ds);
     }
   }
   return acc;
@@ -185,5 +192,7 @@ constexpr KernelTable WithQuantKernels(KernelTable t) {
   t.gemm_q4_k = &qscalar::Gemm<&qscalar::DotQ4_5K<false>, sizeof(quant::BlockQ4_K)>;
   t.gemm_q6_k = &qscalar::Gemm<&qscalar::DotQ6_K, sizeof(quant::BlockQ6_K)>;
   t.gemm_q5_k = &qscalar::Gemm<&qscalar::DotQ4_5K<true>, sizeof(quant::BlockQ5_K)>;
+  t.gemm_q5_0 = &qscalar::Gemm<&qscalar::DotQ4<false, true>, 8 * sizeof(quant::BlockQ5_0)>;
+  t.gemm_q5_1 = &qscalar::Gemm<&qscalar::DotQ4<true, true>, 8 * sizeof(quant::BlockQ5_1)>;
   return t;
 }

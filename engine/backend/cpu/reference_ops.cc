@@ -219,6 +219,8 @@ void Embed(const TensorView& ids, const TensorView& table, const TensorView& out
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       return EmbedQuantized(ids, table, out);
     case DType::kI32:
       break;
@@ -243,6 +245,8 @@ void RmsNorm(const RmsNormParams& params, const TensorView& x, const TensorView&
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "RmsNorm weight dtype " << DTypeName(weight.dtype);
@@ -263,6 +267,8 @@ void Gemm(const TensorView& x, const TensorView& w, const TensorView& bias, cons
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       return GemmQuantized(x, w, bias, out);
     case DType::kI32:
       break;
@@ -288,6 +294,8 @@ void RopeAndAppendKv(const RopeParams& params, const TensorView& q, const Tensor
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);
@@ -311,6 +319,8 @@ void Attention(const AttentionParams& params, const TensorView& q, const TensorV
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "kv_pool dtype " << DTypeName(kv_pool.dtype);

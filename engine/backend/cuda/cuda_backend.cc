@@ -597,6 +597,8 @@ void CudaBackend::Gemm(const TensorView& x, const TensorView& w, const TensorVie
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   MODSERVE_CHECK(false) << "Gemm w dtype " << DTypeName(w.dtype);

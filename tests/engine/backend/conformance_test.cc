@@ -637,8 +637,8 @@ TEST_P(BackendConformanceTest, RouteSelectMatchesReferenceDecisionsAndCompaction
 }
 
 // ---- block-quantized weights ----------------------------------------------------------------
-constexpr DType kQuantDTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kQuantDTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                  DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Overwrites the f16 at p with a random finite value of magnitude ~10^[lo, hi], sign random.
 void PutRandomHalf(std::mt19937& rng, uint8_t* p, float lo, float hi, bool allow_negative) {
@@ -672,8 +672,12 @@ HostTensor RandomQuantized(std::mt19937& rng, DType t, int64_t m, int64_t k) {
             PutRandomHalf(rng, blk, -4.0f, 0.0f, true);
             break;
           case DType::kQ4_1:
+          case DType::kQ5_1:  // every level 0..31 among the random bytes of qh and qs
             PutRandomHalf(rng, blk, -4.0f, 0.0f, true);
             PutRandomHalf(rng, blk + 2, -3.0f, 1.0f, true);
+            break;
+          case DType::kQ5_0:
+            PutRandomHalf(rng, blk, -4.0f, 0.0f, true);
             break;
           case DType::kQ4_K:
           case DType::kQ5_K:  // every level 0..31 among the random bytes of qh and qs

@@ -74,6 +74,8 @@ struct HostTensor {
       case DType::kQ4_K:
       case DType::kQ6_K:
       case DType::kQ5_K:
+      case DType::kQ5_0:
+      case DType::kQ5_1:
         break;  // block-quantized: no per-element access here
     }
     return 0.0f;
@@ -107,6 +109,8 @@ inline HostTensor Random(std::mt19937& rng, DType dtype, std::vector<int64_t> di
       case DType::kQ4_K:
       case DType::kQ6_K:
       case DType::kQ5_K:
+      case DType::kQ5_0:
+      case DType::kQ5_1:
         ADD_FAILURE() << "Random() is for plain float tensors";
         break;
     }

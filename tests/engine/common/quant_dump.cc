@@ -76,9 +76,9 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const std::vector<float> x = MakeRows();
   const int64_t n = static_cast<int64_t>(x.size());
-  for (modserve::DType t :
-       {modserve::DType::kQ8_0, modserve::DType::kQ4_0, modserve::DType::kQ4_1,
-        modserve::DType::kQ4_K, modserve::DType::kQ5_K, modserve::DType::kQ6_K}) {
+  for (modserve::DType t : {modserve::DType::kQ8_0, modserve::DType::kQ4_0, modserve::DType::kQ4_1,
+                            modserve::DType::kQ5_0, modserve::DType::kQ5_1, modserve::DType::kQ4_K,
+                            modserve::DType::kQ5_K, modserve::DType::kQ6_K}) {
     const std::string name(modserve::DTypeName(t));
     std::vector<uint8_t> blocks(modserve::DTypeRowBytes(t, n));
     const absl::Status status = modserve::quant::QuantizeRow(t, x.data(), n, blocks.data());

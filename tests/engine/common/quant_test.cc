@@ -23,8 +23,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                                 DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                                 DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 std::string Name(DType t) { return std::string(DTypeName(t)); }
 
@@ -52,6 +52,12 @@ TEST(QuantLayoutTest, RowBytesFollowTheBlockSizes) {
   EXPECT_EQ(DTypeRowBytes(DType::kQ8_0, 64), 68u);
   EXPECT_EQ(DTypeRowBytes(DType::kQ4_0, 2048), 64u * 18);
   EXPECT_EQ(DTypeRowBytes(DType::kQ4_1, 32), 20u);
+  EXPECT_EQ(DTypeRowBytes(DType::kQ5_0, 576), 18u * 22);
+  EXPECT_EQ(DTypeRowBytes(DType::kQ5_1, 64), 2u * 24);
+  EXPECT_EQ(offsetof(BlockQ5_0, qh), 2u);
+  EXPECT_EQ(offsetof(BlockQ5_0, qs), 6u);
+  EXPECT_EQ(offsetof(BlockQ5_1, qh), 4u);
+  EXPECT_EQ(offsetof(BlockQ5_1, qs), 8u);
   EXPECT_EQ(DTypeRowBytes(DType::kQ4_K, 5632), 22u * 144);
   EXPECT_EQ(DTypeRowBytes(DType::kQ6_K, 512), 2u * 210);
   EXPECT_EQ(offsetof(BlockQ4_K, scales), 4u);
@@ -94,6 +100,30 @@ TEST(QuantLayoutTest, Q4_1AddsTheMinimumAfterTheScale) {
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(y[j], 0.25f * ((j * 7) % 16) - 1.5f) << j;
     EXPECT_EQ(y[16 + j], 0.25f * j - 1.5f) << 16 + j;
+  }
+}
+
+// Q5_0 and Q5_1: Q4_0's and Q4_1's nibbles, and the fifth bit of element j in bit j of qh (a
+// little-endian uint32): set here for every third element, so both halves and all four qh bytes
+// have set and clear bits.
+TEST(QuantLayoutTest, Q5_0And5_1TakeTheFifthBitOfElementJFromBitJOfQh) {
+  auto level = [](int j) { return ((j * 5) % 16) | (j % 3 == 0 ? 16 : 0); };
+  for (const bool has_min : {false, true}) {
+    const DType t = has_min ? DType::kQ5_1 : DType::kQ5_0;
+    const int qh_at = has_min ? 4 : 2;
+    std::vector<uint8_t> block(qh_at + 4 + 16);
+    PutF16(block.data(), 0.75f);
+    if (has_min) PutF16(block.data() + 2, -2.0f);
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>(level(j) >> 4) << j;
+    for (int b = 0; b < 4; ++b) block[qh_at + b] = static_cast<uint8_t>(qh >> (8 * b));
+    for (int j = 0; j < 16; ++j) {
+      block[qh_at + 4 + j] = static_cast<uint8_t>((level(j) & 15) | ((level(16 + j) & 15) << 4));
+    }
+    const std::vector<float> y = Dequantize(t, block, 32);
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_EQ(y[j], has_min ? 0.75f * level(j) - 2.0f : 0.75f * (level(j) - 16)) << Name(t) << j;
+    }
   }
 }
 
@@ -197,8 +227,9 @@ double Nmse(const std::vector<float>& x, const std::vector<float>& y) {
 }
 
 // Upper bounds on the NMSE of N(0, 1) rows. Measured (seed 1): 2.93e-5 (Q8_0), 7.52e-3 (Q4_0),
-// 6.16e-3 (Q4_1), 5.18e-3 (Q4_K), 1.30e-3 (Q5_K: a quarter of Q4_K's, one more bit per level),
-// 3.20e-4 (Q6_K); the bounds leave ~20% margin, so a rounding or
+// 6.16e-3 (Q4_1), 1.88e-3 (Q5_0), 1.45e-3 (Q5_1), 5.18e-3 (Q4_K), 1.30e-3 (Q5_K: each 5-bit
+// type about a quarter of its 4-bit sibling's, one more bit per level), 3.20e-4 (Q6_K); the
+// bounds leave ~20% margin, so a rounding or
 // packing slip (which at least doubles the error) fails.
 double NmseBound(DType t) {
   switch (t) {
@@ -208,6 +239,10 @@ double NmseBound(DType t) {
       return 9.0e-3;
     case DType::kQ4_1:
       return 7.4e-3;
+    case DType::kQ5_0:
+      return 2.3e-3;
+    case DType::kQ5_1:
+      return 1.75e-3;
     case DType::kQ4_K:
       return 6.2e-3;
     case DType::kQ5_K:
@@ -259,7 +294,7 @@ TEST(QuantRoundTripTest, BlockErrorIsBoundedByTheStep) {
     const float scale = std::pow(10.0f, exponent(rng));
     for (int j = 0; j < 32; ++j) x[32 * b + j] = scale * normal(rng);
   }
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
     const std::vector<uint8_t> bytes = Quantize(t, x);
     const std::vector<float> y = Dequantize(t, bytes, static_cast<int64_t>(x.size()));
     const size_t block_bytes = DTypeBlockBytes(t);
@@ -271,10 +306,14 @@ TEST(QuantRoundTripTest, BlockErrorIsBoundedByTheStep) {
       // blocks); Q4_1's f16 minimum adds at most 2^-11 of |x| more.
       float amax = 0.0f;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
-      const float max_level = t == DType::kQ8_0 ? 127.0f : t == DType::kQ4_0 ? 8.0f : 15.0f;
-      // Q4_0 maps the largest-magnitude value to -8 steps, so values of the other sign may sit
-      // up to a whole step beyond +7 steps, where they clamp.
-      const float steps = t == DType::kQ4_0 ? 1.0f : 0.5f;
+      const float max_level = t == DType::kQ8_0   ? 127.0f
+                              : t == DType::kQ4_0 ? 8.0f
+                              : t == DType::kQ4_1 ? 15.0f
+                              : t == DType::kQ5_0 ? 16.0f
+                                                  : 31.0f;
+      // Q4_0 (Q5_0) maps the largest-magnitude value to -8 (-16) steps, so values of the other
+      // sign may sit up to a whole step beyond +7 (+15) steps, where they clamp.
+      const float steps = t == DType::kQ4_0 || t == DType::kQ5_0 ? 1.0f : 0.5f;
       const float bound =
           steps * std::fabs(F16ToF32(d)) * 1.0001f + amax * 0x1p-10f + max_level * 0x1p-25f;
       for (int j = 0; j < 32; ++j) {
@@ -308,8 +347,8 @@ TEST(QuantRoundTripTest, ExtremeBlocksRoundTripSensibly) {
     std::vector<float> negative(n);
     for (int64_t i = 0; i < n; ++i) negative[i] = -5.0f - static_cast<float>(i % 32) / 8.0f;
     const std::vector<float> y_neg = roundtrip(negative);
-    // Half a step: Q4_0 has only its 16 signed levels for the range [-8.875, 0].
-    const float neg_tol = t == DType::kQ4_0 ? 0.6f : 0.2f;
+    // Half a step: Q4_0 has only its 16 signed levels for the range [-8.875, 0], Q5_0 its 32.
+    const float neg_tol = t == DType::kQ4_0 ? 0.6f : t == DType::kQ5_0 ? 0.3f : 0.2f;
     for (int64_t i = 0; i < n; ++i) {
       EXPECT_NEAR(y_neg[i], negative[i], neg_tol) << Name(t) << " " << i;
     }

@@ -511,15 +511,15 @@ TEST_F(GgufModelTest, UnsupportedTensorTypeNamesTheTensorAndTheType) {
   for (const TestTensor& t : HfTensors(s)) {
     std::vector<uint64_t> ne(t.shape.rbegin(), t.shape.rend());
     if (t.name == "model.layers.1.mlp.up_proj.weight") {
-      // Q5_0: 32-element blocks of 22 bytes; pad the row to one block.
-      b.Tensor(GgufName(t.name), mt::kQ5_0, {32, ne[1]}, std::string(22 * ne[1], '\0'));
+      // IQ4_NL: 32-element blocks of 18 bytes; pad the row to one block.
+      b.Tensor(GgufName(t.name), mt::kIQ4_NL, {32, ne[1]}, std::string(18 * ne[1], '\0'));
     } else {
       b.Tensor(GgufName(t.name), GgmlType(t.dtype), ne, t.bytes);
     }
   }
   EXPECT_THAT(LoadGguf(b), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    "tensor 'blk.1.ffn_up.weight' has type Q5_0, which modserve "
-                                    "does not run"));
+                                    "tensor 'blk.1.ffn_up.weight' has type IQ4_NL, which "
+                                    "modserve does not run"));
 }
 
 TEST_F(GgufModelTest, MissingWrongAndExtraTensorsUseGgufNames) {

@@ -19,8 +19,8 @@ constexpr uint32_t kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF3
 }  // namespace gguf_type
 // ggml tensor type numbers.
 namespace ggml_type {
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12,
-                   kQ5_K = 13, kQ6_K = 14, kF64 = 28, kBF16 = 30;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+                   kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kF64 = 28, kBF16 = 30;
 }  // namespace ggml_type
 
 inline void PutU32(std::string* out, uint32_t v) {

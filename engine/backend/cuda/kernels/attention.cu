@@ -534,6 +534,8 @@ cudaError_t Attention(cudaStream_t stream, const AttentionArgs& args, const Atte
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   if (err != cudaSuccess || plan.splits == 1) return err;

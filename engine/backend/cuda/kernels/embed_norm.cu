@@ -80,6 +80,8 @@ cudaError_t Embed(cudaStream_t stream, const int32_t* ids, int64_t n, const void
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;
@@ -102,6 +104,8 @@ cudaError_t RmsNorm(cudaStream_t stream, const float* x, const void* w, DType dt
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;

@@ -110,6 +110,8 @@ cudaError_t CombinePlanes(cudaStream_t stream, const float* p, const void* bias,
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;
@@ -131,6 +133,8 @@ cudaError_t WidenToF32(cudaStream_t stream, const void* src, DType dt, int64_t c
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;
@@ -153,6 +157,8 @@ cudaError_t AddBias(cudaStream_t stream, const void* bias, DType dt, int64_t n, 
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;

@@ -226,6 +226,8 @@ cudaError_t Gemv(cudaStream_t stream, const float* x, const void* w, const void*
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;

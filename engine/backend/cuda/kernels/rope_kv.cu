@@ -96,6 +96,8 @@ cudaError_t RopeAndAppendKv(cudaStream_t stream, const RopeKvArgs& args) {
     case DType::kQ4_K:
     case DType::kQ6_K:
     case DType::kQ5_K:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
       break;
   }
   return cudaErrorInvalidValue;
