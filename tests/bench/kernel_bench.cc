@@ -1,6 +1,7 @@
 // CPU kernel benchmark: machine read bandwidth, decode Gemm weight-read GB/s (n = 1, 4, 8, 16) and
 // prefill Gemm GFLOP/s (n = 512) on TinyLlama-1.1B shapes, plus paged decode attention, and the
-// same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus SmolLM2-135M's shapes).
+// same for block-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; plus
+// SmolLM2-135M's shapes).
 // Prints numbers only; it asserts nothing. Usage: kernel_bench [num_threads]
 // [best|scalar|avx2|avx512|avx512vnni|amx] [MODE] (only that benchmark; the modes are kModes
 // below, and --help lists them; quant-compute is one core's kernel throughput in CPU time,
@@ -739,8 +740,8 @@ int Main(int argc, char** argv) {
   if (only == "quant-compute") {
     // Q4_K, Q5_K, Q6_K and Q8_0 twice: as the file stores them, then as the engine runs them (the
     // interleaved copies, on tables that read them).
-    for (DType t :
-         {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n, false);
     }
     for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0}) {
@@ -749,16 +750,19 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (only.rfind("quant", 0) == 0) {
-    const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+    const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                           DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
     const std::pair<int64_t, int64_t> tiny[] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
     if (only != "quant-prefill") {
       for (DType t : types) {
         for (auto [m, k] : tiny) BenchQuantDecode(backend, t, m, k, bw, "TinyLlama");
       }
-      // SmolLM2-135M: Q4_1 layers (d_model 576, d_ff 1536) and the tied Q8_0 LM head.
-      for (auto [m, k] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}}) {
-        BenchQuantDecode(backend, DType::kQ4_1, m, k, bw, "SmolLM2");
+      // SmolLM2-135M: Q4_1 layers (d_model 576, d_ff 1536; Q5_0 in llama.cpp's Q4_K_M of it) and
+      // the tied Q8_0 LM head.
+      for (DType t : {DType::kQ4_1, DType::kQ5_0}) {
+        for (auto [m, k] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}}) {
+          BenchQuantDecode(backend, t, m, k, bw, "SmolLM2");
+        }
       }
       BenchQuantDecode(backend, DType::kQ8_0, 49152, 576, bw, "SmolLM2 LM head");
     }
@@ -767,6 +771,7 @@ int Main(int argc, char** argv) {
         for (auto [m, k] : tiny) BenchQuantPrefill(backend, t, m, k, 512, peak);
       }
       BenchQuantPrefill(backend, DType::kQ4_1, 1536, 576, 512, peak);
+      BenchQuantPrefill(backend, DType::kQ5_0, 1536, 576, 512, peak);
       BenchQuantPrefill(backend, DType::kQ8_0, 49152, 576, 64, peak);
     }
     return 0;
@@ -789,7 +794,7 @@ int Main(int argc, char** argv) {
   if (only == "prefill-compute") {
     const double core_peak = MeasureAndPrintCorePeak();
     for (DType t : {DType::kBF16, DType::kF32, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+                    DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       for (auto [m, k] : shapes) BenchPrefillCompute(backend, t, m, k, 512, core_peak);
     }
     return 0;

@@ -355,9 +355,9 @@ CASES = [
          [F, "tensor 'token_embd.weight' has more elements than fit in 64 bits"]),
     Case("gguf_unknown_ggml_type", tensor_type("blk.2.ffn_up.weight", 1000),
          [F, "tensor 'blk.2.ffn_up.weight' has unknown ggml type id 1000"]),
-    # Q5_0 (32-element blocks of 22 bytes) takes fewer bytes than F32: still inside the file.
-    Case("gguf_unsupported_quant_type", tensor_type("blk.2.ffn_down.weight", 6),
-         [F, "tensor 'blk.2.ffn_down.weight' has type Q5_0, which modserve does not run"]),
+    # IQ4_NL (32-element blocks of 18 bytes) takes fewer bytes than F32: still inside the file.
+    Case("gguf_unsupported_quant_type", tensor_type("blk.2.ffn_down.weight", 20),
+         [F, "tensor 'blk.2.ffn_down.weight' has type IQ4_NL, which modserve does not run"]),
     Case("gguf_row_not_a_block_multiple", tensor_type("blk.2.ffn_up.weight", 8),
          [F, "tensor 'blk.2.ffn_up.weight' of type Q8_0 has rows of 48 elements, not a "
           "multiple of its block of 32"]),

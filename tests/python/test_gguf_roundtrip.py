@@ -1,9 +1,9 @@
 """models/demo (MoD, predictor routing) through the built modserve-quantize and back through the
 built engine and server, compared with the safetensors original.
 
-Files are made from models/demo: F32, Q8_0, Q5_K and Q6_K GGUF files (modserve-quantize), and
-directories holding the Q8_0, Q5_K and Q6_K files' weights dequantized to F32 by the `gguf` package, an
-independent dequantizer (Q/K rows un-permuted and names mapped back here, in numpy). Greedy runs
+Files are made from models/demo: F32, Q8_0, Q5_K, Q6_K, Q5_0 and Q5_1 GGUF files
+(modserve-quantize), and directories holding the quantized files' weights dequantized to F32 by
+the `gguf` package, an independent dequantizer (Q/K rows un-permuted and names mapped back here, in numpy). Greedy runs
 of modserve-generate (token ids from the `tokenizers` package, top-2 logprobs) then compare:
 
 1. the F32 file with the original: the same values in another container, so the same tokens,
@@ -18,10 +18,11 @@ of modserve-generate (token ids from the `tokenizers` package, top-2 logprobs) t
 TOL, twice the larger measured deviation, bounds both. Greedy paths may part only at a near-tie:
 at the first differing step one side's top-1/top-2 margin must be under 2 * TOL (each logprob
 may move by TOL, so their difference by twice that); comparison stops there, and at least half
-the steps must have been compared. The Q5_K and Q6_K files (whose paths may part early at a
-near-tie of the small model) instead go on from the same prefix after each near-tie, and every
-step but the ties' own is compared. Finally `modserve` serves the Q8_0 file and a Generate call through the
-Python client returns exactly modserve-generate's tokens and logprobs on it.
+the steps must have been compared. The Q5_K, Q6_K, Q5_0 and Q5_1 files (whose paths may part
+early at a near-tie of the small model) instead go on from the same prefix after each near-tie,
+and every step but the ties' own is compared. Finally `modserve` serves the Q8_0 file and a
+Generate call through the Python client returns exactly modserve-generate's tokens and logprobs
+on it.
 
 Binaries: $MODSERVE_BUILD_DIR/bin (default build/); without them the tests skip.
 """
@@ -230,6 +231,11 @@ def expect_k_quant_ffn_down(files, runs, name):
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files[name]).tensors}
     assert {n for n, t in types.items() if t == name.upper()} == {
         f"blk.{i}.ffn_down.weight" for i in range(6)}, types
+    expect_close_resyncing(files, runs, name)
+
+
+def expect_close_resyncing(files, runs, name):
+    """The `name` file's runs against its dequantized directory's, past near-ties."""
     total, worst, ties = 0, 0.0, 0
     for ids, a, b in zip(prompt_ids(), runs[name], runs[name + "_dequantized"]):
         c, w, t = compare_resyncing(files[name], files[name + "_dequantized"], ids, a, b)
@@ -256,14 +262,7 @@ def test_q5_0_and_q5_1_ggufs_match_their_dequantized_weights(files, runs, name):
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(files[name]).tensors}
     assert {n for n, t in types.items() if t == name.upper()} == {
         n for n in types if not n.endswith("norm.weight") and ".mod_" not in n}, types
-    total, worst, ties = 0, 0.0, 0
-    for ids, a, b in zip(prompt_ids(), runs[name], runs[name + "_dequantized"]):
-        c, w, t = compare_resyncing(files[name], files[name + "_dequantized"], ids, a, b)
-        total, worst, ties = total + c, max(worst, w), ties + t
-    print(f"{name.upper()} file vs its dequantized weights: {total} steps, {ties} near-ties, "
-          f"max |dlogprob| {worst:.4f}")
-    assert worst < TOL
-    assert total >= len(PROMPTS) * NEW_TOKENS - ties
+    expect_close_resyncing(files, runs, name)
 
 
 def test_q8_0_gguf_round_trips_the_original(runs):

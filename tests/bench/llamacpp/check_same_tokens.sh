@@ -37,17 +37,24 @@ GREEDY="$(llama_tool greedy_ids "$LLAMACPP_SRC" "$LLAMACPP_BUILD")"
 # check then proves the quantizer's output and modserve's GGUF loading against llama.cpp.
 # CONVERTER=llama has llama.cpp's own quantizer write it (llama_quantize.cc, from an F16 file of
 # modserve-quantize; OUTTYPE q4_k_m, q5_k_m, ...): modserve's kernels on blocks and tensor mixes
-# it did not write.
+# it did not write. CKPT may then be a GGUF file, which llama.cpp requantizes:
+#   CONVERTER=llama PROMPT_IDS=504,3575,282,4649,314 tests/bench/llamacpp/check_same_tokens.sh \
+#     models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf 64 q4_k_m
+# (SmolLM2's 576-wide rows take Q5_0 there, where the K-quants need multiples of 256).
 CONVERTER="${CONVERTER:-to_gguf}"
-GGUF="$WORK/$(basename "$CKPT")-$OUTTYPE-$CONVERTER.gguf"
+GGUF="$WORK/$(basename "$CKPT" .gguf)-$OUTTYPE-$CONVERTER.gguf"
 if [[ "$CONVERTER" == quantize ]]; then
   "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$GGUF" --type "$OUTTYPE" \
     --allow_no_tokenizer
 elif [[ "$CONVERTER" == llama ]]; then
   QUANTIZE="$(llama_tool llama_quantize "$LLAMACPP_SRC" "$LLAMACPP_BUILD")"
-  "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$WORK/f16.gguf" --type f16 \
-    --allow_no_tokenizer
-  "$QUANTIZE" "$WORK/f16.gguf" "$GGUF" "$OUTTYPE" "$THREADS" > /dev/null
+  SRC="$CKPT"
+  if [[ "$CKPT" != *.gguf ]]; then
+    SRC="$WORK/f16.gguf"
+    "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$SRC" --type f16 \
+      --allow_no_tokenizer
+  fi
+  "$QUANTIZE" "$SRC" "$GGUF" "$OUTTYPE" "$THREADS" > /dev/null
 elif [[ ! -f "$GGUF" || "$CKPT/config.json" -nt "$GGUF" || "$HERE/to_gguf.py" -nt "$GGUF" ]]; then
   nice -n 19 "$GGUF_PY" "$HERE/to_gguf.py" "$CKPT" "$GGUF" --outtype "$OUTTYPE"
 fi

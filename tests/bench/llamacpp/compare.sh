@@ -14,7 +14,8 @@
 # the very same GGUF file: the real SmolLM2-135M Q4_1 (tools/fetch_models.sh) and the TinyLlama
 # shape's dense checkpoint quantized by modserve-quantize (--type q8_0 / q4_k / q5_k; it is written
 # by modserve-bench first when missing), or by llama.cpp's own quantizer for the mixes
-# (tinyllama:q4_k_m, tinyllama:q5_k_m; llama_quantize.cc). modserve-bench --model and llama-bench
+# (tinyllama:q4_k_m, tinyllama:q5_k_m; llama_quantize.cc), and SmolLM2's file requantized by it
+# (smollm2:q4_k_m, smollm2:q5_0, ...). modserve-bench --model and llama-bench
 # take the same context, steps, threads and KV type as above. SHAPES= runs only these rows:
 #   SHAPES= tests/bench/llamacpp/compare.sh
 #
@@ -170,6 +171,20 @@ for row in $GGUF_ROWS; do
   case "$row" in
     smollm2) gguf="$SMOLLM2"; shape="smollm2-135m"; wt="q4_1"
       [[ -f "$gguf" ]] || { log "no $gguf (bash tools/fetch_models.sh)"; exit 1; } ;;
+    smollm2:*)
+      # SmolLM2's file requantized by llama.cpp's quantizer (q4_k_m: mostly Q5_0, its 576-wide
+      # rows not being multiples of 256; q5_0, q5_1, q4_0, ...).
+      wt="${row#smollm2:}"; shape="smollm2-135m"
+      [[ -f "$SMOLLM2" ]] || { log "no $SMOLLM2 (bash tools/fetch_models.sh)"; exit 1; }
+      gguf="$LLAMACPP_DIR/gguf/smollm2-$wt.gguf"
+      if [[ ! -f "$gguf" || "$SMOLLM2" -nt "$gguf" ]]; then
+        source "$HERE/llama_tool.sh"
+        QUANTIZE="$(llama_tool llama_quantize \
+          "$(ls -d "$LLAMACPP_DIR"/*/vendor/llama.cpp | head -1)" "$BUILD")"
+        log "llama.cpp's quantizer: smollm2 $wt"
+        "$QUANTIZE" "$SMOLLM2" "$gguf.tmp" "$wt" "$THREADS" > /dev/null
+        mv "$gguf.tmp" "$gguf"
+      fi ;;
     tinyllama:*)
       wt="${row#tinyllama:}"; shape="tinyllama"
       ckpt="$WORKDIR/tinyllama-dense"
@@ -201,7 +216,7 @@ for row in $GGUF_ROWS; do
         esac
         mv "$gguf.tmp" "$gguf"
       fi ;;
-    *) log "GGUF_ROWS: unknown row '$row' (smollm2, tinyllama:TYPE)"; exit 1 ;;
+    *) log "GGUF_ROWS: unknown row '$row' (smollm2, smollm2:TYPE, tinyllama:TYPE)"; exit 1 ;;
   esac
   log "modserve-bench --model $(basename "$gguf")"
   "$MODSERVE_BIN_DIR/modserve-bench" --model "$gguf" --batches 1 --contexts "$CTX" \
