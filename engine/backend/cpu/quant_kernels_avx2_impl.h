@@ -212,9 +212,14 @@ struct Q8_0K {
 };
 
 // The 32 bits of m as 32 bytes: byte i is 0x10 (a level's fifth bit) where bit i of m is set, else
-// 0. Each 128-bit half of the broadcast holds m's 4 bytes, so the shuffle gives byte i a copy of
-// byte i / 8, and the mask keeps its bit i % 8.
+// 0. With AVX512BW and VL (the AVX-512 and VNNI tables compile this file with them) m is a byte
+// mask: one masked move. Otherwise each 128-bit half of the broadcast holds m's 4 bytes, so the
+// shuffle gives byte i a copy of byte i / 8, and the compare keeps its bit i % 8. The same bytes
+// either way.
 inline __m256i FifthBits(uint32_t m) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  return _mm256_maskz_mov_epi8(static_cast<__mmask32>(m), _mm256_set1_epi8(0x10));
+#else
   const __m256i bytes =
       _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)),
                           _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
@@ -222,6 +227,7 @@ inline __m256i FifthBits(uint32_t m) {
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit),
                           _mm256_set1_epi8(0x10));
+#endif
 }
 
 // Q4_0 / Q4_1, and Q5_0 / Q5_1 (kQ5): two blocks side by side, [qs(b) | qs(b+1)], give the low
