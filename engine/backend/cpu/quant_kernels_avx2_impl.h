@@ -577,7 +577,7 @@ struct Q4Pack {
   }
   static void Scales(const uint8_t* unit, float* sc, float* off, int32_t isc[2]) {
     *sc = HalfToFloat(LoadU16(unit));
-    *off = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : 0.0f;  // Q4_0's -8 comes in PanelDot
+    *off = kHasMin ? HalfToFloat(LoadU16(unit + 2)) : 0.0f;  // -8 / -16: BlockUpdate's
     isc[0] = isc[1] = 0;
   }
   static void Scales8(const uint8_t* unit, __m256* sc, __m256* off, __m256i isc[2]) {
