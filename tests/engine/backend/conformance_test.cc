@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/backend.h"
@@ -108,6 +109,27 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
       EXPECT_EQ(std::memcmp(oi.f32(), all.f32() + i * m, m * sizeof(float)), 0)
           << what << " row " << i << " of " << n;
     }
+  }
+
+  // The backend's Gemm of x [n, k] by rows [first, m) of the device weight `prepared` (a view of
+  // whole groups, no bias), and the reference's output columns first.. of x by the host weight w
+  // [m, k]: {got, want}.
+  std::pair<HostTensor, HostTensor> SliceGemm(HostTensor x, HostTensor w,
+                                              const TensorView& prepared, int64_t first) {
+    const int64_t n = x.dims[0], m = w.dims[0];
+    HostTensor all(DType::kF32, {n, m});
+    cpu::reference::Gemm(x.view(), w.view(), TensorView(), all.view());
+    HostTensor got(DType::kF32, {n, m - first});
+    const TensorView out = Upload(got);
+    backend_->Gemm(Upload(x), prepared.rows(first, m - first), TensorView(), out);
+    got = Download(out, got);
+    HostTensor want(DType::kF32, {n, m - first});
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = first; r < m; ++r) {
+        want.f32()[i * (m - first) + r - first] = all.f32()[i * m + r];
+      }
+    }
+    return {std::move(got), std::move(want)};
   }
 
   std::unique_ptr<Backend> backend_;
@@ -960,20 +982,8 @@ TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
         }
         // Row groups 1.. of a multi-group weight, alone: the reference's rows 16...
         if (m >= 48 && m % 16 == 0) {
-          const int64_t n = 3;
-          HostTensor x = QuantGemmInput(rng, n, k);
-          HostTensor want(DType::kF32, {n, m});
-          cpu::reference::Gemm(x.view(), w.view(), TensorView(), want.view());
-          HostTensor got(DType::kF32, {n, m - 16});
-          const TensorView out = Upload(got);
-          backend_->Gemm(Upload(x), prepared->rows(16, m - 16), TensorView(), out);
-          got = Download(out, got);
-          HostTensor want_tail(DType::kF32, {n, m - 16});
-          for (int64_t i = 0; i < n; ++i) {
-            for (int64_t r = 16; r < m; ++r) {
-              want_tail.f32()[i * (m - 16) + r - 16] = want.f32()[i * m + r];
-            }
-          }
+          HostTensor x = QuantGemmInput(rng, 3, k);
+          auto [got, want_tail] = SliceGemm(x, w, *prepared, 16);
           std::vector<float> tail_f32(w_f32.begin() + 16 * k, w_f32.end());
           ExpectWithinActivationRounding(got, want_tail, x, tail_f32, m - 16,
                                          "rows 16.. of a prepared " + std::string(DTypeName(dt)));
@@ -1025,20 +1035,7 @@ TEST_P(BackendConformanceTest, PreparedFloatGemmWeightsGiveTheReferenceGemm) {
       }
       if (m >= 96) {
         // Row groups 1.. alone: the reference's rows 32...
-        const int64_t n = 5;
-        HostTensor x = Random(rng, DType::kF32, {n, k});
-        HostTensor want(DType::kF32, {n, m});
-        cpu::reference::Gemm(x.view(), w.view(), TensorView(), want.view());
-        HostTensor got(DType::kF32, {n, m - 32});
-        const TensorView out = Upload(got);
-        backend_->Gemm(Upload(x), prepared->rows(32, m - 32), TensorView(), out);
-        got = Download(out, got);
-        HostTensor want_tail(DType::kF32, {n, m - 32});
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t r = 32; r < m; ++r) {
-            want_tail.f32()[i * (m - 32) + r - 32] = want.f32()[i * m + r];
-          }
-        }
+        auto [got, want_tail] = SliceGemm(Random(rng, DType::kF32, {5, k}), w, *prepared, 32);
         ExpectClose(got, want_tail, kAccumOrderRelTol, "rows 32.. of a prepared " + shape);
       }
       const int64_t bound = std::min<int64_t>(backend_->MaxRowInvariantRows(dt, m), 40);
