@@ -41,9 +41,12 @@ GREEDY="$(llama_tool greedy_ids "$LLAMACPP_SRC" "$LLAMACPP_BUILD")"
 #   CONVERTER=llama PROMPT_IDS=504,3575,282,4649,314 tests/bench/llamacpp/check_same_tokens.sh \
 #     models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf 64 q4_k_m
 # (SmolLM2's 576-wide rows take Q5_0 there, where the K-quants need multiples of 256).
+# CONVERTER=none runs both engines on CKPT, a GGUF file, as it is (OUTTYPE unused).
 CONVERTER="${CONVERTER:-to_gguf}"
 GGUF="$WORK/$(basename "$CKPT" .gguf)-$OUTTYPE-$CONVERTER.gguf"
-if [[ "$CONVERTER" == quantize ]]; then
+if [[ "$CONVERTER" == none ]]; then
+  GGUF="$CKPT"
+elif [[ "$CONVERTER" == quantize ]]; then
   "$MODSERVE_BIN_DIR/modserve-quantize" --model "$CKPT" --out "$GGUF" --type "$OUTTYPE" \
     --allow_no_tokenizer
 elif [[ "$CONVERTER" == llama ]]; then
@@ -63,7 +66,7 @@ LC_OUT="$WORK/check.llamacpp.txt"
 MS_OUT="$WORK/check.modserve.json"
 "$GREEDY" "$GGUF" "$PROMPT" "$N_NEW" "$THREADS" > "$LC_OUT"
 MS_MODEL="$CKPT"
-[[ "$CONVERTER" == quantize || "$CONVERTER" == llama ]] && MS_MODEL="$GGUF"
+[[ "$CONVERTER" != to_gguf ]] && MS_MODEL="$GGUF"
 "$MODSERVE_BIN_DIR/modserve-generate" --model "$MS_MODEL" --prompt_ids "$PROMPT" \
   --max_new_tokens "$N_NEW" --temperature 0 --ignore_eos --top_logprobs 2 --json \
   --threads "$THREADS" > "$MS_OUT"
