@@ -738,14 +738,15 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (only == "quant-compute") {
-    // Q4_K, Q5_K, Q6_K and Q8_0 twice: as the file stores them, then as the engine runs them (the
-    // interleaved copies, on tables that read them).
-    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-      for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n, false);
-    }
-    for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_0}) {
-      for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n, true);
+    // Every type twice: as the file stores it, then as the engine runs it (the interleaved
+    // copies, on tables that read them). QUANT_TYPES picks types.
+    const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                           DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+    for (bool prepare : {false, true}) {
+      for (DType t : types) {
+        if (!EnvListHas("QUANT_TYPES", DTypeName(t))) continue;
+        for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n, prepare);
+      }
     }
     return 0;
   }

@@ -198,9 +198,16 @@ absl::StatusOr<TensorView> CpuBackend::PrepareGemmWeight(const TensorView& w) {
     } else if (w.dtype == DType::kQ8_0 && k % kQ8_0X16UnitElems == 0) {
       fn = &RepackQ8_0X16;
       group_bytes = k / kQ8_0X16UnitElems * kQ8_0X16UnitBytes;
+    } else if ((w.dtype == DType::kQ4_0 || w.dtype == DType::kQ4_1 || w.dtype == DType::kQ5_0 ||
+                w.dtype == DType::kQ5_1) &&
+               k % kQ4X16UnitElems == 0) {
+      repack = [&](int64_t b, int64_t e, void* dst) { RepackQ4X16(w.dtype, w.data, k, b, e, dst); };
+      group_bytes = k / kQ4X16UnitElems * Q4X16UnitBytes(w.dtype);
     }
-    if (fn == nullptr) return w;
-    repack = [&, fn](int64_t b, int64_t e, void* dst) { fn(w.data, k, b, e, dst); };
+    if (fn == nullptr && !repack) return w;
+    if (fn != nullptr) {
+      repack = [&, fn](int64_t b, int64_t e, void* dst) { fn(w.data, k, b, e, dst); };
+    }
   }
   const int64_t groups = m / group_rows;
   // Every layout keeps a row group in its rows' bytes, so views of whole groups start where
@@ -551,6 +558,14 @@ QuantGemmFn CpuBackend::InterleavedKernel(DType dtype) const {
       return kernels_.gemm_q6_k_x16;
     case DType::kQ8_0:
       return kernels_.gemm_q8_0_x16;
+    case DType::kQ4_0:
+      return kernels_.gemm_q4_0_x16;
+    case DType::kQ4_1:
+      return kernels_.gemm_q4_1_x16;
+    case DType::kQ5_0:
+      return kernels_.gemm_q5_0_x16;
+    case DType::kQ5_1:
+      return kernels_.gemm_q5_1_x16;
     default:
       break;
   }
@@ -598,7 +613,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   for (const GemmOperand& g : group) {
     if (!g.bias.empty() && g.bias.dtype != DType::kF32) bias_elems += g.w.dim(0);
     if (DTypeIsQuantized(g.w.dtype)) {
-      layouts[static_cast<int>(ActLayoutFor(g.w.dtype, n))] = true;
+      layouts[static_cast<int>(ActLayoutFor(g.w.dtype, n, PreparedGroupRows(g.w) != 0))] = true;
     }
   }
   if (static_cast<int64_t>(bias_f32_.size()) < bias_elems) bias_f32_.resize(bias_elems);
@@ -664,7 +679,7 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
     const bool prepared = group_rows != 0;
     if (DTypeIsQuantized(mem.dtype)) {
       mem.quant = prepared ? InterleavedKernel(mem.dtype) : QuantKernel(mem.dtype);
-      mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n))];
+      mem.acts = &acts[static_cast<int>(ActLayoutFor(mem.dtype, n, prepared))];
       mem.large = n > kQuantSmallNMax;
     } else {
       mem.large = n > SmallNMax(mem.dtype) && mem.m > kGemmSkinnyRows;

@@ -83,9 +83,10 @@ class CpuBackend final : public Backend {
   void SetDeviceRowCount(const TensorView& count) override;
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   // Q4_K (Q5_K, Q6_K) weights of a multiple of kQ4KX16Rows rows, when the table has
-  // gemm_q4_k_x16 (gemm_q5_k_x16, gemm_q6_k_x16), and Q8_0 weights of such rows and k a multiple of
-  // 64, when it has gemm_q8_0_x16: a copy in the interleaved layout (kernels.h), kept until the
-  // backend is destroyed. Anything else: `w`.
+  // gemm_q4_k_x16 (gemm_q5_k_x16, gemm_q6_k_x16), and Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights of
+  // such rows and k a multiple of 64, when it has that type's gemm_*_x16: a copy in the
+  // interleaved layout (kernels.h); BF16 weights where UsesBf16Panels: a copy in the panel
+  // layout. Copies are kept until the backend is destroyed. Anything else: `w`.
   absl::StatusOr<TensorView> PrepareGemmWeight(const TensorView& w) override;
   absl::Status CopyToDevice(const TensorView& host_src, const TensorView& dst) override;
   absl::Status CopyToHost(const TensorView& src, const TensorView& host_dst) override;

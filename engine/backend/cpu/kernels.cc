@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 
+#include "engine/common/logging.h"
 #include "engine/common/quant.h"
 
 #if defined(__x86_64__)
@@ -183,6 +184,10 @@ const KernelTable& Avx512VnniKernelTable() {
     t.gemm_q5_k_x16 = q.gemm_q5_k_x16;
     t.gemm_q6_k_x16 = q.gemm_q6_k_x16;
     t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
+    t.gemm_q4_0_x16 = q.gemm_q4_0_x16;
+    t.gemm_q4_1_x16 = q.gemm_q4_1_x16;
+    t.gemm_q5_0_x16 = q.gemm_q5_0_x16;
+    t.gemm_q5_1_x16 = q.gemm_q5_1_x16;
     if (CpuIsAmdFamily1Ah()) {
       const KernelTable& far = internal::kFarPrefetchQuantGemms;
       t.gemm_q4_k_x16 = far.gemm_q4_k_x16;
@@ -264,8 +269,11 @@ const KernelTable& AmxKernelTable() {
       t.gemm_q8_0_x16 = q.gemm_q8_0_x16;
       if (AmxInt8UnavailableReason().empty()) {
         const KernelTable& i8 = internal::kAmxInt8QuantGemms;
+        // Q4_0 and Q4_1 stay in the file's layout here, where the tiles read them.
         t.gemm_q4_0 = i8.gemm_q4_0;
         t.gemm_q4_1 = i8.gemm_q4_1;
+        t.gemm_q4_0_x16 = nullptr;
+        t.gemm_q4_1_x16 = nullptr;
         t.gemm_q4_k_x16 = i8.gemm_q4_k_x16;
         t.gemm_q5_k_x16 = i8.gemm_q5_k_x16;
         t.gemm_q8_0_x16 = i8.gemm_q8_0_x16;
@@ -494,6 +502,69 @@ void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t grou
         }
       }
     }
+  }
+}
+
+namespace {
+
+// Q4_0 .. Q5_1 (B their block) in the interleaved layout of RepackQ4X16 (kernels.h).
+template <class B, bool kHasMin, bool kQ5>
+void RepackQ4X16As(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst,
+                   int64_t unit_bytes) {
+  const int64_t nu = k / kQ4X16UnitElems, nb = k / 32;
+  const auto* in = static_cast<const B*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  // Bytes of one block's part of a unit (fifth bits and levels), after d (and m).
+  constexpr int64_t kHead = kHasMin ? 128 : 64, kPart = kQ5 ? 320 : 256;
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t c = 0; c < nu; ++c) {
+      uint8_t* unit = out + (g * nu + c) * unit_bytes;
+      for (int r = 0; r < kQ4KX16Rows; ++r) {
+        for (int h = 0; h < 2; ++h) {
+          const B& b = in[(g * kQ4KX16Rows + r) * nb + 2 * c + h];
+          std::memcpy(unit + 32 * h + 2 * r, &b.d.bits, 2);
+          if constexpr (kHasMin) std::memcpy(unit + 64 + 32 * h + 2 * r, &b.m.bits, 2);
+          uint8_t* part = unit + kHead + kPart * h;
+          if constexpr (kQ5) {
+            uint32_t qh;
+            std::memcpy(&qh, b.qh, 4);
+            for (int t = 0; t < 4; ++t) {
+              uint8_t byte = 0;
+              for (int j = 0; j < 4; ++j) {
+                byte |= static_cast<uint8_t>(((qh >> (4 * j + t)) & 1) << j);
+                byte |= static_cast<uint8_t>(((qh >> (16 + 4 * j + t)) & 1) << (4 + j));
+              }
+              part[4 * r + t] = byte;
+            }
+            part += 64;
+          }
+          for (int j = 0; j < 4; ++j) std::memcpy(part + 64 * j + 4 * r, b.qs + 4 * j, 4);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void RepackQ4X16(DType t, const void* src, int64_t k, int64_t group_begin, int64_t group_end,
+                 void* dst) {
+  const int64_t bytes = Q4X16UnitBytes(t);
+  switch (t) {
+    case DType::kQ4_0:
+      return RepackQ4X16As<quant::BlockQ4_0, false, false>(src, k, group_begin, group_end, dst,
+                                                           bytes);
+    case DType::kQ4_1:
+      return RepackQ4X16As<quant::BlockQ4_1, true, false>(src, k, group_begin, group_end, dst,
+                                                          bytes);
+    case DType::kQ5_0:
+      return RepackQ4X16As<quant::BlockQ5_0, false, true>(src, k, group_begin, group_end, dst,
+                                                          bytes);
+    case DType::kQ5_1:
+      return RepackQ4X16As<quant::BlockQ5_1, true, true>(src, k, group_begin, group_end, dst,
+                                                         bytes);
+    default:
+      MODSERVE_CHECK(false) << "RepackQ4X16 of " << DTypeName(t);
   }
 }
 

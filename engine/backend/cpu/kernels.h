@@ -93,8 +93,9 @@ using QuantGemmFn = void (*)(const QuantizedActs& acts, int64_t x_begin, int64_t
                              int64_t row_begin, int64_t row_end);
 
 // The layout the kernels want for a Gemm of n rows: the Q4_0/Q4_1/Q5_0/Q5_1 decode kernels read
-// two blocks side by side; every prefill kernel (n > kQuantSmallNMax, below) reads natural order.
-constexpr ActLayout ActLayoutFor(DType w, int64_t n);
+// two blocks side by side; every prefill kernel (n > kQuantSmallNMax, below) and every kernel of
+// an interleaved copy (`interleaved`: the gemm_*_x16 entries) reads natural order.
+constexpr ActLayout ActLayoutFor(DType w, int64_t n, bool interleaved = false);
 
 // Attention of a block of consecutive query rows of one sequence (a prefill chunk) for one kv
 // head and one split of its keys, on the matrix unit (KernelTable::attn_block_bf16). Row r < rows
@@ -222,6 +223,12 @@ struct KernelTable {
   QuantGemmFn gemm_q6_k_x16;
   // Q8_0 weights in the interleaved layout of RepackQ8_0X16 (below), the same way.
   QuantGemmFn gemm_q8_0_x16;
+  // Q4_0, Q4_1, Q5_0 and Q5_1 weights in the interleaved layouts of RepackQ4X16 (below), the
+  // same way.
+  QuantGemmFn gemm_q4_0_x16;
+  QuantGemmFn gemm_q4_1_x16;
+  QuantGemmFn gemm_q5_0_x16;
+  QuantGemmFn gemm_q5_1_x16;
 
   // dst[i] = float(src[i]) for i < count (exact conversions).
   void (*to_f32_f16)(const f16_t* src, int64_t count, float* dst);
@@ -509,14 +516,38 @@ inline constexpr int64_t kQ8_0X16UnitElems = 64;
 // kQ4KX16Rows, k of 64) in the interleaved layout into `dst` (m * k / 32 * 34 bytes).
 void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst);
 
+// The interleaved layouts of the 32-element block types Q4_0, Q4_1, Q5_0 and Q5_1
+// (KernelTable::gemm_q4_0_x16 .. gemm_q5_1_x16), on Q8_0's plan: weight rows in groups of
+// kQ4KX16Rows, and per group and 64-element pair of blocks c (so k a multiple of 64) one unit of
+// the 32 blocks' size (Q4X16UnitBytes: 576, 640, 704, 768) at (group * (k / 64) + c) * that:
+//   [0, 32)       d of block 2 c of rows 0..15 (f16); [32, 64) d of block 2 c + 1.
+//   [64, 128)     Q4_1 and Q5_1 only: m of block 2 c, then of block 2 c + 1, likewise.
+//   then for h < 2 (block 2 c + h), in turn:
+//     Q5_0 and Q5_1 only: one 64-byte vector of fifth bits, bytes 4 r .. 4 r + 3 for row r:
+//                 bit j (j < 4) of byte t is the fifth bit of element 4 j + t, bit 4 + j that of
+//                 element 16 + 4 j + t (qh regrouped, so that level vector j finds its bits at
+//                 the same place in every byte);
+//     four 64-byte level vectors j < 4: bytes 4 r .. 4 r + 3 = qs[4 j .. 4 j + 3] of row r's
+//                 block, low nibbles elements 4 j .. 4 j + 3, high nibbles 16 + 4 j .. + 3.
+// One vector times 4 broadcast activation bytes (vpdpbusd) adds 4 products to each of 16 rows.
+inline constexpr int64_t kQ4X16UnitElems = 64;
+constexpr int64_t Q4X16UnitBytes(DType t) {
+  return t == DType::kQ4_0 ? 576 : t == DType::kQ4_1 ? 640 : t == DType::kQ5_0 ? 704 : 768;
+}
+// Writes row groups [group_begin, group_end) of the [m, k] matrix `src` of `t` (Q4_0, Q4_1, Q5_0
+// or Q5_1; m a multiple of kQ4KX16Rows, k of 64) in its interleaved layout into `dst` (the whole
+// tensor's copy, its size).
+void RepackQ4X16(DType t, const void* src, int64_t k, int64_t group_begin, int64_t group_end,
+                 void* dst);
+
 // Float weights of at most this many rows (MoD routers and predictors) take the decode kernels
 // whatever the row count: they are too thin for the prefill kernels' packing to pay, and a row's
 // bits then never depend on the rows beside it.
 inline constexpr int64_t kGemmSkinnyRows = 64;
 
-constexpr ActLayout ActLayoutFor(DType w, int64_t n) {
+constexpr ActLayout ActLayoutFor(DType w, int64_t n, bool interleaved) {
   return (w == DType::kQ4_0 || w == DType::kQ4_1 || w == DType::kQ5_0 || w == DType::kQ5_1) &&
-                 n <= kQuantSmallNMax
+                 n <= kQuantSmallNMax && !interleaved
              ? ActLayout::kPairInterleaved
              : ActLayout::kNatural;
 }

@@ -546,6 +546,105 @@ inline constexpr TileFn kTilesQ8_0Near[kTileRows + 1] = {
     nullptr,      &TileQ8_0<1, OneRow::kL1Near>, kTilesQ8_0[2], kTilesQ8_0[3], kTilesQ8_0[4],
     kTilesQ8_0[5]};
 
+// ---- Q4_0, Q4_1, Q5_0 and Q5_1 in the interleaved 16-row layouts (kernels.h, RepackQ4X16) -----
+// Q8_0's plan with 4- or 5-bit levels. A level vector's low nibbles go in as levels (Q5: with the
+// fifth bit at bit 4), its high nibbles as 16 times their level (Q5: 8 times, Q5LevelsFromBits),
+// each against its 16 elements' activation bytes, in two integer sums per x row and block; then
+// isum = (lo << 4) + hi (<< 3 for Q5), which is 16 (8) times the block's sum(q * a), exact
+// (|isum| < 2^21). Q4_0's -8 and Q5_0's -16 come back as Q8_0's 128 does: 16 * 8 = 8 * 16 = 128
+// times the activations' sum, one vpdpwssd of the block's two 16-element sums against -128. Per
+// x row and block b, in order: acc += ((d / 16 or d / 8) * da[b]) * isum (f32 FMA; d times a
+// power of two is exact, so this is d * da[b] times the true sum, rounded as that would be), and
+// with a minimum acc_min += m * ds[b]; the row's output is acc + acc_min + bias. Every x row takes
+// the same operations whatever the tile it shares (row invariance, as above).
+template <bool kHasMin, bool kQ5>
+inline constexpr int64_t kUnitQ4 = (kHasMin ? 128 : 64) + 2 * (kQ5 ? 320 : 256);
+static_assert(kUnitQ4<false, false> == Q4X16UnitBytes(DType::kQ4_0) &&
+              kUnitQ4<true, false> == Q4X16UnitBytes(DType::kQ4_1) &&
+              kUnitQ4<false, true> == Q4X16UnitBytes(DType::kQ5_0) &&
+              kUnitQ4<true, true> == Q4X16UnitBytes(DType::kQ5_1));
+
+template <int NX, bool kHasMin, bool kQ5, OneRow kOneRow = OneRow::kNone>
+void TileQ4(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu, __m512 bias,
+            float* out, int64_t ldo, int64_t r0) {
+  constexpr int64_t kBytes = kUnitQ4<kHasMin, kQ5>;
+  constexpr int64_t kHead = kHasMin ? 128 : 64, kPart = kQ5 ? 320 : 256;
+  constexpr int kHiShift = kQ5 ? 3 : 4;
+  const TileRows<NX> rows(a, x0);
+  __m512 acc[NX], acc_min[NX];
+  for (int x = 0; x < NX; ++x) acc[x] = acc_min[x] = _mm512_setzero_ps();
+  const __m512i minus128 = _mm512_set1_epi16(-128);
+  const __m512 hi_scale = _mm512_set1_ps(kQ5 ? 0.125f : 0.0625f);
+  for (int64_t c = 0; c < nu; ++c) {
+    const uint8_t* unit = wg + c * kBytes;
+    PrefetchAhead<NX, kBytes, kOneRow>(unit);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512 d = _mm512_mul_ps(
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 32 * h))),
+          hi_scale);
+      const uint8_t* part = unit + kHead + kPart * h;
+      const uint8_t* levels = part + (kQ5 ? 64 : 0);
+      __m512i qh = _mm512_setzero_si512();
+      if constexpr (kQ5) qh = Load512(part);
+      __m512i lo[NX], hi[NX];
+      for (int x = 0; x < NX; ++x) lo[x] = hi[x] = _mm512_setzero_si512();
+      auto step = [&]<int j>() {
+        const __m512i v = Load512(levels + 64 * j);
+        __m512i wl, wh;
+        if constexpr (kQ5) {
+          Q5LevelsFromBits<j, 4 + j>(v, qh, &wl, &wh);
+        } else {
+          wl = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+          wh = _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
+        }
+#pragma GCC unroll 8
+        for (int x = 0; x < NX; ++x) {
+          const int8_t* qa = rows.q[x] + 64 * c + 32 * h + 4 * j;
+          lo[x] = _mm512_dpbusd_epi32(lo[x], wl, Broadcast4(qa));
+          hi[x] = _mm512_dpbusd_epi32(hi[x], wh, Broadcast4(qa + 16));
+        }
+      };
+      step.template operator()<0>();
+      step.template operator()<1>();
+      step.template operator()<2>();
+      step.template operator()<3>();
+      const int64_t b = 2 * c + h;
+      __m512 m = _mm512_setzero_ps();
+      if constexpr (kHasMin) {
+        m = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 + 32 * h)));
+      }
+#pragma GCC unroll 8
+      for (int x = 0; x < NX; ++x) {
+        __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(lo[x], kHiShift), hi[x]);
+        if constexpr (!kHasMin) {
+          int32_t pair;
+          __builtin_memcpy(&pair, rows.sum16[x] + 2 * b, 4);
+          isum = _mm512_dpwssd_epi32(isum, _mm512_set1_epi32(pair), minus128);
+        }
+        acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(rows.da[x][b])),
+                                 _mm512_cvtepi32_ps(isum), acc[x]);
+        if constexpr (kHasMin) {
+          acc_min[x] = _mm512_fmadd_ps(m, _mm512_set1_ps(rows.ds[x][b]), acc_min[x]);
+        }
+      }
+    }
+  }
+  for (int x = 0; x < NX; ++x) {
+    _mm512_storeu_ps(out + (x0 + x) * ldo + r0,
+                     _mm512_add_ps(_mm512_add_ps(acc[x], acc_min[x]), bias));
+  }
+}
+
+template <bool kHasMin, bool kQ5>
+inline constexpr TileFn kTilesQ4[kTileRows + 1] = {nullptr,
+                                                   &TileQ4<1, kHasMin, kQ5>,
+                                                   &TileQ4<2, kHasMin, kQ5>,
+                                                   &TileQ4<3, kHasMin, kQ5>,
+                                                   &TileQ4<4, kHasMin, kQ5>,
+                                                   &TileQ4<5, kHasMin, kQ5>};
+
 // Rows [row_begin, row_end) (whole groups) for x rows [x_begin, x_end) in tiles of kTable's
 // kernels: groups of 16 weight rows, each k / kUnitElems units of kUnitBytes.
 template <const TileFn* kTable, int64_t kUnitElems, int64_t kUnitBytes>
@@ -641,6 +740,14 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q6_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ6_K, 256, kQ6KX16UnitBytes>,
     .gemm_q8_0_x16 =
         &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,
+    .gemm_q4_0_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<false, false>, kQ4X16UnitElems,
+                                       qvnni::x16::kUnitQ4<false, false>>,
+    .gemm_q4_1_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<true, false>, kQ4X16UnitElems,
+                                       qvnni::x16::kUnitQ4<true, false>>,
+    .gemm_q5_0_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<false, true>, kQ4X16UnitElems,
+                                       qvnni::x16::kUnitQ4<false, true>>,
+    .gemm_q5_1_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<true, true>, kQ4X16UnitElems,
+                                       qvnni::x16::kUnitQ4<true, true>>,
 };
 constinit const KernelTable kAmxInt8QuantGemms = {
     .isa = Isa::kAmx,

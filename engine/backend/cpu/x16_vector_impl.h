@@ -40,20 +40,27 @@ inline __m512i BitTo(__m512i v) {
   }
 }
 
-// Q5_K's levels of vector (p, j): for sub-block 2p, (v & 15) + 16 * bit 2p of h, as bytes; for
-// 2p + 1, eight times (v >> 4) + 16 * bit 2p + 1 of h (bytes up to 248; the sub-block's scale
-// carries the 1/8). vpternlogd 0xf8 is a | (b & c).
-template <int P>
-inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
+// 5-bit levels from the nibbles of v and the fifth bits in h: *lo = (v & 15) + 16 * bit kLo of
+// h, as bytes; *hi = eight times (v >> 4) + 16 * bit kHi of h (bytes up to 248; the scale of
+// those levels carries the 1/8). vpternlogd 0xf8 is a | (b & c).
+template <int kLo, int kHi>
+inline void Q5LevelsFromBits(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
   const __m512i m0f = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
   const __m512i m78 = _mm512_set1_epi8(0x78), m80 = _mm512_set1_epi8(static_cast<char>(0x80));
   // (Operands named first: some compilers define the intrinsic as a macro, and a template
   // argument list's comma would split its arguments.)
-  const __m512i lo_bits = BitTo<2 * P, 4>(h), hi_bits = BitTo<2 * P + 1, 7>(h);
+  const __m512i lo_bits = BitTo<kLo, 4>(h), hi_bits = BitTo<kHi, 7>(h);
   const __m512i lo4 = _mm512_and_si512(v, m0f);
   const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 1), m78);
   *lo = _mm512_ternarylogic_epi32(lo4, lo_bits, m10, 0xf8);
   *hi = _mm512_ternarylogic_epi32(hi4, hi_bits, m80, 0xf8);
+}
+
+// Q5_K's levels of vector (p, j): sub-block 2p's from bit 2p of h, 2p + 1's (eight times) from
+// bit 2p + 1.
+template <int P>
+inline void Q5Levels(__m512i v, __m512i h, __m512i* lo, __m512i* hi) {
+  Q5LevelsFromBits<2 * P, 2 * P + 1>(v, h, lo, hi);
 }
 
 // Level vector j (< 8) of sub-block pair P of a Q4_K (Q5_K with kQ5) unit of the interleaved

@@ -931,7 +931,7 @@ TEST_P(BackendConformanceTest, GemmRowsGetTheBitsOfAOneRowCallWithinTheRowInvari
 
 TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
   // Backend::PrepareGemmWeight may return a copy in the backend's own layout (the CPU backend:
-  // Q4_K, Q5_K, Q6_K and Q8_0 in groups of 16 rows, where its kernels read that layout). Whatever
+  // every quantized type in groups of 16 rows, where its kernels read that layout). Whatever
   // it returns must be a Gemm weight within the quantized Gemm's bound of the reference, for every
   // row count (the decode and prefill row ranges, partial x tiles), with and without bias; a slice
   // of whole row groups must give those rows; and each row of x must get the bits of a one-row call
@@ -958,9 +958,7 @@ TEST_P(BackendConformanceTest, PreparedGemmWeightsGiveTheReferenceGemm) {
         EXPECT_EQ(prepared->dim(0), m);
         EXPECT_EQ(prepared->dim(1), k);
         EXPECT_EQ(prepared->bytes(), w_d.bytes());
-        if ((dt != DType::kQ4_K && dt != DType::kQ5_K && dt != DType::kQ6_K &&
-             dt != DType::kQ8_0) ||
-            m % 16 != 0 || (dt == DType::kQ8_0 && k % 64 != 0)) {
+        if (m % 16 != 0 || (DTypeBlockElems(dt) == 32 && k % 64 != 0)) {
           EXPECT_EQ(prepared->data, w_d.data) << DTypeName(dt) << " m=" << m << " was copied";
         }
         std::vector<float> w_f32(m * k);
@@ -1424,11 +1422,12 @@ TEST(QuantizedGemmIsaTest, VnniGivesTheBitsOfTheAvx512Kernels) {
 }
 
 // `got` and `want` give the same bits for weights of each dtype in dts (prepared by each, so
-// copied where the backend copies: then `got` must have copied), for every x tile remainder of
-// the AMX-INT8 Gemms (n = 16 and 48 end on a half step, 31 and 33 leave rows beside one), row
-// groups left over beside whole steps (m = 48, 80), with and without a bias. Q4_0 / Q4_1 stay in
-// the file's layout; their k leave blocks past the whole 256-element chunks (2 of 18, 1 of 41)
-// and odd chunk counts (5), and 768 and 1280 none.
+// copied where the backend copies: both or neither, and `got` must have copied all but Q4_0 and
+// Q4_1), for every x tile remainder of the AMX-INT8 Gemms (n = 16 and 48 end on a half step, 31
+// and 33 leave rows beside one), row groups left over beside whole steps (m = 48, 80), with and
+// without a bias. Q4_0 / Q4_1 stay in the file's layout where the AMX-INT8 tiles run them; their k
+// leave blocks past the whole 256-element chunks (2 of 18, 1 of 41) and odd chunk counts (5), and
+// 768 and 1280 none.
 void ExpectSameQuantGemmBits(cpu::CpuBackend& got_backend, cpu::CpuBackend& want_backend,
                              std::initializer_list<DType> dts) {
   for (DType dt : dts) {
@@ -1443,6 +1442,7 @@ void ExpectSameQuantGemmBits(cpu::CpuBackend& got_backend, cpu::CpuBackend& want
         absl::StatusOr<TensorView> wg = got_backend.PrepareGemmWeight(w.view());
         absl::StatusOr<TensorView> ww = want_backend.PrepareGemmWeight(w.view());
         ASSERT_TRUE(wg.ok() && ww.ok());
+        ASSERT_EQ(wg->data != w.view().data, ww->data != w.view().data) << "copied by one";
         if (!row_layout) {
           ASSERT_NE(wg->data, w.view().data) << "was not copied";
         }
@@ -1470,7 +1470,12 @@ TEST(QuantizedGemmIsaTest, AmxTableGivesTheVnniTablesBitsFromPreparedCopies) {
     GTEST_SKIP() << "this CPU has no usable AMX unit or no AVX512_VNNI";
   }
   auto amx = cpu::CpuBackend::Create({.num_threads = 2, .isa = cpu::Isa::kAmx});
-  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
+  // Where the tiles take Q4_0 and Q4_1 in the file's layout, the VNNI table's kernels for that
+  // layout, not its interleaved copies.
+  cpu::KernelTable vnni_table = cpu::KernelsFor(cpu::Isa::kAvx512Vnni);
+  vnni_table.gemm_q4_0_x16 = cpu::KernelsFor(cpu::Isa::kAmx).gemm_q4_0_x16;
+  vnni_table.gemm_q4_1_x16 = cpu::KernelsFor(cpu::Isa::kAmx).gemm_q4_1_x16;
+  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .kernels = &vnni_table});
   ASSERT_TRUE(amx.ok() && vnni.ok());
   ExpectSameQuantGemmBits(
       **amx, **vnni,
@@ -1516,8 +1521,12 @@ TEST(QuantizedGemmIsaTest, EmulatedAmxInt8GemmsGiveTheVnniTablesBits) {
   table.gemm_q4_k_x16 = emulated.q4_k_x16;
   table.gemm_q5_k_x16 = emulated.q5_k_x16;
   table.gemm_q8_0_x16 = emulated.q8_0_x16;
+  // Q4_0 and Q4_1 in the file's layout on both sides, as the AMX table runs them.
+  table.gemm_q4_0_x16 = table.gemm_q4_1_x16 = nullptr;
+  cpu::KernelTable vnni_table = cpu::KernelsFor(cpu::Isa::kAvx512Vnni);
+  vnni_table.gemm_q4_0_x16 = vnni_table.gemm_q4_1_x16 = nullptr;
   auto tiles = cpu::CpuBackend::Create({.num_threads = 2, .kernels = &table});
-  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .isa = cpu::Isa::kAvx512Vnni});
+  auto vnni = cpu::CpuBackend::Create({.num_threads = 3, .kernels = &vnni_table});
   ASSERT_TRUE(tiles.ok() && vnni.ok());
   const int64_t calls_before = cpu::EmulatedAmxInt8Calls();
   ExpectSameQuantGemmBits(**tiles, **vnni,
