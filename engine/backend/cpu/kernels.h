@@ -337,7 +337,7 @@ void Bf16PanelFmaGemm(const float* x, int64_t k, int64_t x_begin, int64_t x_end,
 extern const KernelTable kScalarKernelTable;
 extern const KernelTable kAvx2KernelTable;
 extern const KernelTable kAvx512KernelTable;
-// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q8_0_x16) are
+// kernels_avx512vnni.cc: only the quantized-weight Gemm entries (gemm_q8_0 .. gemm_q5_1_x16) are
 // set; kernels.cc copies them over kAvx512KernelTable to make the kAvx512Vnni table.
 extern const KernelTable kAvx512VnniQuantGemms;
 // The Q4_K, Q5_K and Q6_K interleaved-copy Gemms the VNNI table takes on AMD family 1Ah (Zen 5)
@@ -429,10 +429,9 @@ inline int64_t KernelTable::SmallNMax(DType dtype) const {
 // AVX-512 VNNI, Zen 4): from 8 rows on the panels cost 5-40% less per x row than the row kernels
 // on every type (up to 1.8x at 16 rows); at 4 rows ahead on some types, behind on others; at 2
 // the per-call packing still costs more than it saves. The bits are the same either way
-// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved Q4_K, Q5_K, Q6_K and Q8_0
-// weights (gemm_q4_k_x16, gemm_q5_k_x16, gemm_q6_k_x16, gemm_q8_0_x16) have one kernel for every
-// row count; for them the threshold only picks how CpuBackend splits the work between threads
-// (weight rows, or 2-D tiles).
+// (quant_kernels_avx2_impl.h), so this moves only speed. Interleaved copies (the gemm_*_x16
+// entries) have one kernel for every row count; for them the threshold only picks how CpuBackend
+// splits the work between threads (weight rows, or 2-D tiles).
 inline constexpr int64_t kQuantSmallNMax = 4;
 
 // The interleaved Q4_K layout (KernelTable::gemm_q4_k_x16): weight rows in groups of

@@ -598,12 +598,17 @@ TEST(AmxAvailabilityTest, TheInt8TilesAreUsedExactlyWhenNoReasonIsGiven) {
     EXPECT_NE(amx.gemm_q4_1, base.gemm_q4_1);
     EXPECT_NE(amx.gemm_q4_k_x16, base.gemm_q4_k_x16);
     EXPECT_NE(amx.gemm_q5_k_x16, base.gemm_q5_k_x16);
+    // The tiles read Q4_0 and Q4_1 in the file's layout: no interleaved copies of them.
+    EXPECT_EQ(amx.gemm_q4_0_x16, nullptr);
+    EXPECT_EQ(amx.gemm_q4_1_x16, nullptr);
   } else {
     GTEST_LOG_(INFO) << "AMX-INT8 tiles unused here: " << reason;
     EXPECT_EQ(amx.gemm_q4_0, base.gemm_q4_0);
     EXPECT_EQ(amx.gemm_q4_1, base.gemm_q4_1);
     EXPECT_EQ(amx.gemm_q4_k_x16, base.gemm_q4_k_x16);
     EXPECT_EQ(amx.gemm_q5_k_x16, base.gemm_q5_k_x16);
+    EXPECT_EQ(amx.gemm_q4_0_x16, base.gemm_q4_0_x16);
+    EXPECT_EQ(amx.gemm_q4_1_x16, base.gemm_q4_1_x16);
   }
 }
 
