@@ -507,18 +507,21 @@ void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t grou
 
 namespace {
 
-// Q4_0 .. Q5_1 (B their block) in the interleaved layout of RepackQ4X16 (kernels.h).
-template <class B, bool kHasMin, bool kQ5>
-void RepackQ4X16As(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst,
-                   int64_t unit_bytes) {
+// Q4_0 .. Q5_1 (kT, B its block) in the interleaved layout of RepackQ4X16 (kernels.h).
+template <DType kT, class B>
+void RepackQ4X16As(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
+  constexpr bool kHasMin = kT == DType::kQ4_1 || kT == DType::kQ5_1;
+  constexpr bool kQ5 = kT == DType::kQ5_0 || kT == DType::kQ5_1;
+  // Bytes of d (and m), then of one block's fifth bits and levels.
+  constexpr int64_t kHead = kHasMin ? 128 : 64, kPart = kQ5 ? 320 : 256;
+  constexpr int64_t kUnit = Q4X16UnitBytes(kT);
+  static_assert(kHead + 2 * kPart == kUnit && kUnit == 32 * static_cast<int64_t>(sizeof(B)));
   const int64_t nu = k / kQ4X16UnitElems, nb = k / 32;
   const auto* in = static_cast<const B*>(src);
   auto* out = static_cast<uint8_t*>(dst);
-  // Bytes of one block's part of a unit (fifth bits and levels), after d (and m).
-  constexpr int64_t kHead = kHasMin ? 128 : 64, kPart = kQ5 ? 320 : 256;
   for (int64_t g = group_begin; g < group_end; ++g) {
     for (int64_t c = 0; c < nu; ++c) {
-      uint8_t* unit = out + (g * nu + c) * unit_bytes;
+      uint8_t* unit = out + (g * nu + c) * kUnit;
       for (int r = 0; r < kQ4KX16Rows; ++r) {
         for (int h = 0; h < 2; ++h) {
           const B& b = in[(g * kQ4KX16Rows + r) * nb + 2 * c + h];
@@ -549,20 +552,15 @@ void RepackQ4X16As(const void* src, int64_t k, int64_t group_begin, int64_t grou
 
 void RepackQ4X16(DType t, const void* src, int64_t k, int64_t group_begin, int64_t group_end,
                  void* dst) {
-  const int64_t bytes = Q4X16UnitBytes(t);
   switch (t) {
     case DType::kQ4_0:
-      return RepackQ4X16As<quant::BlockQ4_0, false, false>(src, k, group_begin, group_end, dst,
-                                                           bytes);
+      return RepackQ4X16As<DType::kQ4_0, quant::BlockQ4_0>(src, k, group_begin, group_end, dst);
     case DType::kQ4_1:
-      return RepackQ4X16As<quant::BlockQ4_1, true, false>(src, k, group_begin, group_end, dst,
-                                                          bytes);
+      return RepackQ4X16As<DType::kQ4_1, quant::BlockQ4_1>(src, k, group_begin, group_end, dst);
     case DType::kQ5_0:
-      return RepackQ4X16As<quant::BlockQ5_0, false, true>(src, k, group_begin, group_end, dst,
-                                                          bytes);
+      return RepackQ4X16As<DType::kQ5_0, quant::BlockQ5_0>(src, k, group_begin, group_end, dst);
     case DType::kQ5_1:
-      return RepackQ4X16As<quant::BlockQ5_1, true, true>(src, k, group_begin, group_end, dst,
-                                                         bytes);
+      return RepackQ4X16As<DType::kQ5_1, quant::BlockQ5_1>(src, k, group_begin, group_end, dst);
     default:
       MODSERVE_CHECK(false) << "RepackQ4X16 of " << DTypeName(t);
   }
