@@ -39,32 +39,14 @@ void DequantQ8_0(const BlockQ8_0* b, int64_t num_blocks, float* y) {
   }
 }
 
-void DequantQ4_0(const BlockQ4_0* b, int64_t num_blocks, float* y) {
+// Q4_0 and Q4_1, and Q5_0 and Q5_1 (kQ5: level j's fifth bit is bit j of qh). With a minimum
+// (kHasMin) x = q * d + m, else x = (q - 8) * d (Q5_0: q - 16).
+template <bool kHasMin, bool kQ5, class B>
+void DequantQ4Like(const B* b, int64_t num_blocks, float* y) {
+  constexpr int kOffset = kQ5 ? 16 : 8;
   for (int64_t i = 0; i < num_blocks; ++i, y += kBlockElems) {
-    const float d = F16ToF32(b[i].d);
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>((b[i].qs[j] & 0x0f) - 8) * d;
-      y[j + 16] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
-void DequantQ4_1(const BlockQ4_1* b, int64_t num_blocks, float* y) {
-  for (int64_t i = 0; i < num_blocks; ++i, y += kBlockElems) {
-    const float d = F16ToF32(b[i].d), m = F16ToF32(b[i].m);
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>(b[i].qs[j] & 0x0f) * d + m;
-      y[j + 16] = static_cast<float>(b[i].qs[j] >> 4) * d + m;
-    }
-  }
-}
-
-// Q5_0 and Q5_1 (kHasMin): level j's fifth bit is bit j of qh.
-template <bool kHasMin, class B>
-void DequantQ5(const B* b, int64_t num_blocks, float* y) {
-  for (int64_t i = 0; i < num_blocks; ++i, y += kBlockElems) {
-    uint32_t qh;
-    std::memcpy(&qh, b[i].qh, 4);
+    uint32_t qh = 0;
+    if constexpr (kQ5) std::memcpy(&qh, b[i].qh, 4);
     const float d = F16ToF32(b[i].d);
     for (int j = 0; j < 16; ++j) {
       const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1) << 4);
@@ -74,8 +56,8 @@ void DequantQ5(const B* b, int64_t num_blocks, float* y) {
         y[j] = static_cast<float>(q0) * d + m;
         y[j + 16] = static_cast<float>(q1) * d + m;
       } else {
-        y[j] = static_cast<float>(q0 - 16) * d;
-        y[j + 16] = static_cast<float>(q1 - 16) * d;
+        y[j] = static_cast<float>(q0 - kOffset) * d;
+        y[j + 16] = static_cast<float>(q1 - kOffset) * d;
       }
     }
   }
@@ -127,51 +109,13 @@ void QuantQ8_0(const float* x, int64_t num_blocks, BlockQ8_0* b) {
   }
 }
 
-void QuantQ4_0(const float* x, int64_t num_blocks, BlockQ4_0* b) {
-  for (int64_t i = 0; i < num_blocks; ++i, x += kBlockElems) {
-    // The signed value of largest magnitude maps to -8, so the full range -8..7 is used.
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < kBlockElems; ++j) {
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
-    const float d = max / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    b[i].d = F32ToF16(d);
-    for (int j = 0; j < 16; ++j) {
-      // Truncation of a value >= 0.5 is round-to-nearest of x * id + 8.
-      const int q0 = std::min(15, static_cast<int>(x[j] * id + 8.5f));
-      const int q1 = std::min(15, static_cast<int>(x[j + 16] * id + 8.5f));
-      b[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-    }
-  }
-}
-
-void QuantQ4_1(const float* x, int64_t num_blocks, BlockQ4_1* b) {
-  for (int64_t i = 0; i < num_blocks; ++i, x += kBlockElems) {
-    float lo = x[0], hi = x[0];
-    for (int j = 1; j < kBlockElems; ++j) {
-      lo = std::min(lo, x[j]);
-      hi = std::max(hi, x[j]);
-    }
-    const float d = (hi - lo) / 15.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    b[i].d = F32ToF16(d);
-    b[i].m = F32ToF16(lo);
-    for (int j = 0; j < 16; ++j) {
-      const int q0 = std::min(15, static_cast<int>((x[j] - lo) * id + 0.5f));
-      const int q1 = std::min(15, static_cast<int>((x[j + 16] - lo) * id + 0.5f));
-      b[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
-    }
-  }
-}
-
-// Q5_0 and Q5_1: Q4_0's and Q4_1's rounding with 32 levels (the signed value of largest magnitude
-// maps to -16; the minimum to level 0), the fifth bits gathered into qh.
-template <bool kHasMin, class B>
-void QuantQ5(const float* x, int64_t num_blocks, B* b) {
+// Q4_0 and Q4_1, and Q5_0 and Q5_1 (kQ5: 32 levels, the fifth bits gathered into qh). Without a
+// minimum the signed value of largest magnitude maps to level 0 (-8, or -16), so the full range is
+// used; with one (kHasMin) the block's minimum maps to level 0 and its maximum to the top level.
+template <bool kHasMin, bool kQ5, class B>
+void QuantQ4Like(const float* x, int64_t num_blocks, B* b) {
+  constexpr int kTop = kQ5 ? 31 : 15;
+  constexpr float kOffset = kQ5 ? 16.0f : 8.0f;
   for (int64_t i = 0; i < num_blocks; ++i, x += kBlockElems) {
     float d = 0.0f, lo = 0.0f;
     if constexpr (kHasMin) {
@@ -181,7 +125,7 @@ void QuantQ5(const float* x, int64_t num_blocks, B* b) {
         lo = std::min(lo, x[j]);
         hi = std::max(hi, x[j]);
       }
-      d = (hi - lo) / 31.0f;
+      d = (hi - lo) / static_cast<float>(kTop);
       b[i].m = F32ToF16(lo);
     } else {
       float amax = 0.0f, max = 0.0f;
@@ -191,22 +135,22 @@ void QuantQ5(const float* x, int64_t num_blocks, B* b) {
           max = x[j];
         }
       }
-      d = max / -16.0f;
+      d = max / -kOffset;
     }
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = F32ToF16(d);
     uint32_t qh = 0;
     for (int j = 0; j < 16; ++j) {
       // Truncation of a value >= 0.5 is round-to-nearest.
-      const int q0 = kHasMin ? std::min(31, static_cast<int>((x[j] - lo) * id + 0.5f))
-                             : std::min(31, static_cast<int>(x[j] * id + 16.5f));
-      const int q1 = kHasMin ? std::min(31, static_cast<int>((x[j + 16] - lo) * id + 0.5f))
-                             : std::min(31, static_cast<int>(x[j + 16] * id + 16.5f));
+      const int q0 = kHasMin ? std::min(kTop, static_cast<int>((x[j] - lo) * id + 0.5f))
+                             : std::min(kTop, static_cast<int>(x[j] * id + (kOffset + 0.5f)));
+      const int q1 = kHasMin ? std::min(kTop, static_cast<int>((x[j + 16] - lo) * id + 0.5f))
+                             : std::min(kTop, static_cast<int>(x[j + 16] * id + (kOffset + 0.5f)));
       b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
       qh |= static_cast<uint32_t>(q0 >> 4) << j;
       qh |= static_cast<uint32_t>(q1 >> 4) << (j + 16);
     }
-    std::memcpy(b[i].qh, &qh, 4);
+    if constexpr (kQ5) std::memcpy(b[i].qh, &qh, 4);
   }
 }
 
@@ -456,9 +400,9 @@ void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst) {
     case DType::kQ8_0:
       return DequantQ8_0(static_cast<const BlockQ8_0*>(src), num_blocks, dst);
     case DType::kQ4_0:
-      return DequantQ4_0(static_cast<const BlockQ4_0*>(src), num_blocks, dst);
+      return DequantQ4Like<false, false>(static_cast<const BlockQ4_0*>(src), num_blocks, dst);
     case DType::kQ4_1:
-      return DequantQ4_1(static_cast<const BlockQ4_1*>(src), num_blocks, dst);
+      return DequantQ4Like<true, false>(static_cast<const BlockQ4_1*>(src), num_blocks, dst);
     case DType::kQ4_K:
       return DequantQ4_5K(static_cast<const BlockQ4_K*>(src), num_blocks, dst);
     case DType::kQ6_K:
@@ -466,9 +410,9 @@ void DequantizeRow(DType t, const void* src, int64_t num_elems, float* dst) {
     case DType::kQ5_K:
       return DequantQ4_5K(static_cast<const BlockQ5_K*>(src), num_blocks, dst);
     case DType::kQ5_0:
-      return DequantQ5<false>(static_cast<const BlockQ5_0*>(src), num_blocks, dst);
+      return DequantQ4Like<false, true>(static_cast<const BlockQ5_0*>(src), num_blocks, dst);
     case DType::kQ5_1:
-      return DequantQ5<true>(static_cast<const BlockQ5_1*>(src), num_blocks, dst);
+      return DequantQ4Like<true, true>(static_cast<const BlockQ5_1*>(src), num_blocks, dst);
     case DType::kI32:
       break;
   }
@@ -527,10 +471,10 @@ absl::Status QuantizeRow(DType t, const float* src, int64_t num_elems, void* dst
         MODSERVE_RETURN_IF_ERROR(ScaleFits(scale, b * kBlockElems));
       }
       if (t == DType::kQ8_0) QuantQ8_0(src, num_blocks, static_cast<BlockQ8_0*>(dst));
-      if (t == DType::kQ4_0) QuantQ4_0(src, num_blocks, static_cast<BlockQ4_0*>(dst));
-      if (t == DType::kQ4_1) QuantQ4_1(src, num_blocks, static_cast<BlockQ4_1*>(dst));
-      if (t == DType::kQ5_0) QuantQ5<false>(src, num_blocks, static_cast<BlockQ5_0*>(dst));
-      if (t == DType::kQ5_1) QuantQ5<true>(src, num_blocks, static_cast<BlockQ5_1*>(dst));
+      if (t == DType::kQ4_0) QuantQ4Like<false, false>(src, num_blocks, static_cast<BlockQ4_0*>(dst));
+      if (t == DType::kQ4_1) QuantQ4Like<true, false>(src, num_blocks, static_cast<BlockQ4_1*>(dst));
+      if (t == DType::kQ5_0) QuantQ4Like<false, true>(src, num_blocks, static_cast<BlockQ5_0*>(dst));
+      if (t == DType::kQ5_1) QuantQ4Like<true, true>(src, num_blocks, static_cast<BlockQ5_1*>(dst));
       return absl::OkStatus();
     case DType::kQ4_K:
       return QuantQ4_K(src, num_blocks, static_cast<BlockQ4_K*>(dst));
