@@ -471,9 +471,12 @@ absl::Status QuantizeRow(DType t, const float* src, int64_t num_elems, void* dst
         MODSERVE_RETURN_IF_ERROR(ScaleFits(scale, b * kBlockElems));
       }
       if (t == DType::kQ8_0) QuantQ8_0(src, num_blocks, static_cast<BlockQ8_0*>(dst));
-      if (t == DType::kQ4_0) QuantQ4Like<false, false>(src, num_blocks, static_cast<BlockQ4_0*>(dst));
-      if (t == DType::kQ4_1) QuantQ4Like<true, false>(src, num_blocks, static_cast<BlockQ4_1*>(dst));
-      if (t == DType::kQ5_0) QuantQ4Like<false, true>(src, num_blocks, static_cast<BlockQ5_0*>(dst));
+      if (t == DType::kQ4_0)
+        QuantQ4Like<false, false>(src, num_blocks, static_cast<BlockQ4_0*>(dst));
+      if (t == DType::kQ4_1)
+        QuantQ4Like<true, false>(src, num_blocks, static_cast<BlockQ4_1*>(dst));
+      if (t == DType::kQ5_0)
+        QuantQ4Like<false, true>(src, num_blocks, static_cast<BlockQ5_0*>(dst));
       if (t == DType::kQ5_1) QuantQ4Like<true, true>(src, num_blocks, static_cast<BlockQ5_1*>(dst));
       return absl::OkStatus();
     case DType::kQ4_K:
