@@ -510,12 +510,10 @@ namespace {
 // Q4_0 .. Q5_1 (kT, B its block) in the interleaved layout of RepackQ4X16 (kernels.h).
 template <DType kT, class B>
 void RepackQ4X16As(const void* src, int64_t k, int64_t group_begin, int64_t group_end, void* dst) {
-  constexpr bool kHasMin = kT == DType::kQ4_1 || kT == DType::kQ5_1;
-  constexpr bool kQ5 = kT == DType::kQ5_0 || kT == DType::kQ5_1;
-  // Bytes of d (and m), then of one block's fifth bits and levels.
-  constexpr int64_t kHead = kHasMin ? 128 : 64, kPart = kQ5 ? 320 : 256;
+  constexpr bool kHasMin = Q4X16HasMin(kT), kQ5 = Q4X16HasFifthBits(kT);
+  constexpr int64_t kHead = Q4X16HeadBytes(kT), kPart = Q4X16PartBytes(kT);
   constexpr int64_t kUnit = Q4X16UnitBytes(kT);
-  static_assert(kHead + 2 * kPart == kUnit && kUnit == 32 * static_cast<int64_t>(sizeof(B)));
+  static_assert(kUnit == 32 * static_cast<int64_t>(sizeof(B)));
   const int64_t nu = k / kQ4X16UnitElems, nb = k / 32;
   const auto* in = static_cast<const B*>(src);
   auto* out = static_cast<uint8_t*>(dst);

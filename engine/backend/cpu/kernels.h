@@ -530,9 +530,13 @@ void RepackQ8_0X16(const void* src, int64_t k, int64_t group_begin, int64_t grou
 //                 block, low nibbles elements 4 j .. 4 j + 3, high nibbles 16 + 4 j .. + 3.
 // One vector times 4 broadcast activation bytes (vpdpbusd) adds 4 products to each of 16 rows.
 inline constexpr int64_t kQ4X16UnitElems = 64;
-constexpr int64_t Q4X16UnitBytes(DType t) {
-  return t == DType::kQ4_0 ? 576 : t == DType::kQ4_1 ? 640 : t == DType::kQ5_0 ? 704 : 768;
-}
+// Which of the four types has m (Q4_1, Q5_1) and fifth bits (Q5_0, Q5_1); a unit's bytes before
+// its blocks' parts (d, and m), each block's part (fifth bits and levels), and the whole unit.
+constexpr bool Q4X16HasMin(DType t) { return t == DType::kQ4_1 || t == DType::kQ5_1; }
+constexpr bool Q4X16HasFifthBits(DType t) { return t == DType::kQ5_0 || t == DType::kQ5_1; }
+constexpr int64_t Q4X16HeadBytes(DType t) { return Q4X16HasMin(t) ? 128 : 64; }
+constexpr int64_t Q4X16PartBytes(DType t) { return Q4X16HasFifthBits(t) ? 320 : 256; }
+constexpr int64_t Q4X16UnitBytes(DType t) { return Q4X16HeadBytes(t) + 2 * Q4X16PartBytes(t); }
 // Writes row groups [group_begin, group_end) of the [m, k] matrix `src` of `t` (Q4_0, Q4_1, Q5_0
 // or Q5_1; m a multiple of kQ4KX16Rows, k of 64) in its interleaved layout into `dst` (the whole
 // tensor's copy, its size).

@@ -557,18 +557,12 @@ inline constexpr TileFn kTilesQ8_0Near[kTileRows + 1] = {
 // power of two is exact, so this is d * da[b] times the true sum, rounded as that would be), and
 // with a minimum acc_min += m * ds[b]; the row's output is acc + acc_min + bias. Every x row takes
 // the same operations whatever the tile it shares (row invariance, as above).
-template <bool kHasMin, bool kQ5>
-inline constexpr int64_t kUnitQ4 = (kHasMin ? 128 : 64) + 2 * (kQ5 ? 320 : 256);
-static_assert(kUnitQ4<false, false> == Q4X16UnitBytes(DType::kQ4_0) &&
-              kUnitQ4<true, false> == Q4X16UnitBytes(DType::kQ4_1) &&
-              kUnitQ4<false, true> == Q4X16UnitBytes(DType::kQ5_0) &&
-              kUnitQ4<true, true> == Q4X16UnitBytes(DType::kQ5_1));
-
-template <int NX, bool kHasMin, bool kQ5, OneRow kOneRow = OneRow::kNone>
+template <int NX, DType kT, OneRow kOneRow = OneRow::kNone>
 void TileQ4(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu, __m512 bias,
             float* out, int64_t ldo, int64_t r0) {
-  constexpr int64_t kBytes = kUnitQ4<kHasMin, kQ5>;
-  constexpr int64_t kHead = kHasMin ? 128 : 64, kPart = kQ5 ? 320 : 256;
+  constexpr bool kHasMin = Q4X16HasMin(kT), kQ5 = Q4X16HasFifthBits(kT);
+  constexpr int64_t kBytes = Q4X16UnitBytes(kT);
+  constexpr int64_t kHead = Q4X16HeadBytes(kT), kPart = Q4X16PartBytes(kT);
   constexpr int kHiShift = kQ5 ? 3 : 4;
   const TileRows<NX> rows(a, x0);
   __m512 acc[NX], acc_min[NX];
@@ -637,13 +631,9 @@ void TileQ4(const QuantizedActs& a, int64_t x0, const uint8_t* wg, int64_t nu, _
   }
 }
 
-template <bool kHasMin, bool kQ5>
-inline constexpr TileFn kTilesQ4[kTileRows + 1] = {nullptr,
-                                                   &TileQ4<1, kHasMin, kQ5>,
-                                                   &TileQ4<2, kHasMin, kQ5>,
-                                                   &TileQ4<3, kHasMin, kQ5>,
-                                                   &TileQ4<4, kHasMin, kQ5>,
-                                                   &TileQ4<5, kHasMin, kQ5>};
+template <DType kT>
+inline constexpr TileFn kTilesQ4[kTileRows + 1] = {nullptr,        &TileQ4<1, kT>, &TileQ4<2, kT>,
+                                                   &TileQ4<3, kT>, &TileQ4<4, kT>, &TileQ4<5, kT>};
 
 // Rows [row_begin, row_end) (whole groups) for x rows [x_begin, x_end) in tiles of kTable's
 // kernels: groups of 16 weight rows, each k / kUnitElems units of kUnitBytes.
@@ -740,14 +730,14 @@ constinit const KernelTable kAvx512VnniQuantGemms = {
     .gemm_q6_k_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ6_K, 256, kQ6KX16UnitBytes>,
     .gemm_q8_0_x16 =
         &qvnni::x16::Gemm<qvnni::x16::kTilesQ8_0, kQ8_0X16UnitElems, kQ8_0X16UnitBytes>,
-    .gemm_q4_0_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<false, false>, kQ4X16UnitElems,
-                                       qvnni::x16::kUnitQ4<false, false>>,
-    .gemm_q4_1_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<true, false>, kQ4X16UnitElems,
-                                       qvnni::x16::kUnitQ4<true, false>>,
-    .gemm_q5_0_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<false, true>, kQ4X16UnitElems,
-                                       qvnni::x16::kUnitQ4<false, true>>,
-    .gemm_q5_1_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<true, true>, kQ4X16UnitElems,
-                                       qvnni::x16::kUnitQ4<true, true>>,
+    .gemm_q4_0_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<DType::kQ4_0>, kQ4X16UnitElems,
+                                       Q4X16UnitBytes(DType::kQ4_0)>,
+    .gemm_q4_1_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<DType::kQ4_1>, kQ4X16UnitElems,
+                                       Q4X16UnitBytes(DType::kQ4_1)>,
+    .gemm_q5_0_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<DType::kQ5_0>, kQ4X16UnitElems,
+                                       Q4X16UnitBytes(DType::kQ5_0)>,
+    .gemm_q5_1_x16 = &qvnni::x16::Gemm<qvnni::x16::kTilesQ4<DType::kQ5_1>, kQ4X16UnitElems,
+                                       Q4X16UnitBytes(DType::kQ5_1)>,
 };
 constinit const KernelTable kAmxInt8QuantGemms = {
     .isa = Isa::kAmx,
