@@ -1004,11 +1004,45 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   const KernelTable& kern = kernels_;
   float* partial = attn_partial_.data();
 
-  auto run_task = [&](int64_t i, int64_t task) {
+  const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
+
+  // Entry j of row i's sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
+  // The entries of one head in one page are contiguous rows, which the kernels read in place:
+  // f(run, rows) for each run of row i's entries within one page, in order from entry `from` on
+  // for `count` entries, rows pointing at that run's entries of the page (add g * bs * hd for
+  // head g's K, (kv + g) * bs * hd for its V).
+  auto for_each_run = [&](int64_t i, int64_t from, int64_t count, auto&& f) {
+    const int32_t* pages = pt + seq_of[i] * max_pages;
+    for (int64_t t = 0, page = from / bs, offset = from - page * bs; t < count;
+         ++page, offset = 0) {
+      const int64_t run = std::min(bs - offset, count - t);
+      f(run, pool + (pages[page] * 2 * kv * bs + offset) * hd);
+      t += run;
+    }
+  };
+  // Keys [from, from + count) of row i's task `task`: its first tile.
+  auto first_tile = [&](int64_t i, int64_t task, int64_t* from, int64_t* count) {
+    *from = (task - first[i]) * kKeysPerSplit;
+    *count = std::min(kKeyTile, kv_len[i] - *from);
+  };
+  // Prefetches the first tile of row i's task `task` into L2, every head's rows in one burst: for
+  // a thread's first task, which no tile before it prefetched.
+  auto prefetch_first_tile = [&](int64_t i, int64_t task) {
+    int64_t from, count;
+    first_tile(i, task, &from, &count);
+    for_each_run(i, from, count, [&](int64_t run, const T* rows) {
+      for (int64_t half = 0; half < 2 * kv; ++half) {
+        const char* b = reinterpret_cast<const char*>(rows + half * bs * hd);
+        for (int64_t off = 0; off < run * row_bytes; off += 64) __builtin_prefetch(b + off, 0, 2);
+      }
+    });
+  };
+  // Row i's task `task` (its split task - first[i]); next_i >= 0 when this thread runs task + 1
+  // (of row next_i) next, whose first tile it then prefetches during this task's last one.
+  auto run_task = [&](int64_t i, int64_t task, int64_t next_i) {
     const int64_t s = task - first[i], len = kv_len[i];
     const bool split = first[i + 1] - first[i] > 1;
     const int64_t j_begin = s * kKeysPerSplit, j_end = std::min(len, j_begin + kKeysPerSplit);
-    const int32_t* pages = pt + seq_of[i] * max_pages;
 
     // Head h of the row (kv head h / group) owns scores[h], acc[h], m[h], l[h], rescale[h].
     float* scratch = ThreadScratch(nh * (kKeyTile + hd + 3));
@@ -1022,60 +1056,67 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     std::fill(l, l + nh, 0.0f);
     const float* qi = qp + i * nh * hd;
 
-    // Entry j of the sequence: page pages[j / bs], offset j % bs; K then V halves of a page.
-    // The entries of one head in one page are contiguous rows, which the kernels read in place:
-    // f(run, rows) for each run of entries within one page, in order from entry `from` on for
-    // `count` entries, rows pointing at that run's entries of the page (add g * bs * hd for head
-    // g's K, (kv + g) * bs * hd for its V).
-    auto for_each_run = [&](int64_t from, int64_t count, auto&& f) {
-      for (int64_t t = 0, page = from / bs, offset = from - page * bs; t < count;
-           ++page, offset = 0) {
-        const int64_t run = std::min(bs - offset, count - t);
-        f(run, pool + (pages[page] * 2 * kv * bs + offset) * hd);
-        t += run;
-      }
-    };
     // A tile's runs, found once for every head's scores and values: run r holds run_len[r]
     // keys (the tile's keys in order) and its page's rows start at run_rows[r].
     int64_t run_len[kKeyTile];
     const T* run_rows[kKeyTile];
-    const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(T));
-    // Prefetches a tile's rows of every head into L2: its pages lie anywhere in the pool.
-    auto prefetch_tile = [&](int64_t from) {
-      const int64_t count = std::min(kKeyTile, j_end - from);
-      for_each_run(from, count, [&](int64_t run, const T* rows) {
-        for (int64_t half = 0; half < 2 * kv; ++half) {
-          const char* b = reinterpret_cast<const char*>(rows + half * bs * hd);
-          for (int64_t off = 0; off < run * row_bytes; off += 64) __builtin_prefetch(b + off, 0, 2);
-        }
+    // The runs of the tile after the current one, as byte ranges (a run's page rows from
+    // next_base[r], next_bytes[r] bytes of each head's half): the kernels prefetch head g's K
+    // rows of it while they compute head g's scores, and its V rows while they accumulate head
+    // g's values, a few lines a step.
+    const char* next_base[kKeyTile];
+    int64_t next_bytes[kKeyTile];
+    int64_t next_runs = 0;
+    auto find_next = [&](int64_t row, int64_t from, int64_t count) {
+      next_runs = 0;
+      for_each_run(row, from, count, [&](int64_t run, const T* rows) {
+        next_base[next_runs] = reinterpret_cast<const char*>(rows);
+        next_bytes[next_runs++] = run * row_bytes;
       });
     };
-    prefetch_tile(j_begin);
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
-      prefetch_tile(t0 + kKeyTile);
       int64_t runs = 0;
-      for_each_run(t0, nt, [&](int64_t run, const T* rows) {
+      for_each_run(i, t0, nt, [&](int64_t run, const T* rows) {
         run_len[runs] = run;
         run_rows[runs++] = rows;
       });
+      if (t0 + kKeyTile < j_end) {
+        find_next(i, t0 + kKeyTile, std::min(kKeyTile, j_end - t0 - kKeyTile));
+      } else if (next_i >= 0) {
+        int64_t from, count;
+        first_tile(next_i, task + 1, &from, &count);
+        find_next(next_i, from, count);
+      } else {
+        next_runs = 0;
+      }
       // Scores of every kv head (each head's K rows of the tile's pages), the softmax of every
       // head, then the values of every kv head (one call over the tile's pages, acc rescaled
-      // once and kept in registers across them).
+      // once and kept in registers across them). The score calls of head g share out the next
+      // tile's runs of its K rows.
       for (int64_t g = 0; g < kv; ++g) {
         float* sg = scores + g * group * kKeyTile;
         for (int64_t r = 0, t = 0; r < runs; t += run_len[r++]) {
+          const int64_t pf_begin = r * next_runs / runs, pf_end = (r + 1) * next_runs / runs;
+          AttnPrefetch pf{.base = next_base + pf_begin,
+                          .bytes = next_bytes + pf_begin,
+                          .num_ranges = pf_end - pf_begin,
+                          .offset = g * bs * row_bytes};
           AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows[r] + g * bs * hd, run_len[r],
-                                 hd, scale, sg + t, kKeyTile);
+                                 hd, scale, sg + t, kKeyTile, &pf);
         }
       }
       for (int64_t h = 0; h < nh; ++h) {
         rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
       }
       for (int64_t g = 0; g < kv; ++g) {
+        AttnPrefetch pf{.base = next_base,
+                        .bytes = next_bytes,
+                        .num_ranges = next_runs,
+                        .offset = (kv + g) * bs * row_bytes};
         AttnAccumulateFor<T>(kern)(scores + g * group * kKeyTile, kKeyTile, group, run_rows,
                                    run_len, runs, (kv + g) * bs * hd, hd, rescale + g * group,
-                                   acc + g * group * hd);
+                                   acc + g * group * hd, &pf);
       }
     }
 
@@ -1111,9 +1152,11 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   if (!tiles) {
     pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
       int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
+      prefetch_first_tile(i, b);
       for (int64_t task = b; task < e; ++task) {
         while (task >= first[i + 1]) ++i;
-        run_task(i, task);
+        const int64_t next_i = task + 1 >= e ? -1 : task + 1 < first[i + 1] ? i : i + 1;
+        run_task(i, task, next_i);
       }
     });
   }

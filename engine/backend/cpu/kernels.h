@@ -137,6 +137,53 @@ constexpr size_t AmxAttnScratchBytes(int64_t head_dim) {
          static_cast<size_t>(16 * (kAmxAttnKeys + head_dim)) * sizeof(float);
 }
 
+// Cache lines an attention kernel prefetches into L2 while it runs, a few at each step of its
+// loop: the K or V rows of the next key tile, so that they arrive while this tile computes. The
+// lines are those of num_ranges byte ranges [base[r] + offset, base[r] + offset + bytes[r]),
+// in order. Issuing a whole tile's prefetches at once stalls the core as soon as the misses in
+// flight reach their limit; memory and compute then take turns instead of overlapping
+// (PERFORMANCE.md, "Decode attention at batch and long context").
+struct AttnPrefetch {
+  const char* const* base = nullptr;
+  const int64_t* bytes = nullptr;
+  int64_t num_ranges = 0;
+  int64_t offset = 0;
+  // The next line to issue: `line` bytes past range `range`'s first line.
+  int64_t range = 0, line = 0;
+
+  static const char* LineOf(const char* p) {
+    return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63});
+  }
+  // Lines of range r from its first line.
+  int64_t LinesOf(int64_t r) const {
+    if (bytes[r] <= 0) return 0;
+    const char* first = base[r] + offset;
+    return (LineOf(first + bytes[r] - 1) - LineOf(first)) / 64 + 1;
+  }
+  // Lines not issued yet.
+  int64_t Left() const {
+    int64_t n = 0;
+    for (int64_t r = range; r < num_ranges; ++r) n += LinesOf(r);
+    return n - line / 64;
+  }
+  // Prefetches the next `n` lines (fewer where the ranges end).
+  void Issue(int64_t n) {
+    while (n > 0 && range < num_ranges) {
+      const int64_t lines = LinesOf(range);
+      for (; n > 0 && line < lines * 64; --n, line += 64) {
+        __builtin_prefetch(LineOf(base[range] + offset) + line, 0, 2);
+      }
+      if (line >= lines * 64) {
+        ++range;
+        line = 0;
+      }
+    }
+  }
+  void IssueRest() { Issue(INT64_MAX); }
+  // Lines per step that cover the ones left in `steps` steps.
+  int64_t PerStep(int64_t steps) const { return steps > 0 ? (Left() + steps - 1) / steps : 0; }
+};
+
 struct KernelTable {
   Isa isa;
   // Float weights (F32/F16/BF16): GemmSmallN up to this many x rows, GemmLargeN above. Per ISA,
@@ -236,13 +283,17 @@ struct KernelTable {
 
   // scores[g, t] = scale * dot(q[g, :], keys[t, :]).
   // q [num_q, head_dim] f32; keys [num_keys, head_dim] in the KV storage type (converted in
-  // registers, exactly); scores [num_q, ld_scores] f32.
+  // registers, exactly); scores [num_q, ld_scores] f32. `prefetch` (may be null): lines to
+  // prefetch over the call, all of them by its end.
   void (*attn_scores)(const float* q, int64_t num_q, const float* keys, int64_t num_keys,
-                      int64_t head_dim, float scale, float* scores, int64_t ld_scores);
+                      int64_t head_dim, float scale, float* scores, int64_t ld_scores,
+                      AttnPrefetch* prefetch);
   void (*attn_scores_f16)(const float* q, int64_t num_q, const f16_t* keys, int64_t num_keys,
-                          int64_t head_dim, float scale, float* scores, int64_t ld_scores);
+                          int64_t head_dim, float scale, float* scores, int64_t ld_scores,
+                          AttnPrefetch* prefetch);
   void (*attn_scores_bf16)(const float* q, int64_t num_q, const bf16_t* keys, int64_t num_keys,
-                           int64_t head_dim, float scale, float* scores, int64_t ld_scores);
+                           int64_t head_dim, float scale, float* scores, int64_t ld_scores,
+                           AttnPrefetch* prefetch);
   // One key tile of the online softmax of one head, scores s [n] f32 in place:
   // m' = max(m, max_t s[t]); s[t] = exp(s[t] - m'); l = l * exp(m - m') + sum_t s[t]; m = m'.
   // Returns exp(m - m') (0 on the first tile, where m = -inf). The exp is vectorised (within
@@ -253,16 +304,19 @@ struct KernelTable {
   // from runs[r] + offset (the KV storage type, converted in registers), so values[t] is row
   // t - (run_len[0] + ... + run_len[r - 1]) of the run it falls in. One call covers the keys
   // of every page a tile spans, acc staying in registers across them.
-  // probs [num_q, ld_probs] f32; acc [num_q, head_dim] f32.
+  // probs [num_q, ld_probs] f32; acc [num_q, head_dim] f32. `prefetch` as for attn_scores.
   void (*attn_accumulate)(const float* probs, int64_t ld_probs, int64_t num_q,
                           const float* const* runs, const int64_t* run_len, int64_t num_runs,
-                          int64_t offset, int64_t head_dim, const float* rescale, float* acc);
+                          int64_t offset, int64_t head_dim, const float* rescale, float* acc,
+                          AttnPrefetch* prefetch);
   void (*attn_accumulate_f16)(const float* probs, int64_t ld_probs, int64_t num_q,
                               const f16_t* const* runs, const int64_t* run_len, int64_t num_runs,
-                              int64_t offset, int64_t head_dim, const float* rescale, float* acc);
+                              int64_t offset, int64_t head_dim, const float* rescale, float* acc,
+                              AttnPrefetch* prefetch);
   void (*attn_accumulate_bf16)(const float* probs, int64_t ld_probs, int64_t num_q,
                                const bf16_t* const* runs, const int64_t* run_len, int64_t num_runs,
-                               int64_t offset, int64_t head_dim, const float* rescale, float* acc);
+                               int64_t offset, int64_t head_dim, const float* rescale, float* acc,
+                               AttnPrefetch* prefetch);
 
   // One block of prompt rows' attention on the matrix unit, for bf16 K/V (AmxAttnBlock, above);
   // null in tables without one.

@@ -416,12 +416,13 @@ template <class S, class K, int HB, int N>
 
 template <class S, class K, int HB>
 void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K* keys, float scale,
-                     float* scores, int64_t ld_scores) {
+                     float* scores, int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
   using V = typename S::V;
   constexpr int kL = S::kLanes;
   const int64_t d_vec = head_dim - head_dim % kL;
   const V vscale = S::Set1(scale);
   for (int64_t t0 = 0; t0 < num_keys; t0 += kL) {
+    if (per_step > 0) prefetch->Issue(per_step);
     const int64_t valid = Min64(kL, num_keys - t0);
     const K* kb = keys + t0 * head_dim;
     V s[HB];
@@ -481,7 +482,7 @@ template <class S, class K, int HB, int D, int N>
 
 template <class S, class K, int HB, int D>
 void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float scale, float* scores,
-                      int64_t ld_scores) {
+                      int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
   using V = typename S::V;
   constexpr int kL = S::kLanes;
   V qr[HB][D];
@@ -492,6 +493,7 @@ void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float sca
   }
   const V vscale = S::Set1(scale);
   for (int64_t t0 = 0; t0 < num_keys; t0 += kL) {
+    if (per_step > 0) prefetch->Issue(per_step);
     const int64_t valid = Min64(kL, num_keys - t0);
     V s[HB];
     AttnScoresTreeQ<S, K, HB, D, kL>(qr, keys + t0 * D * kL, valid, s);
@@ -511,31 +513,45 @@ void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float sca
 // Heads in blocks of 16 / D, whose q fill 16 registers.
 template <class S, class K, int D>
 void AttnScoresQ(const float* q, int64_t num_q, const K* keys, int64_t num_keys, float scale,
-                 float* scores, int64_t ld_scores) {
+                 float* scores, int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
   constexpr int64_t hd = D * S::kLanes;
   ForHeadBlocks<16 / D>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
     AttnScoresHeadsQ<S, K, HB, D>(q + g * hd, num_keys, keys, scale, scores + g * ld_scores,
-                                  ld_scores);
+                                  ld_scores, prefetch, per_step);
   });
 }
 
 // Blocks of up to 4 heads: each key vector is loaded and converted once per block. With 16-lane
-// vectors and a head_dim of 64 or 128, AttnScoresQ (q in registers).
+// vectors and a head_dim of 64 or 128, AttnScoresQ (q in registers). The prefetches are spread
+// over the blocks of kLanes keys of every head block.
 template <class S, class K>
 void AttnScores(const float* q, int64_t num_q, const K* keys, int64_t num_keys, int64_t head_dim,
-                float scale, float* scores, int64_t ld_scores) {
+                float scale, float* scores, int64_t ld_scores, AttnPrefetch* prefetch) {
+  const int64_t key_blocks = (num_keys + S::kLanes - 1) / S::kLanes;
+  auto per_step = [&](int64_t max_heads) {
+    return prefetch != nullptr ? prefetch->PerStep((num_q + max_heads - 1) / max_heads * key_blocks)
+                               : 0;
+  };
   if constexpr (S::kLanes == 16) {
     if (head_dim == 64) {
-      return AttnScoresQ<S, K, 4>(q, num_q, keys, num_keys, scale, scores, ld_scores);
+      AttnScoresQ<S, K, 4>(q, num_q, keys, num_keys, scale, scores, ld_scores, prefetch,
+                           per_step(4));
+      if (prefetch != nullptr) prefetch->IssueRest();
+      return;
     }
     if (head_dim == 128) {
-      return AttnScoresQ<S, K, 8>(q, num_q, keys, num_keys, scale, scores, ld_scores);
+      AttnScoresQ<S, K, 8>(q, num_q, keys, num_keys, scale, scores, ld_scores, prefetch,
+                           per_step(2));
+      if (prefetch != nullptr) prefetch->IssueRest();
+      return;
     }
   }
+  const int64_t step = per_step(4);
   ForHeadBlocks<4>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
     AttnScoresHeads<S, K, HB>(q + g * head_dim, num_keys, head_dim, keys, scale,
-                              scores + g * ld_scores, ld_scores);
+                              scores + g * ld_scores, ld_scores, prefetch, step);
   });
+  if (prefetch != nullptr) prefetch->IssueRest();
 }
 
 #include "engine/backend/cpu/vec_exp_impl.h"
@@ -622,7 +638,8 @@ void SiluKernel(float* x, int64_t n) {
 template <class S, class K, int HB, int DC>
 void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* const* runs,
                          const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
-                         int64_t d0, const float* rescale, float* acc) {
+                         int64_t d0, const float* rescale, float* acc, AttnPrefetch* prefetch,
+                         int64_t per_step) {
   using V = typename S::V;
   V a[HB][DC];
 #pragma GCC unroll 8
@@ -637,6 +654,7 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* const* r
   for (int64_t r = 0; r < num_runs; ++r) {
     const K* values = runs[r] + offset + d0;
     for (int64_t t = 0; t < run_len[r]; ++t) {
+      if (per_step > 0) prefetch->Issue(per_step);
       V v[DC];
 #pragma GCC unroll 8
       for (int c = 0; c < DC; ++c) v[c] = S::Load(values + t * head_dim + c * S::kLanes);
@@ -659,36 +677,55 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* const* r
 template <class S, class K, int HB>
 void AttnAccumulateHeads(const float* probs, int64_t ld_probs, const K* const* runs,
                          const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
-                         int64_t d_vec, const float* rescale, float* acc) {
+                         int64_t d_vec, const float* rescale, float* acc, AttnPrefetch* prefetch,
+                         int64_t per_step) {
   int64_t d = 0;
   // Four vectors of head_dim per pass where 4 * HB accumulators fit the register file (AVX-512's
   // 32; AVX2's 16 hold two): each value row is then read in one pass, both its cache lines.
   if constexpr (S::kLanes >= 16) {
     for (; d + 4 * S::kLanes <= d_vec; d += 4 * S::kLanes) {
       AttnAccumulateBlock<S, K, HB, 4>(probs, ld_probs, runs, run_len, num_runs, offset, head_dim,
-                                       d, rescale, acc);
+                                       d, rescale, acc, prefetch, per_step);
     }
   }
   for (; d + 2 * S::kLanes <= d_vec; d += 2 * S::kLanes) {
     AttnAccumulateBlock<S, K, HB, 2>(probs, ld_probs, runs, run_len, num_runs, offset, head_dim, d,
-                                     rescale, acc);
+                                     rescale, acc, prefetch, per_step);
   }
   for (; d < d_vec; d += S::kLanes) {
     AttnAccumulateBlock<S, K, HB, 1>(probs, ld_probs, runs, run_len, num_runs, offset, head_dim, d,
-                                     rescale, acc);
+                                     rescale, acc, prefetch, per_step);
   }
+}
+
+// The passes AttnAccumulateHeads makes over the keys for d_vec elements of head_dim.
+template <class S>
+int64_t AttnAccumulatePasses(int64_t d_vec) {
+  constexpr int64_t kL = S::kLanes;
+  const int64_t wide = kL >= 16 ? d_vec / (4 * kL) : 0;
+  const int64_t left = d_vec - wide * 4 * kL;
+  return wide + left / (2 * kL) + left % (2 * kL) / kL;
 }
 
 template <class S, class K>
 void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K* const* runs,
                     const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
-                    const float* rescale, float* acc) {
+                    const float* rescale, float* acc, AttnPrefetch* prefetch) {
   const int64_t d_vec = head_dim - head_dim % S::kLanes;
+  // The prefetches are spread over every key of every pass of every head block.
+  int64_t per_step = 0;
+  if (prefetch != nullptr) {
+    int64_t keys = 0;
+    for (int64_t r = 0; r < num_runs; ++r) keys += run_len[r];
+    per_step = prefetch->PerStep((num_q + 3) / 4 * AttnAccumulatePasses<S>(d_vec) * keys);
+  }
   // The group's heads in blocks of up to 4, so each value vector is loaded once per block.
   ForHeadBlocks<4>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
     AttnAccumulateHeads<S, K, HB>(probs + g * ld_probs, ld_probs, runs, run_len, num_runs, offset,
-                                  head_dim, d_vec, rescale + g, acc + g * head_dim);
+                                  head_dim, d_vec, rescale + g, acc + g * head_dim, prefetch,
+                                  per_step);
   });
+  if (prefetch != nullptr) prefetch->IssueRest();
   if (d_vec == head_dim) return;
   for (int64_t g = 0; g < num_q; ++g) {
     const float* pg = probs + g * ld_probs;

@@ -87,7 +87,8 @@ TEST_P(CpuKernelsTest, SoftmaxTileRescalesTheRunningStateAndHandlesTails) {
 // runs (pages): the same keys in one run, in runs of 5, 3, 16, 1 and 7, and in runs of 8 give the
 // same bits, for head dims that are and are not a whole number of vectors and every group size
 // the kernels block differently. (With pages of 5 tokens and head_dim 12, the server's tokens
-// once depended on it.)
+// once depended on it.) Nor on prefetching: the cut calls pass ranges to prefetch (unaligned, of
+// odd sizes, more or fewer lines than the call has steps), and each call issues all of them.
 template <class K>
 void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, int64_t num_q) {
   constexpr int64_t kKeys = 32;
@@ -99,21 +100,34 @@ void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, i
   for (K& v : keys) v = FromF32<K>(dist(rng));
   auto scores_fn = AttnScoresFor<K>(kt);
   auto acc_fn = AttnAccumulateFor<K>(kt);
+  std::vector<char> other(100000);
+  const char* bases[3] = {other.data() + 3, other.data() + 5000, other.data() + 64};
+  const int64_t bytes[3] = {130, 1, 40000};
   auto run = [&](const std::vector<int64_t>& lens, std::vector<float>* scores,
                  std::vector<float>* acc) {
+    const bool prefetch = lens.size() > 1;
     scores->assign(num_q * kKeys, 0.0f);
     std::vector<const K*> rows;
     int64_t t = 0;
     for (int64_t len : lens) {
+      AttnPrefetch pf{.base = bases, .bytes = bytes, .num_ranges = 1 + len % 3, .offset = len};
       scores_fn(q.data(), num_q, keys.data() + t * head_dim, len, head_dim, 0.3f,
-                scores->data() + t, kKeys);
+                scores->data() + t, kKeys, prefetch ? &pf : nullptr);
+      if (prefetch) {
+        EXPECT_EQ(pf.Left(), 0) << "scores, " << len << " keys";
+      }
       rows.push_back(keys.data() + t * head_dim);
       t += len;
     }
     acc->assign(num_q * head_dim, 0.5f);
     std::vector<float> rescale(num_q, 0.75f);
+    AttnPrefetch pf{.base = bases, .bytes = bytes, .num_ranges = 3};
     acc_fn(scores->data(), kKeys, num_q, rows.data(), lens.data(),
-           static_cast<int64_t>(lens.size()), 0, head_dim, rescale.data(), acc->data());
+           static_cast<int64_t>(lens.size()), 0, head_dim, rescale.data(), acc->data(),
+           prefetch ? &pf : nullptr);
+    if (prefetch) {
+      EXPECT_EQ(pf.Left(), 0) << "accumulate";
+    }
   };
   std::vector<float> want_s, want_acc, got_s, got_acc;
   run({kKeys}, &want_s, &want_acc);
@@ -129,6 +143,31 @@ void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, i
                                          << num_q << " runs " << lens.size();
     }
   }
+}
+
+// AttnPrefetch counts the cache lines its ranges touch (a range that starts or ends inside a
+// line counts that line), issues them in order across ranges, and spreads them over steps.
+TEST(AttnPrefetchTest, CountsAndIssuesTheLinesOfItsRanges) {
+  alignas(64) static char buf[4096];
+  const char* bases[3] = {buf + 3, buf + 1000, buf + 2048};
+  const int64_t bytes[3] = {130, 0, 64};
+  AttnPrefetch pf{.base = bases, .bytes = bytes, .num_ranges = 3};
+  // [3, 133) spans lines 0, 64 and 128; the empty range none; [2048, 2112) one line.
+  EXPECT_EQ(pf.Left(), 4);
+  EXPECT_EQ(pf.PerStep(3), 2);
+  EXPECT_EQ(pf.PerStep(4), 1);
+  EXPECT_EQ(pf.PerStep(0), 0);
+  pf.Issue(2);
+  EXPECT_EQ(pf.Left(), 2);
+  pf.Issue(1);
+  EXPECT_EQ(pf.Left(), 1);
+  pf.IssueRest();
+  EXPECT_EQ(pf.Left(), 0);
+  pf.Issue(5);
+  EXPECT_EQ(pf.Left(), 0);
+  // The offset moves every range: [64, 194) spans lines 64, 128 and 192 of range 0.
+  AttnPrefetch moved{.base = bases, .bytes = bytes, .num_ranges = 1, .offset = 61};
+  EXPECT_EQ(moved.Left(), 3);
 }
 
 TEST_P(CpuKernelsTest, AttentionBitsDoNotDependOnHowKeysAreCutIntoRuns) {
