@@ -1063,7 +1063,9 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     // The runs of the tile after the current one, as byte ranges (a run's page rows from
     // next_base[r], next_bytes[r] bytes of each head's half): the kernels prefetch head g's K
     // rows of it while they compute head g's scores, and its V rows while they accumulate head
-    // g's values, a few lines a step.
+    // g's values, a few lines a step. Not for prompt rows: the rows of a prompt chunk read the
+    // same keys, which the first of them leaves in the cache, and prefetching lines that are
+    // already there costs the kernels time (a fifth of it at 3 q heads per kv head).
     const char* next_base[kKeyTile];
     int64_t next_bytes[kKeyTile];
     int64_t next_runs = 0;
@@ -1081,7 +1083,9 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         run_len[runs] = run;
         run_rows[runs++] = rows;
       });
-      if (t0 + kKeyTile < j_end) {
+      if (p.prompt) {
+        next_runs = 0;
+      } else if (t0 + kKeyTile < j_end) {
         find_next(i, t0 + kKeyTile, std::min(kKeyTile, j_end - t0 - kKeyTile));
       } else if (next_i >= 0) {
         int64_t from, count;
@@ -1152,7 +1156,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   if (!tiles) {
     pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
       int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
-      prefetch_first_tile(i, b);
+      if (!p.prompt) prefetch_first_tile(i, b);
       for (int64_t task = b; task < e; ++task) {
         while (task >= first[i + 1]) ++i;
         const int64_t next_i = task + 1 >= e ? -1 : task + 1 < first[i + 1] ? i : i + 1;

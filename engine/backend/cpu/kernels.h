@@ -148,35 +148,38 @@ struct AttnPrefetch {
   const int64_t* bytes = nullptr;
   int64_t num_ranges = 0;
   int64_t offset = 0;
-  // The next line to issue: `line` bytes past range `range`'s first line.
-  int64_t range = 0, line = 0;
+  // The cursor: the next line to issue is `next`, in range `range`, which ends at `end` (-1:
+  // none taken yet).
+  int64_t range = -1;
+  const char* next = nullptr;
+  const char* end = nullptr;
 
   static const char* LineOf(const char* p) {
     return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63});
   }
-  // Lines of range r from its first line.
-  int64_t LinesOf(int64_t r) const {
-    if (bytes[r] <= 0) return 0;
-    const char* first = base[r] + offset;
-    return (LineOf(first + bytes[r] - 1) - LineOf(first)) / 64 + 1;
-  }
   // Lines not issued yet.
   int64_t Left() const {
-    int64_t n = 0;
-    for (int64_t r = range; r < num_ranges; ++r) n += LinesOf(r);
-    return n - line / 64;
+    int64_t n = next < end ? (end - next + 63) / 64 : 0;
+    for (int64_t r = range + 1; r < num_ranges; ++r) {
+      if (bytes[r] > 0) {
+        const char* first = base[r] + offset;
+        n += (LineOf(first + bytes[r] - 1) - LineOf(first)) / 64 + 1;
+      }
+    }
+    return n;
   }
   // Prefetches the next `n` lines (fewer where the ranges end).
   void Issue(int64_t n) {
-    while (n > 0 && range < num_ranges) {
-      const int64_t lines = LinesOf(range);
-      for (; n > 0 && line < lines * 64; --n, line += 64) {
-        __builtin_prefetch(LineOf(base[range] + offset) + line, 0, 2);
+    for (; n > 0; --n, next += 64) {
+      while (next >= end) {
+        if (++range >= num_ranges) {
+          range = num_ranges;
+          return;
+        }
+        next = LineOf(base[range] + offset);
+        end = base[range] + offset + bytes[range];
       }
-      if (line >= lines * 64) {
-        ++range;
-        line = 0;
-      }
+      __builtin_prefetch(next, 0, 2);
     }
   }
   void IssueRest() { Issue(INT64_MAX); }

@@ -632,6 +632,9 @@ void SiluKernel(float* x, int64_t n) {
   MapVectors<S, 1>({x}, x, n, [](const typename S::V* v) { return Silu<S>(v[0]); });
 }
 
+// AttnAccumulate's prefetch steps: one per this many keys of a run.
+constexpr int64_t kAttnPrefetchKeys = 4;
+
 // HB heads x DC vectors of head_dim (from d0) of AttnAccumulate, all in registers across the
 // keys of every run: each value vector is loaded once for the HB heads, each probability once for
 // DC vectors, and acc is read and written once per call however many pages the keys span.
@@ -650,23 +653,30 @@ void AttnAccumulateBlock(const float* probs, int64_t ld_probs, const K* const* r
       a[h][c] = S::Mul(S::Load(acc + h * head_dim + d0 + c * S::kLanes), rv);
     }
   }
+  // The cursor in locals (registers) for the loop, and back at the end.
+  AttnPrefetch pf;
+  if (per_step > 0) pf = *prefetch;
   const float* p = probs;
   for (int64_t r = 0; r < num_runs; ++r) {
     const K* values = runs[r] + offset + d0;
-    for (int64_t t = 0; t < run_len[r]; ++t) {
-      if (per_step > 0) prefetch->Issue(per_step);
-      V v[DC];
+    for (int64_t t0 = 0; t0 < run_len[r]; t0 += kAttnPrefetchKeys) {
+      if (per_step > 0) pf.Issue(per_step);
+      const int64_t t_end = Min64(t0 + kAttnPrefetchKeys, run_len[r]);
+      for (int64_t t = t0; t < t_end; ++t) {
+        V v[DC];
 #pragma GCC unroll 8
-      for (int c = 0; c < DC; ++c) v[c] = S::Load(values + t * head_dim + c * S::kLanes);
+        for (int c = 0; c < DC; ++c) v[c] = S::Load(values + t * head_dim + c * S::kLanes);
 #pragma GCC unroll 8
-      for (int h = 0; h < HB; ++h) {
-        const V pv = S::Set1(p[h * ld_probs + t]);
+        for (int h = 0; h < HB; ++h) {
+          const V pv = S::Set1(p[h * ld_probs + t]);
 #pragma GCC unroll 8
-        for (int c = 0; c < DC; ++c) a[h][c] = S::Fma(pv, v[c], a[h][c]);
+          for (int c = 0; c < DC; ++c) a[h][c] = S::Fma(pv, v[c], a[h][c]);
+        }
       }
     }
     p += run_len[r];
   }
+  if (per_step > 0) *prefetch = pf;
 #pragma GCC unroll 8
   for (int h = 0; h < HB; ++h) {
 #pragma GCC unroll 8
@@ -712,12 +722,15 @@ void AttnAccumulate(const float* probs, int64_t ld_probs, int64_t num_q, const K
                     const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
                     const float* rescale, float* acc, AttnPrefetch* prefetch) {
   const int64_t d_vec = head_dim - head_dim % S::kLanes;
-  // The prefetches are spread over every key of every pass of every head block.
+  // The prefetches are spread over the steps (kAttnPrefetchKeys keys of a run) of every pass of
+  // every head block.
   int64_t per_step = 0;
   if (prefetch != nullptr) {
-    int64_t keys = 0;
-    for (int64_t r = 0; r < num_runs; ++r) keys += run_len[r];
-    per_step = prefetch->PerStep((num_q + 3) / 4 * AttnAccumulatePasses<S>(d_vec) * keys);
+    int64_t steps = 0;
+    for (int64_t r = 0; r < num_runs; ++r) {
+      steps += (run_len[r] + kAttnPrefetchKeys - 1) / kAttnPrefetchKeys;
+    }
+    per_step = prefetch->PerStep((num_q + 3) / 4 * AttnAccumulatePasses<S>(d_vec) * steps);
   }
   // The group's heads in blocks of up to 4, so each value vector is loaded once per block.
   ForHeadBlocks<4>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
