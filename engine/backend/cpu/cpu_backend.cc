@@ -1025,6 +1025,11 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     *from = (task - first[i]) * kKeysPerSplit;
     *count = std::min(kKeyTile, kv_len[i] - *from);
   };
+  // Whether row i's tasks prefetch their tiles: not when the row before it is of the same
+  // sequence (the rows of a prompt chunk, a draft's verification rows). Such rows read the keys
+  // of the rows before them, which are then in the cache, and prefetching lines that are already
+  // there costs the kernels time (a fifth of it at 3 q heads per kv head).
+  auto prefetches = [&](int64_t i) { return i == 0 || seq_of[i - 1] != seq_of[i]; };
   // Prefetches the first tile of row i's task `task` into L2, every head's rows in one burst: for
   // a thread's first task, which no tile before it prefetched.
   auto prefetch_first_tile = [&](int64_t i, int64_t task) {
@@ -1063,9 +1068,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     // The runs of the tile after the current one, as byte ranges (a run's page rows from
     // next_base[r], next_bytes[r] bytes of each head's half): the kernels prefetch head g's K
     // rows of it while they compute head g's scores, and its V rows while they accumulate head
-    // g's values, a few lines a step. Not for prompt rows: the rows of a prompt chunk read the
-    // same keys, which the first of them leaves in the cache, and prefetching lines that are
-    // already there costs the kernels time (a fifth of it at 3 q heads per kv head).
+    // g's values, a few lines a step. Only for the first row of a sequence (prefetches, above).
     const char* next_base[kKeyTile];
     int64_t next_bytes[kKeyTile];
     int64_t next_runs = 0;
@@ -1083,11 +1086,9 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         run_len[runs] = run;
         run_rows[runs++] = rows;
       });
-      if (p.prompt) {
-        next_runs = 0;
-      } else if (t0 + kKeyTile < j_end) {
+      if (t0 + kKeyTile < j_end && prefetches(i)) {
         find_next(i, t0 + kKeyTile, std::min(kKeyTile, j_end - t0 - kKeyTile));
-      } else if (next_i >= 0) {
+      } else if (t0 + kKeyTile >= j_end && next_i >= 0 && prefetches(next_i)) {
         int64_t from, count;
         first_tile(next_i, task + 1, &from, &count);
         find_next(next_i, from, count);
@@ -1156,7 +1157,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   if (!tiles) {
     pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
       int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
-      if (!p.prompt) prefetch_first_tile(i, b);
+      if (prefetches(i)) prefetch_first_tile(i, b);
       for (int64_t task = b; task < e; ++task) {
         while (task >= first[i + 1]) ++i;
         const int64_t next_i = task + 1 >= e ? -1 : task + 1 < first[i + 1] ? i : i + 1;
