@@ -1020,10 +1020,22 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       t += run;
     }
   };
-  // Keys [from, from + count) of row i's task `task`: its first tile.
-  auto first_tile = [&](int64_t i, int64_t task, int64_t* from, int64_t* count) {
-    *from = (task - first[i]) * kKeysPerSplit;
-    *count = std::min(kKeyTile, kv_len[i] - *from);
+  // The page runs of row i's keys [from, from + count) as byte ranges, for AttnPrefetch: run r's
+  // page rows from base[r] (add `half * bs * row_bytes` for half `half`: K heads, then V heads),
+  // bytes[r] bytes of each half. Returns the number of runs (at most kKeyTile for a tile).
+  auto tile_ranges = [&](int64_t i, int64_t from, int64_t count, const char** base,
+                         int64_t* bytes) {
+    int64_t n = 0;
+    for_each_run(i, from, count, [&](int64_t run, const T* rows) {
+      base[n] = reinterpret_cast<const char*>(rows);
+      bytes[n++] = run * row_bytes;
+    });
+    return n;
+  };
+  // The ranges of the first tile of row i's task `task`.
+  auto first_tile_ranges = [&](int64_t i, int64_t task, const char** base, int64_t* bytes) {
+    const int64_t from = (task - first[i]) * kKeysPerSplit;
+    return tile_ranges(i, from, std::min(kKeyTile, kv_len[i] - from), base, bytes);
   };
   // Whether row i's tasks prefetch their tiles: not when the row before it is of the same
   // sequence (the rows of a prompt chunk, a draft's verification rows). Such rows read the keys
@@ -1034,14 +1046,13 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   // Prefetches the first tile of row i's task `task` into L2, every head's rows in one burst: for
   // a thread's first task, which no tile before it prefetched.
   auto prefetch_first_tile = [&](int64_t i, int64_t task) {
-    int64_t from, count;
-    first_tile(i, task, &from, &count);
-    for_each_run(i, from, count, [&](int64_t run, const T* rows) {
-      for (int64_t half = 0; half < 2 * kv; ++half) {
-        const char* b = reinterpret_cast<const char*>(rows + half * bs * hd);
-        for (int64_t off = 0; off < run * row_bytes; off += 64) __builtin_prefetch(b + off, 0, 2);
-      }
-    });
+    const char* base[kKeyTile];
+    int64_t bytes[kKeyTile];
+    const int64_t n = first_tile_ranges(i, task, base, bytes);
+    for (int64_t half = 0; half < 2 * kv; ++half) {
+      AttnPrefetch{.base = base, .bytes = bytes, .num_ranges = n, .offset = half * bs * row_bytes}
+          .IssueRest();
+    }
   };
   // Row i's task `task` (its split task - first[i]); next_i >= 0 when this thread runs task + 1
   // (of row next_i) next, whose first tile it then prefetches during this task's last one.
@@ -1066,20 +1077,11 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     // keys (the tile's keys in order) and its page's rows start at run_rows[r].
     int64_t run_len[kKeyTile];
     const T* run_rows[kKeyTile];
-    // The runs of the tile after the current one, as byte ranges (a run's page rows from
-    // next_base[r], next_bytes[r] bytes of each head's half): the kernels prefetch head g's K
+    // The runs of the tile after the current one (tile_ranges): the kernels prefetch head g's K
     // rows of it while they compute head g's scores, and its V rows while they accumulate head
     // g's values, a few lines a step. Only for the first row of a sequence (prefetches, above).
     const char* next_base[kKeyTile];
     int64_t next_bytes[kKeyTile];
-    int64_t next_runs = 0;
-    auto find_next = [&](int64_t row, int64_t from, int64_t count) {
-      next_runs = 0;
-      for_each_run(row, from, count, [&](int64_t run, const T* rows) {
-        next_base[next_runs] = reinterpret_cast<const char*>(rows);
-        next_bytes[next_runs++] = run * row_bytes;
-      });
-    };
     for (int64_t t0 = j_begin; t0 < j_end; t0 += kKeyTile) {
       const int64_t nt = std::min(kKeyTile, j_end - t0);
       int64_t runs = 0;
@@ -1087,14 +1089,14 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         run_len[runs] = run;
         run_rows[runs++] = rows;
       });
-      if (t0 + kKeyTile < j_end && prefetches(i)) {
-        find_next(i, t0 + kKeyTile, std::min(kKeyTile, j_end - t0 - kKeyTile));
-      } else if (t0 + kKeyTile >= j_end && next_i >= 0 && prefetches(next_i)) {
-        int64_t from, count;
-        first_tile(next_i, task + 1, &from, &count);
-        find_next(next_i, from, count);
-      } else {
-        next_runs = 0;
+      int64_t next_runs = 0;
+      if (t0 + kKeyTile < j_end) {
+        if (prefetches(i)) {
+          next_runs = tile_ranges(i, t0 + kKeyTile, std::min(kKeyTile, j_end - t0 - kKeyTile),
+                                  next_base, next_bytes);
+        }
+      } else if (next_i >= 0 && prefetches(next_i)) {
+        next_runs = first_tile_ranges(next_i, task + 1, next_base, next_bytes);
       }
       // Scores of every kv head (each head's K rows of the tile's pages), the softmax of every
       // head, then the values of every kv head (one call over the tile's pages, acc rescaled
