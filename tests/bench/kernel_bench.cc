@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -302,6 +304,84 @@ void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, do
           "         read-only pass over the same copies: %6.1f GB/s; the kernel keeps %.0f%%\n",
           read_only, 100.0 * gbs / read_only);
     }
+  }
+}
+
+// One x row of TinyLlama's 5632 x 2048 matrix from DRAM, in pairs: a Gemm call over one copy,
+// then the read-only pass (ReadOnlyGbs's zero-op stream, as many threads) over the next,
+// QUANT_PAIRS times (default 300), 4 calls of each per sample. A host whose read bandwidth changes
+// from second to second (the Zen 5 VMs here switch between about 45 and 80 GB/s) moves both sides
+// of a pair alike, so the pairs sorted by their read-only rate show what the kernel keeps in each
+// state.
+void BenchQuantPairs(CpuBackend& backend, DType dtype) {
+  if (!EnvListHas("QUANT_TYPES", DTypeName(dtype))) return;
+  constexpr int64_t m = 5632, k = 2048;
+  constexpr int kCallsPerSample = 4;
+  std::mt19937 rng(9);
+  HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
+  const size_t w_bytes = DTypeRowBytes(dtype, k) * m;
+  const int copies = static_cast<int>(std::max<size_t>(8, (size_t{1} << 30) / w_bytes));
+  std::vector<HugeBuffer<uint8_t>> weights;
+  std::vector<TensorView> views;
+  std::string name;
+  for (int c = 0; c < copies; ++c) {
+    weights.emplace_back(w_bytes);
+    std::memcpy(weights.back().data(), first.data(), w_bytes);
+    views.push_back(AsRun(backend, TensorView(weights[c].data(), dtype, {m, k}), true, &name));
+  }
+  std::vector<float> x(k), out(m);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : x) v = dist(rng);
+  TensorView xv(x.data(), DType::kF32, {1, k}), ov(out.data(), DType::kF32, {1, m});
+  ThreadPool pool(backend.num_threads());
+  constexpr int64_t kPiece = 2 * bench::kOverlapChunkBytes;
+  const int64_t pieces = static_cast<int64_t>(w_bytes) / kPiece;
+  std::atomic<int64_t> sink{0};
+  const char* env = std::getenv("QUANT_PAIRS");
+  const int num_pairs = env != nullptr ? std::max(1, std::atoi(env)) : 300;
+  std::vector<std::pair<double, double>> pairs;  // (read-only GB/s, kernel GB/s)
+  int c = 0;
+  // The two pools' workers spin for a while after a region (thread_pool.cc): each side waits
+  // until the other's have gone to sleep, so that no spinning thread takes its cores.
+  auto settle = [] { std::this_thread::sleep_for(std::chrono::microseconds(300)); };
+  for (int i = 0; i < num_pairs; ++i) {
+    settle();
+    auto t0 = Clock::now();
+    for (int r = 0; r < kCallsPerSample; ++r)
+      backend.Gemm(xv, views[c++ % copies], TensorView(), ov);
+    const double kernel = kCallsPerSample * w_bytes / Seconds(t0, Clock::now()) / 1e9;
+    settle();
+    t0 = Clock::now();
+    for (int r = 0; r < kCallsPerSample; ++r) {
+      const uint8_t* base = static_cast<const uint8_t*>(views[c++ % copies].data);
+      pool.ParallelFor(0, pieces, 1, [&](int64_t b, int64_t e) {
+        sink.fetch_add(bench::OverlapPass<0, 1>(base + b * kPiece, (e - b) * kPiece),
+                       std::memory_order_relaxed);
+      });
+    }
+    pairs.emplace_back(kCallsPerSample * pieces * kPiece / Seconds(t0, Clock::now()) / 1e9, kernel);
+  }
+  if (sink.load() == 42) std::printf(" ");  // keeps the sums alive
+  std::sort(pairs.begin(), pairs.end());
+  std::printf(
+      "  pairs %-7s m=%lld k=%lld n=1: %d pairs of %d calls, by the read-only pass's GB/s\n",
+      name.c_str(), static_cast<long long>(m), static_cast<long long>(k), num_pairs,
+      kCallsPerSample);
+  // Bands of 10 GB/s of the read-only rate: pairs, mean read-only and kernel GB/s, and the
+  // kernel's share of the read-only rate.
+  for (size_t i = 0; i < pairs.size();) {
+    const double band = std::floor(pairs[i].first / 10.0) * 10.0;
+    double ro = 0, kern = 0;
+    size_t j = i;
+    for (; j < pairs.size() && pairs[j].first < band + 10.0; ++j) {
+      ro += pairs[j].first;
+      kern += pairs[j].second;
+    }
+    const double cnt = static_cast<double>(j - i);
+    std::printf(
+        "    read-only %3.0f-%3.0f GB/s: %4zu pairs, read-only %6.1f, kernel %6.1f GB/s (%.0f%%)\n",
+        band, band + 10.0, j - i, ro / cnt, kern / cnt, 100.0 * kern / ro);
+    i = j;
   }
 }
 
@@ -631,6 +711,7 @@ constexpr std::string_view kModes[] = {"",
                                        "quant-decode",
                                        "quant-prefill",
                                        "quant-compute",
+                                       "quant-pairs",
                                        "isa-rates"};
 
 int Main(int argc, char** argv) {
@@ -762,6 +843,13 @@ int Main(int argc, char** argv) {
     }
     return 0;
   }
+  if (only == "quant-pairs") {
+    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+      BenchQuantPairs(backend, t);
+    }
+    return 0;
+  }
   if (only.rfind("quant", 0) == 0) {
     const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                            DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
@@ -856,7 +944,8 @@ int main(int argc, char** argv) {
         "[%s]\n"
         "CPU kernels in isolation: decode and prefill GEMMs (float and block-quantized weights), "
         "paged decode attention; GB/s against the measured read bandwidth. quant-compute: one "
-        "core's quantized-GEMM throughput in CPU time, weights in L2.\n",
+        "core's quantized-GEMM throughput in CPU time, weights in L2. quant-pairs: one-row decode "
+        "from DRAM against a read-only pass, alternating, by the pass's rate.\n",
         modes.c_str());
     return 0;
   }
