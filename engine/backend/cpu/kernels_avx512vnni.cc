@@ -257,7 +257,8 @@ inline constexpr int64_t kUnit = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
 // go without. Prefetches never fault: reaching past the end of the copy from the last units is
 // harmless.
 // OneRow::kL2 (the K-quant tiles of kFarPrefetchQuantGemms, which the VNNI table takes on AMD
-// family 1Ah, Zen 5): one x row prefetches as the tiles of more rows do, 2 units ahead into L2.
+// family 1Ah, Zen 5): one x row prefetches into L2 as the tiles of more rows do, 2 units ahead
+// (Q6_K's larger units 1, kOneRowL2Units below).
 // On Zen 5 (2 threads, `QUANT_ROWS=1 kernel_bench 2 best quant-decode`, four alternating rounds
 // at the three TinyLlama shapes) Q4_K's one-row copy read 46-69 GB/s from DRAM against 32-43
 // without, Q5_K's and Q6_K's 35-64 and 39-57 against 26-39 and 33-36 (three rounds); 4 units
@@ -269,11 +270,25 @@ inline constexpr int64_t kUnit = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
 // faster from DRAM (Q4_K and Q5_K level, so they go without), and TinyLlama-shape batch-1 decode
 // of a Q8_0 file ran 22.1-22.3 -> 25.5-25.6 tok/s against the VNNI table's tiles (two alternating
 // pairs); 512 B, 2 KiB or 4 KiB ahead gained less. Zen 4 keeps the VNNI table, measured without.
+// The one-row L2 prefetch goes the fewest whole units ahead that make at least 3 KiB: 2 for
+// Q4_K's and Q5_K's units (2304 and 2816 bytes), 1 for Q6_K's (3360). On Zen 5 (`QUANT_TYPES=Q6_K
+// kernel_bench 2 best quant-pairs`, four alternating rounds) Q6_K's one-row tile kept 89-94% of
+// the read-only pass's rate 1 unit ahead against 85-89% 2 units ahead when that pass read 45-51
+// GB/s, and 82-83% against 76-78% when it read 77-81; 3 and 5 units ahead kept less still. Q5_K's
+// kept 95-98% either way, and Q4_K's 93-101% at 45-51 GB/s either way (docs/PERFORMANCE.md,
+// "Zen 5's two bandwidth states").
 enum class OneRow { kNone, kL1Near, kL2 };
+
+template <int64_t kBytes>
+inline constexpr int64_t kOneRowL2Units = (3072 + kBytes - 1) / kBytes;
 
 template <int NX, int64_t kBytes, OneRow kOneRow>
 inline void PrefetchAhead(const uint8_t* unit) {
-  if constexpr (NX > 1 || kOneRow == OneRow::kL2) {
+  if constexpr (NX == 1 && kOneRow == OneRow::kL2) {
+    for (int64_t off = 0; off < kBytes; off += 64) {
+      __builtin_prefetch(unit + kOneRowL2Units<kBytes> * kBytes + off, 0, 2);
+    }
+  } else if constexpr (NX > 1) {
     for (int64_t off = 0; off < kBytes; off += 64)
       __builtin_prefetch(unit + 2 * kBytes + off, 0, 2);
   } else if constexpr (kOneRow == OneRow::kL1Near) {
