@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <string_view>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "engine/common/quant.h"
 #include "engine/common/status_macros.h"
 #include "engine/model/gguf_model.h"
 
@@ -141,6 +144,72 @@ absl::Status CheckFinite(const TensorView& v, absl::string_view name) {
                                           ", not a floating-point type"));
 }
 
+// The f16 factors of a quantized type's blocks: where each block holds them, and their names.
+struct BlockScales {
+  size_t offsets[2];
+  const char* names[2];
+  int count;
+};
+
+BlockScales ScalesOf(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return {{offsetof(quant::BlockQ8_0, d)}, {"scale d"}, 1};
+    case DType::kQ4_0:
+      return {{offsetof(quant::BlockQ4_0, d)}, {"scale d"}, 1};
+    case DType::kQ5_0:
+      return {{offsetof(quant::BlockQ5_0, d)}, {"scale d"}, 1};
+    case DType::kQ4_1:
+      return {{offsetof(quant::BlockQ4_1, d), offsetof(quant::BlockQ4_1, m)},
+              {"scale d", "minimum m"},
+              2};
+    case DType::kQ5_1:
+      return {{offsetof(quant::BlockQ5_1, d), offsetof(quant::BlockQ5_1, m)},
+              {"scale d", "minimum m"},
+              2};
+    case DType::kQ4_K:
+      return {{offsetof(quant::BlockQ4_K, d), offsetof(quant::BlockQ4_K, dmin)},
+              {"scale d", "scale dmin"},
+              2};
+    case DType::kQ5_K:
+      return {{offsetof(quant::BlockQ5_K, d), offsetof(quant::BlockQ5_K, dmin)},
+              {"scale d", "scale dmin"},
+              2};
+    case DType::kQ6_K:
+      return {{offsetof(quant::BlockQ6_K, d)}, {"scale d"}, 1};
+    default:
+      return {{}, {}, 0};
+  }
+}
+
+// A quantized tensor's block factors. A NaN or an infinity there makes every output of its rows
+// NaN, which would otherwise surface only at a request's first token (the sampler's "logit of
+// token 0 is nan"); the scan reads 2-4 bytes of each block, not its levels. Float tensors other
+// than the routers' and predictors' are not scanned: that would read every weight at load.
+absl::Status CheckScalesFinite(const TensorView& v, absl::string_view name) {
+  const BlockScales scales = ScalesOf(v.dtype);
+  if (scales.count == 0) return absl::OkStatus();
+  const size_t block_bytes = DTypeBlockBytes(v.dtype);
+  const int64_t blocks = v.numel() / DTypeBlockElems(v.dtype);
+  const uint8_t* data = static_cast<const uint8_t*>(v.data);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int f = 0; f < scales.count; ++f) {
+      f16_t h;
+      std::memcpy(&h, data + b * block_bytes + scales.offsets[f], sizeof(h));
+      if ((h.bits & 0x7c00) == 0x7c00) {  // exponent all ones: an infinity or a NaN
+        const float x = F16ToF32(h);
+        const std::string_view dtype_name = DTypeName(v.dtype);
+        return absl::DataLossError(absl::StrCat(
+            "tensor '", name, "' (", absl::string_view(dtype_name.data(), dtype_name.size()),
+            ") has a non-finite ", scales.names[f], " (", x, ") in block ", b, " of ", blocks,
+            " (elements ", b * DTypeBlockElems(v.dtype), " to ",
+            (b + 1) * DTypeBlockElems(v.dtype) - 1, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool IsIgnored(const ModelConfig& c, TensorNaming naming, absl::string_view name) {
   if (naming == TensorNaming::kGguf) return false;
   return (c.tie_word_embeddings && name == "lm_head.weight") ||
@@ -194,11 +263,9 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
                                               ShapeString(s.shape)));
     }
     MODSERVE_ASSIGN_OR_RETURN(*s.view, checkpoint.Get(s.name));
-    if (s.check_finite) {
-      if (absl::Status st = CheckFinite(*s.view, s.name); !st.ok()) {
-        return absl::Status(st.code(), absl::StrCat(info->file, ": ", st.message()));
-      }
-    }
+    absl::Status st =
+        s.check_finite ? CheckFinite(*s.view, s.name) : CheckScalesFinite(*s.view, s.name);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(info->file, ": ", st.message()));
     expected.insert(s.name);
   }
   std::vector<std::string> unexpected;

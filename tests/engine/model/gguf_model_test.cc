@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <string>
@@ -16,9 +18,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/model/weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/model/weights.h"
 #include "tests/common/real_model.h"
 #include "tests/engine/model/checkpoint_test_util.h"
 #include "tests/engine/model/gguf_test_util.h"
@@ -627,6 +629,47 @@ TEST(GgufRealModelTest, SmolLm2Binds) {
     if (m->checkpoint().Find(name)->copied) copied += m->checkpoint().Find(name)->bytes;
   }
   EXPECT_EQ(copied, uint64_t{30} * (576 + 192) * (576 / 32) * 20);
+}
+
+// A NaN or an infinity among a quantized tensor's block factors is refused at load, naming the
+// tensor, its type, the factor and the block. Without the scan the file loads, and every request
+// fails at its first token ("logit of token 0 is nan"). The real model's file, one f16 changed.
+TEST(GgufRealModelTest, NonFiniteBlockFactorNamesTheTensorAndTheBlock) {
+  MODSERVE_REQUIRE_SMOLLM2(path);
+  absl::StatusOr<LoadedModel> m = LoadModel(path);
+  ASSERT_THAT(m, IsOk());
+  const TensorInfo* up = m->checkpoint().Find("blk.3.ffn_up.weight");  // Q4_1, [1536, 576]
+  const TensorInfo* embd = m->checkpoint().Find("token_embd.weight");  // Q8_0, [49152, 576]
+  ASSERT_NE(up, nullptr);
+  ASSERT_NE(embd, nullptr);
+  ASSERT_EQ(up->dtype, DType::kQ4_1);
+  ASSERT_EQ(embd->dtype, DType::kQ8_0);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_EQ(bytes.size(), std::filesystem::file_size(path));
+  ScratchDir dir;
+  const std::string bad = dir.File("bad.gguf");
+  // Block 100's m (bytes 2-3 of a 20-byte Q4_1 block) set to an f16 NaN.
+  std::string nan_m = bytes;
+  nan_m[up->file_offset + 100 * 20 + 2] = '\x00';
+  nan_m[up->file_offset + 100 * 20 + 3] = '\x7e';
+  WriteBytes(bad, nan_m);
+  EXPECT_THAT(LoadModel(bad),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       bad + ": tensor 'blk.3.ffn_up.weight' (Q4_1) has a non-finite minimum m "
+                             "(nan) in block 100 of 27648 (elements 3200 to 3231)"));
+  // Block 7's d (bytes 0-1 of a 34-byte Q8_0 block) set to +infinity.
+  std::string inf_d = bytes;
+  inf_d[embd->file_offset + 7 * 34] = '\x00';
+  inf_d[embd->file_offset + 7 * 34 + 1] = '\x7c';
+  WriteBytes(bad, inf_d);
+  EXPECT_THAT(LoadModel(bad),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       bad + ": tensor 'token_embd.weight' (Q8_0) has a non-finite scale d (inf) "
+                             "in block 7 of 884736 (elements 224 to 255)"));
 }
 
 }  // namespace
