@@ -272,10 +272,10 @@ inline constexpr int64_t kUnit = kQ5 ? kQ5KX16UnitBytes : kQ4KX16UnitBytes;
 // pairs); 512 B, 2 KiB or 4 KiB ahead gained less. Zen 4 keeps the VNNI table, measured without.
 // The one-row L2 prefetch goes the fewest whole units ahead that make at least 3 KiB: 2 for
 // Q4_K's and Q5_K's units (2304 and 2816 bytes), 1 for Q6_K's (3360). On Zen 5 (`QUANT_TYPES=Q6_K
-// kernel_bench 2 best quant-pairs`, four alternating rounds) Q6_K's one-row tile kept 89-94% of
+// kernel_bench 2 best quant-pairs`, seven alternating rounds) Q6_K's one-row tile kept 88-94% of
 // the read-only pass's rate 1 unit ahead against 85-89% 2 units ahead when that pass read 45-51
-// GB/s, and 82-83% against 76-78% when it read 77-81; 3 and 5 units ahead kept less still. Q5_K's
-// kept 95-98% either way, and Q4_K's 93-101% at 45-51 GB/s either way (docs/PERFORMANCE.md,
+// GB/s, and 82-83% against 75-78% when it read 77-81; 3 and 5 units ahead kept less still. Q5_K's
+// kept 94-98% either way, and Q4_K's 91-101% at 45-51 GB/s either way (docs/PERFORMANCE.md,
 // "Zen 5's two bandwidth states").
 enum class OneRow { kNone, kL1Near, kL2 };
 
