@@ -29,7 +29,8 @@ struct Slot {
   std::string gguf_name;  // GGUF name
   std::vector<int64_t> shape;
   TensorView* view;
-  bool check_finite;  // routers and predictors: small, and a NaN there silently misroutes
+  bool check_finite;  // routers and predictors: small, and a NaN there silently misroutes (the
+                      // norms are checked too, by their shape; an adapter holds only these)
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -184,8 +185,8 @@ BlockScales ScalesOf(DType t) {
 
 // A quantized tensor's block factors. A NaN or an infinity there makes every output of its rows
 // NaN, which would otherwise surface only at a request's first token (the sampler's "logit of
-// token 0 is nan"); the scan reads 2-4 bytes of each block, not its levels. Float tensors other
-// than the routers' and predictors' are not scanned: that would read every weight at load.
+// token 0 is nan"); the scan reads 2-4 bytes of each block, not its levels. Float matrices are not
+// scanned: that would read every weight at load.
 absl::Status CheckScalesFinite(const TensorView& v, absl::string_view name) {
   const BlockScales scales = ScalesOf(v.dtype);
   if (scales.count == 0) return absl::OkStatus();
@@ -263,8 +264,10 @@ absl::StatusOr<ModelWeights> BindWeights(const ModelConfig& config, const Checkp
                                               ShapeString(s.shape)));
     }
     MODSERVE_ASSIGN_OR_RETURN(*s.view, checkpoint.Get(s.name));
-    absl::Status st =
-        s.check_finite ? CheckFinite(*s.view, s.name) : CheckScalesFinite(*s.view, s.name);
+    // Routers and predictors, and the 1-D tensors (the norms' weights: d values each), are read
+    // in full; the matrices only in their quantized blocks' factors.
+    absl::Status st = s.check_finite || s.shape.size() == 1 ? CheckFinite(*s.view, s.name)
+                                                            : CheckScalesFinite(*s.view, s.name);
     if (!st.ok()) return absl::Status(st.code(), absl::StrCat(info->file, ": ", st.message()));
     expected.insert(s.name);
   }

@@ -568,6 +568,22 @@ TEST_F(GgufModelTest, NanRouterNamesTheTensor) {
                        "at element 1"));
 }
 
+// A norm's weights are read in full at load (d values): a NaN there would make every logit NaN.
+TEST_F(GgufModelTest, NanNormNamesTheTensor) {
+  const Spec s;
+  std::vector<TestTensor> hf = HfTensors(s);
+  for (TestTensor& t : hf) {
+    if (t.name == "model.layers.1.post_attention_layernorm.weight") {
+      const uint16_t nan = 0x7e00;  // F16
+      std::memcpy(t.bytes.data() + 2 * 3, &nan, 2);
+    }
+  }
+  EXPECT_THAT(LoadGguf(GgufModelBuilder(hf, DefaultMetadata(s))),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       path_ + ": tensor 'blk.1.ffn_norm.weight' has a non-finite value (nan) at "
+                               "element 3 of 8"));
+}
+
 TEST_F(GgufModelTest, HugeLayerCountIsRefusedBeforeAnythingIsSized) {
   const Spec s{false, false};
   Meta meta = With(DefaultMetadata(s), "llama.block_count",
