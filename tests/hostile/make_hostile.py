@@ -126,6 +126,16 @@ def nan_router_in_shard(d):
     write_st(p, header, data)
 
 
+def nan_norm(d):
+    # One value of a norm's weights, in the tensor's own dtype.
+    p = os.path.join(d, ST)
+    header, data = read_st(p)
+    t = header["model.layers.2.post_attention_layernorm.weight"]
+    nan = {"F32": struct.pack("<f", math.nan), "F16": b"\x00\x7e", "BF16": b"\xc0\x7f"}[t["dtype"]]
+    b = t["data_offsets"][0] + 5 * len(nan)
+    write_st(p, header, data[:b] + nan + data[b + len(nan):])
+
+
 def inf_router(d):
     p = os.path.join(d, ST)
     header, data = read_st(p)
@@ -213,6 +223,9 @@ CASES = [
           "non-finite value (nan)"], base=SHARDED_BASE),
     Case("inf_router", inf_router, ["{dir}", "model.safetensors: ", ROUTER,
                                     "non-finite value (inf)"]),
+    Case("nan_norm", nan_norm, ["{dir}", "model.safetensors: ",
+                                "model.layers.2.post_attention_layernorm.weight",
+                                "non-finite value (nan) at element 5"]),
     Case("safetensors_is_a_directory", replace_with_dir(ST), [SAFETENSORS, "not a regular file"]),
     Case("safetensors_is_a_fifo", replace_with_fifo(ST), [SAFETENSORS, "not a regular file"]),
     Case("no_weights", remove(ST), ["{dir}", "neither model.safetensors nor"]),
