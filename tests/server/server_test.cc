@@ -478,7 +478,7 @@ TEST(ServerTest, DrainRefusesNewRequestsAndEndsStragglersAfterTheTimeout) {
 
 // A checkpoint that loads (its routers are finite) but whose final norm is NaN: every logit is
 // NaN, so the first step that samples fails inside the engine.
-std::string NanNormCheckpoint(const std::filesystem::path& dir) {
+std::string NanLmHeadCheckpoint(const std::filesystem::path& dir) {
   std::filesystem::create_symlink(std::filesystem::path(kCheckpoint) / "config.json",
                                   dir / "config.json");
   std::ifstream in(std::filesystem::path(kCheckpoint) / "model.safetensors", std::ios::binary);
@@ -486,10 +486,10 @@ std::string NanNormCheckpoint(const std::filesystem::path& dir) {
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes.data(), sizeof(header_len));
   const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
-  const nlohmann::json& norm = header.at("model.norm.weight");
-  MODSERVE_CHECK(norm.at("dtype") == "F32");
-  const size_t begin = 8 + header_len + norm.at("data_offsets")[0].get<size_t>();
-  const size_t end = 8 + header_len + norm.at("data_offsets")[1].get<size_t>();
+  const nlohmann::json& head = header.at("lm_head.weight");
+  MODSERVE_CHECK(head.at("dtype") == "F32");
+  const size_t begin = 8 + header_len + head.at("data_offsets")[0].get<size_t>();
+  const size_t end = 8 + header_len + head.at("data_offsets")[1].get<size_t>();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (size_t at = begin; at < end; at += sizeof(float)) std::memcpy(&bytes[at], &nan, 4);
   engine::testing::WriteBytes((dir / "model.safetensors").string(), bytes);
@@ -568,10 +568,11 @@ TEST(ServerTest, EngineFailureEndsRequestsWithInternalAndTurnsHealthNotServing) 
 }
 
 TEST(ServerTest, NanLogitsFailEachRequestAloneAndTheServerStaysHealthy) {
-  // A corrupted checkpoint (NaN final norm) makes every sampling fail: that is each request's
-  // own INTERNAL error, not a backend fault, so the engine keeps serving (and health says so).
+  // A corrupted checkpoint (a NaN LM head: float matrices are not scanned at load, unlike the
+  // norms) makes every sampling fail: that is each request's own INTERNAL error, not a backend
+  // fault, so the engine keeps serving (and health says so).
   engine::testing::ScratchDir scratch;
-  Harness h(NanNormCheckpoint(scratch.path()));
+  Harness h(NanLmHeadCheckpoint(scratch.path()));
   ::testing::internal::CaptureStderr();
   for (int i = 0; i < 3; ++i) {
     v1::GenerateResponse resp;
