@@ -231,27 +231,59 @@ TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::st
 
 // GB/s of a pass that sums the prepared copies (views[c].data, w_bytes each, in rotation, as
 // BenchQuantDecode calls them) in 4 KiB pieces over a pool of `threads`, best of 3 runs of 0.3 s.
+// One read-only pass over a copy: its whole pieces (OverlapPass takes multiples of kReadPiece),
+// summed by overlap_probe.h's zero-op stream on `pool`'s threads (the same chunks as a Gemm's
+// pool). Returns the bytes read.
+constexpr int64_t kReadPiece = 2 * bench::kOverlapChunkBytes;
+int64_t ReadOnlyPass(ThreadPool& pool, const TensorView& copy, size_t w_bytes,
+                     std::atomic<int64_t>& sink) {
+  const uint8_t* base = static_cast<const uint8_t*>(copy.data);
+  const int64_t pieces = static_cast<int64_t>(w_bytes) / kReadPiece;
+  pool.ParallelFor(0, pieces, 1, [&](int64_t b, int64_t e) {
+    sink.fetch_add(bench::OverlapPass<0, 1>(base + b * kReadPiece, (e - b) * kReadPiece),
+                   std::memory_order_relaxed);
+  });
+  return pieces * kReadPiece;
+}
+
 double ReadOnlyGbs(const std::vector<TensorView>& views, size_t w_bytes, int copies, int threads) {
   static ThreadPool pool(threads);
-  constexpr int64_t kPiece = 2 * bench::kOverlapChunkBytes;  // OverlapPass takes multiples
-  const int64_t pieces = static_cast<int64_t>(w_bytes) / kPiece;
   std::atomic<int64_t> sink{0};
   double best = 0;
   for (int run = 0; run < 3; ++run) {
     int calls = 0;
+    int64_t bytes = 0;
     const auto t0 = Clock::now();
     while (Seconds(t0, Clock::now()) < 0.3 || calls < copies) {
-      const uint8_t* base = static_cast<const uint8_t*>(views[calls % copies].data);
-      pool.ParallelFor(0, pieces, 1, [&](int64_t b, int64_t e) {
-        sink.fetch_add(bench::OverlapPass<0, 1>(base + b * kPiece, (e - b) * kPiece),
-                       std::memory_order_relaxed);
-      });
+      bytes += ReadOnlyPass(pool, views[calls % copies], w_bytes, sink);
       ++calls;
     }
-    best = std::max(best, pieces * kPiece * calls / Seconds(t0, Clock::now()) / 1e9);
+    best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
   }
   if (sink.load() == 42) std::printf(" ");  // keeps the sums alive
   return best;
+}
+
+// Copies of the quantized matrix `first` [m, k], at least `min_copies` and >= 1 GiB in all, so
+// that calls rotating through them read DRAM; views are the copies as the engine runs them
+// (AsRun), name the layout's.
+struct DramCopies {
+  std::vector<HugeBuffer<uint8_t>> weights;
+  std::vector<TensorView> views;
+  std::string name;
+};
+DramCopies MakeDramCopies(CpuBackend& backend, const HugeBuffer<uint8_t>& first, DType dtype,
+                          int64_t m, int64_t k, size_t min_copies) {
+  const size_t w_bytes = DTypeRowBytes(dtype, k) * m;
+  const size_t copies = std::max<size_t>(min_copies, (size_t{1} << 30) / w_bytes);
+  DramCopies d;
+  for (size_t c = 0; c < copies; ++c) {
+    d.weights.emplace_back(w_bytes);
+    std::memcpy(d.weights.back().data(), first.ptr, w_bytes);
+    d.views.push_back(
+        AsRun(backend, TensorView(d.weights.back().data(), dtype, {m, k}), true, &d.name));
+  }
+  return d;
 }
 
 // Decode Gemm with quantized w: bytes moved = the quantized weight bytes (x and out are
@@ -260,20 +292,13 @@ void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, do
                       const char* label) {
   if (!EnvListHas("QUANT_TYPES", DTypeName(dtype))) return;
   std::mt19937 rng(5);
-  HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
+  const HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
   const size_t w_bytes = DTypeRowBytes(dtype, k) * m;
-  const int copies = static_cast<int>(std::max<size_t>(2, (size_t{1} << 30) / w_bytes));
-  std::vector<HugeBuffer<uint8_t>> weights;
-  for (int c = 0; c < copies; ++c) {
-    weights.emplace_back(w_bytes);
-    std::memcpy(weights.back().data(), first.data(), w_bytes);
-  }
   // As the engine runs them (a copy in the backend's own layout is read instead of the file's).
-  std::vector<TensorView> views;
-  std::string name;
-  for (int c = 0; c < copies; ++c) {
-    views.push_back(AsRun(backend, TensorView(weights[c].data(), dtype, {m, k}), true, &name));
-  }
+  const DramCopies dram = MakeDramCopies(backend, first, dtype, m, k, 2);
+  const std::vector<TensorView>& views = dram.views;
+  const std::string& name = dram.name;
+  const int copies = static_cast<int>(views.size());
   for (int64_t n : {1, 4, 16}) {
     if (!EnvListHas("QUANT_ROWS", std::to_string(n))) continue;
     std::vector<float> x(n * k), out(n * m);
@@ -318,24 +343,16 @@ void BenchQuantPairs(CpuBackend& backend, DType dtype) {
   constexpr int64_t m = 5632, k = 2048;
   constexpr int kCallsPerSample = 4;
   std::mt19937 rng(9);
-  HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
+  const HugeBuffer<uint8_t> first = QuantizedWeights(dtype, m, k, rng);
   const size_t w_bytes = DTypeRowBytes(dtype, k) * m;
-  const int copies = static_cast<int>(std::max<size_t>(8, (size_t{1} << 30) / w_bytes));
-  std::vector<HugeBuffer<uint8_t>> weights;
-  std::vector<TensorView> views;
-  std::string name;
-  for (int c = 0; c < copies; ++c) {
-    weights.emplace_back(w_bytes);
-    std::memcpy(weights.back().data(), first.data(), w_bytes);
-    views.push_back(AsRun(backend, TensorView(weights[c].data(), dtype, {m, k}), true, &name));
-  }
+  const DramCopies dram = MakeDramCopies(backend, first, dtype, m, k, 8);
+  const std::vector<TensorView>& views = dram.views;
+  const int copies = static_cast<int>(views.size());
   std::vector<float> x(k), out(m);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (float& v : x) v = dist(rng);
   TensorView xv(x.data(), DType::kF32, {1, k}), ov(out.data(), DType::kF32, {1, m});
   ThreadPool pool(backend.num_threads());
-  constexpr int64_t kPiece = 2 * bench::kOverlapChunkBytes;
-  const int64_t pieces = static_cast<int64_t>(w_bytes) / kPiece;
   std::atomic<int64_t> sink{0};
   const char* env = std::getenv("QUANT_PAIRS");
   const int num_pairs = env != nullptr ? std::max(1, std::atoi(env)) : 300;
@@ -352,20 +369,17 @@ void BenchQuantPairs(CpuBackend& backend, DType dtype) {
     const double kernel = kCallsPerSample * w_bytes / Seconds(t0, Clock::now()) / 1e9;
     settle();
     t0 = Clock::now();
+    int64_t bytes = 0;
     for (int r = 0; r < kCallsPerSample; ++r) {
-      const uint8_t* base = static_cast<const uint8_t*>(views[c++ % copies].data);
-      pool.ParallelFor(0, pieces, 1, [&](int64_t b, int64_t e) {
-        sink.fetch_add(bench::OverlapPass<0, 1>(base + b * kPiece, (e - b) * kPiece),
-                       std::memory_order_relaxed);
-      });
+      bytes += ReadOnlyPass(pool, views[c++ % copies], w_bytes, sink);
     }
-    pairs.emplace_back(kCallsPerSample * pieces * kPiece / Seconds(t0, Clock::now()) / 1e9, kernel);
+    pairs.emplace_back(bytes / Seconds(t0, Clock::now()) / 1e9, kernel);
   }
   if (sink.load() == 42) std::printf(" ");  // keeps the sums alive
   std::sort(pairs.begin(), pairs.end());
   std::printf(
       "  pairs %-7s m=%lld k=%lld n=1: %d pairs of %d calls, by the read-only pass's GB/s\n",
-      name.c_str(), static_cast<long long>(m), static_cast<long long>(k), num_pairs,
+      dram.name.c_str(), static_cast<long long>(m), static_cast<long long>(k), num_pairs,
       kCallsPerSample);
   // Bands of 10 GB/s of the read-only rate: pairs, mean read-only and kernel GB/s, and the
   // kernel's share of the read-only rate.
