@@ -476,8 +476,9 @@ TEST(ServerTest, DrainRefusesNewRequestsAndEndsStragglersAfterTheTimeout) {
   EXPECT_EQ(h.server->loop().kv_used_pages(), 0);
 }
 
-// A checkpoint that loads (its routers are finite) but whose final norm is NaN: every logit is
-// NaN, so the first step that samples fails inside the engine.
+// A checkpoint that loads (its routers and norms are finite; float matrices are not scanned) but
+// whose LM head is NaN: every logit is NaN, so the first step that samples fails inside the
+// engine.
 std::string NanLmHeadCheckpoint(const std::filesystem::path& dir) {
   std::filesystem::create_symlink(std::filesystem::path(kCheckpoint) / "config.json",
                                   dir / "config.json");
