@@ -10,7 +10,7 @@
 // f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h: AVX2's or AVX-512's
 // chains, whichever run faster).
 // QUANT_TYPES=Q4_K,Q6_K (DTypeName spellings) and QUANT_ROWS=1,4 in the environment: the quant
-// modes time only those weight types and (decode) x row counts. DECODE_ROWS=16,32,64: the float
+// modes time only those weight types and (decode and quant-compute) x row counts. DECODE_ROWS=16,32,64: the float
 // decode rows at those x row counts (of 1, 4, 8, 16, 32, 64; unset: 1, 4, 8, 16).
 // MATMUL_PRECISION=highest|high|medium in the environment: the backend's --matmul_precision (bf16
 // terms of x on the AMX tiles; highest when unset).
@@ -846,13 +846,17 @@ int Main(int argc, char** argv) {
   }
   if (only == "quant-compute") {
     // Every type twice: as the file stores it, then as the engine runs it (the interleaved
-    // copies, on tables that read them). QUANT_TYPES picks types.
+    // copies, on tables that read them). QUANT_TYPES picks types, QUANT_ROWS row counts.
     const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                            DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
     for (bool prepare : {false, true}) {
       for (DType t : types) {
         if (!EnvListHas("QUANT_TYPES", DTypeName(t))) continue;
-        for (int64_t n : {1, 2, 4, 8, 16, 64}) BenchQuantCompute(backend, t, 2048, n, prepare);
+        for (int64_t n : {1, 2, 4, 8, 16, 64}) {
+          if (EnvListHas("QUANT_ROWS", std::to_string(n))) {
+            BenchQuantCompute(backend, t, 2048, n, prepare);
+          }
+        }
       }
     }
     return 0;
