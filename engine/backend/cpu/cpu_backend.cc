@@ -1098,21 +1098,17 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       } else if (next_i >= 0 && prefetches(next_i)) {
         next_runs = first_tile_ranges(next_i, task + 1, next_base, next_bytes);
       }
-      // Scores of every kv head (each head's K rows of the tile's pages), the softmax of every
-      // head, then the values of every kv head (one call over the tile's pages, acc rescaled
-      // once and kept in registers across them). The score calls of head g share out the next
-      // tile's runs of its K rows.
+      // Scores of every kv head (one call over the tile's pages, q kept in registers across
+      // them), the softmax of every head, then the values of every kv head (one call over the
+      // tile's pages, acc rescaled once and kept in registers across them). The calls of head g
+      // prefetch the next tile's K rows (scores) and V rows (values) of head g.
       for (int64_t g = 0; g < kv; ++g) {
-        float* sg = scores + g * group * kKeyTile;
-        for (int64_t r = 0, t = 0; r < runs; t += run_len[r++]) {
-          const int64_t pf_begin = r * next_runs / runs, pf_end = (r + 1) * next_runs / runs;
-          AttnPrefetch pf{.base = next_base + pf_begin,
-                          .bytes = next_bytes + pf_begin,
-                          .num_ranges = pf_end - pf_begin,
-                          .offset = g * bs * row_bytes};
-          AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows[r] + g * bs * hd, run_len[r],
-                                 hd, scale, sg + t, kKeyTile, &pf);
-        }
+        AttnPrefetch pf{.base = next_base,
+                        .bytes = next_bytes,
+                        .num_ranges = next_runs,
+                        .offset = g * bs * row_bytes};
+        AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows, run_len, runs, g * bs * hd, hd,
+                               scale, scores + g * group * kKeyTile, kKeyTile, &pf);
       }
       for (int64_t h = 0; h < nh; ++h) {
         rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);

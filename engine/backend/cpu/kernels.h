@@ -284,17 +284,24 @@ struct KernelTable {
   void (*to_f32_f16)(const f16_t* src, int64_t count, float* dst);
   void (*to_f32_bf16)(const bf16_t* src, int64_t count, float* dst);
 
-  // scores[g, t] = scale * dot(q[g, :], keys[t, :]).
-  // q [num_q, head_dim] f32; keys [num_keys, head_dim] in the KV storage type (converted in
-  // registers, exactly); scores [num_q, ld_scores] f32. `prefetch` (may be null): lines to
-  // prefetch over the call, all of them by its end.
-  void (*attn_scores)(const float* q, int64_t num_q, const float* keys, int64_t num_keys,
-                      int64_t head_dim, float scale, float* scores, int64_t ld_scores,
-                      AttnPrefetch* prefetch);
-  void (*attn_scores_f16)(const float* q, int64_t num_q, const f16_t* keys, int64_t num_keys,
+  // scores[g, t] = scale * dot(q[g, :], keys[t, :]), where the keys are the rows of num_runs runs
+  // in order: run r holds run_len[r] rows [run_len[r], head_dim] from runs[r] + offset, so keys[t]
+  // is row t - (run_len[0] + ... + run_len[r - 1]) of the run it falls in (as for
+  // attn_accumulate). One call covers the keys of every page a tile spans (with 16-lane vectors
+  // and a head_dim of 64 or 128, q stays in registers across them). A key's score does not
+  // depend on the runs it is cut into.
+  // q [num_q, head_dim] f32; keys in the KV storage type (converted in registers, exactly);
+  // scores [num_q, ld_scores] f32. `prefetch` (may be null): lines to prefetch over the call, all
+  // of them by its end.
+  void (*attn_scores)(const float* q, int64_t num_q, const float* const* runs,
+                      const int64_t* run_len, int64_t num_runs, int64_t offset, int64_t head_dim,
+                      float scale, float* scores, int64_t ld_scores, AttnPrefetch* prefetch);
+  void (*attn_scores_f16)(const float* q, int64_t num_q, const f16_t* const* runs,
+                          const int64_t* run_len, int64_t num_runs, int64_t offset,
                           int64_t head_dim, float scale, float* scores, int64_t ld_scores,
                           AttnPrefetch* prefetch);
-  void (*attn_scores_bf16)(const float* q, int64_t num_q, const bf16_t* keys, int64_t num_keys,
+  void (*attn_scores_bf16)(const float* q, int64_t num_q, const bf16_t* const* runs,
+                           const int64_t* run_len, int64_t num_runs, int64_t offset,
                            int64_t head_dim, float scale, float* scores, int64_t ld_scores,
                            AttnPrefetch* prefetch);
   // One key tile of the online softmax of one head, scores s [n] f32 in place:

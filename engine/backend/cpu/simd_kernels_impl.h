@@ -415,8 +415,9 @@ template <class S, class K, int HB, int N>
 }
 
 template <class S, class K, int HB>
-void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K* keys, float scale,
-                     float* scores, int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
+void AttnScoresHeadsRun(const float* q, int64_t num_keys, int64_t head_dim, const K* keys,
+                        float scale, float* scores, int64_t ld_scores, AttnPrefetch* prefetch,
+                        int64_t per_step) {
   using V = typename S::V;
   constexpr int kL = S::kLanes;
   const int64_t d_vec = head_dim - head_dim % kL;
@@ -445,6 +446,26 @@ void AttnScoresHeads(const float* q, int64_t num_keys, int64_t head_dim, const K
         scores[h * ld_scores + t0 + t] = sum * scale;
       }
     }
+  }
+}
+
+// The runs of a call (AttnScores): run r's run_len[r] keys from runs[r] + offset, scores from
+// column sum(run_len[0..r)).
+template <class K>
+struct KeyRuns {
+  const K* const* runs;
+  const int64_t* run_len;
+  int64_t num_runs;
+  int64_t offset;
+};
+
+template <class S, class K, int HB>
+void AttnScoresHeads(const float* q, const KeyRuns<K>& kr, int64_t head_dim, float scale,
+                     float* scores_all, int64_t ld_scores, AttnPrefetch* prefetch,
+                     int64_t per_step) {
+  for (int64_t r = 0, base = 0; r < kr.num_runs; base += kr.run_len[r++]) {
+    AttnScoresHeadsRun<S, K, HB>(q, kr.run_len[r], head_dim, kr.runs[r] + kr.offset, scale,
+                                 scores_all + base, ld_scores, prefetch, per_step);
   }
 }
 
@@ -480,8 +501,10 @@ template <class S, class K, int HB, int D, int N>
   }
 }
 
+// The HB heads' q stay in registers across every run of the call; each run's keys go in blocks
+// of kLanes from its first key, as they would in a call of their own.
 template <class S, class K, int HB, int D>
-void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float scale, float* scores,
+void AttnScoresHeadsQ(const float* q, const KeyRuns<K>& kr, float scale, float* scores_all,
                       int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
   using V = typename S::V;
   constexpr int kL = S::kLanes;
@@ -492,19 +515,24 @@ void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float sca
     for (int d = 0; d < D; ++d) qr[h][d] = S::Load(q + (h * D + d) * kL);
   }
   const V vscale = S::Set1(scale);
-  for (int64_t t0 = 0; t0 < num_keys; t0 += kL) {
-    if (per_step > 0) prefetch->Issue(per_step);
-    const int64_t valid = Min64(kL, num_keys - t0);
-    V s[HB];
-    AttnScoresTreeQ<S, K, HB, D, kL>(qr, keys + t0 * D * kL, valid, s);
+  for (int64_t r = 0, base = 0; r < kr.num_runs; base += kr.run_len[r++]) {
+    const K* keys = kr.runs[r] + kr.offset;
+    const int64_t num_keys = kr.run_len[r];
+    float* scores = scores_all + base;
+    for (int64_t t0 = 0; t0 < num_keys; t0 += kL) {
+      if (per_step > 0) prefetch->Issue(per_step);
+      const int64_t valid = Min64(kL, num_keys - t0);
+      V s[HB];
+      AttnScoresTreeQ<S, K, HB, D, kL>(qr, keys + t0 * D * kL, valid, s);
 #pragma GCC unroll 8
-    for (int h = 0; h < HB; ++h) {
-      if (valid == kL) {
-        S::Store(scores + h * ld_scores + t0, S::Mul(s[h], vscale));
-      } else {
-        alignas(64) float lane[kL];
-        S::Store(lane, S::Mul(s[h], vscale));
-        for (int64_t t = 0; t < valid; ++t) scores[h * ld_scores + t0 + t] = lane[t];
+      for (int h = 0; h < HB; ++h) {
+        if (valid == kL) {
+          S::Store(scores + h * ld_scores + t0, S::Mul(s[h], vscale));
+        } else {
+          alignas(64) float lane[kL];
+          S::Store(lane, S::Mul(s[h], vscale));
+          for (int64_t t = 0; t < valid; ++t) scores[h * ld_scores + t0 + t] = lane[t];
+        }
       }
     }
   }
@@ -512,12 +540,12 @@ void AttnScoresHeadsQ(const float* q, int64_t num_keys, const K* keys, float sca
 
 // Heads in blocks of 16 / D, whose q fill 16 registers.
 template <class S, class K, int D>
-void AttnScoresQ(const float* q, int64_t num_q, const K* keys, int64_t num_keys, float scale,
-                 float* scores, int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
+void AttnScoresQ(const float* q, int64_t num_q, const KeyRuns<K>& kr, float scale, float* scores,
+                 int64_t ld_scores, AttnPrefetch* prefetch, int64_t per_step) {
   constexpr int64_t hd = D * S::kLanes;
   ForHeadBlocks<16 / D>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
-    AttnScoresHeadsQ<S, K, HB, D>(q + g * hd, num_keys, keys, scale, scores + g * ld_scores,
-                                  ld_scores, prefetch, per_step);
+    AttnScoresHeadsQ<S, K, HB, D>(q + g * hd, kr, scale, scores + g * ld_scores, ld_scores,
+                                  prefetch, per_step);
   });
 }
 
@@ -525,31 +553,32 @@ void AttnScoresQ(const float* q, int64_t num_q, const K* keys, int64_t num_keys,
 // vectors and a head_dim of 64 or 128, AttnScoresQ (q in registers). The prefetches are spread
 // over the blocks of kLanes keys of every head block.
 template <class S, class K>
-void AttnScores(const float* q, int64_t num_q, const K* keys, int64_t num_keys, int64_t head_dim,
-                float scale, float* scores, int64_t ld_scores, AttnPrefetch* prefetch) {
-  const int64_t key_blocks = (num_keys + S::kLanes - 1) / S::kLanes;
+void AttnScores(const float* q, int64_t num_q, const K* const* runs, const int64_t* run_len,
+                int64_t num_runs, int64_t offset, int64_t head_dim, float scale, float* scores,
+                int64_t ld_scores, AttnPrefetch* prefetch) {
+  const KeyRuns<K> kr{.runs = runs, .run_len = run_len, .num_runs = num_runs, .offset = offset};
+  int64_t key_blocks = 0;
+  for (int64_t r = 0; r < num_runs; ++r) key_blocks += (run_len[r] + S::kLanes - 1) / S::kLanes;
   auto per_step = [&](int64_t max_heads) {
     return prefetch != nullptr ? prefetch->PerStep((num_q + max_heads - 1) / max_heads * key_blocks)
                                : 0;
   };
   if constexpr (S::kLanes == 16) {
     if (head_dim == 64) {
-      AttnScoresQ<S, K, 4>(q, num_q, keys, num_keys, scale, scores, ld_scores, prefetch,
-                           per_step(4));
+      AttnScoresQ<S, K, 4>(q, num_q, kr, scale, scores, ld_scores, prefetch, per_step(4));
       if (prefetch != nullptr) prefetch->IssueRest();
       return;
     }
     if (head_dim == 128) {
-      AttnScoresQ<S, K, 8>(q, num_q, keys, num_keys, scale, scores, ld_scores, prefetch,
-                           per_step(2));
+      AttnScoresQ<S, K, 8>(q, num_q, kr, scale, scores, ld_scores, prefetch, per_step(2));
       if (prefetch != nullptr) prefetch->IssueRest();
       return;
     }
   }
   const int64_t step = per_step(4);
   ForHeadBlocks<4>(num_q, [&]<int HB>(Heads<HB>, int64_t g) {
-    AttnScoresHeads<S, K, HB>(q + g * head_dim, num_keys, head_dim, keys, scale,
-                              scores + g * ld_scores, ld_scores, prefetch, step);
+    AttnScoresHeads<S, K, HB>(q + g * head_dim, kr, head_dim, scale, scores + g * ld_scores,
+                              ld_scores, prefetch, step);
   });
   if (prefetch != nullptr) prefetch->IssueRest();
 }

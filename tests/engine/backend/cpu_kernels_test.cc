@@ -87,8 +87,10 @@ TEST_P(CpuKernelsTest, SoftmaxTileRescalesTheRunningStateAndHandlesTails) {
 // runs (pages): the same keys in one run, in runs of 5, 3, 16, 1 and 7, and in runs of 8 give the
 // same bits, for head dims that are and are not a whole number of vectors and every group size
 // the kernels block differently. (With pages of 5 tokens and head_dim 12, the server's tokens
-// once depended on it.) Nor on prefetching: the cut calls pass ranges to prefetch (unaligned, of
-// odd sizes, more or fewer lines than the call has steps), and each call issues all of them.
+// once depended on it.) Nor on whether the scores of the runs come from one call over all of them
+// or from a call per run, nor on the runs' offset, nor on prefetching: the cut calls pass ranges
+// to prefetch (unaligned, of odd sizes, more or fewer lines than the call has steps), and each
+// call issues all of them.
 template <class K>
 void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, int64_t num_q) {
   constexpr int64_t kKeys = 32;
@@ -96,51 +98,71 @@ void ExpectAttentionIndependentOfRuns(const KernelTable& kt, int64_t head_dim, i
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> q(num_q * head_dim);
   for (float& v : q) v = dist(rng);
-  std::vector<K> keys(kKeys * head_dim);
-  for (K& v : keys) v = FromF32<K>(dist(rng));
+  // Two rows of padding before the keys: the cut calls point their runs two rows early and pass
+  // an offset of two rows.
+  std::vector<K> padded((kKeys + 2) * head_dim);
+  for (K& v : padded) v = FromF32<K>(dist(rng));
+  const K* keys = padded.data() + 2 * head_dim;
   auto scores_fn = AttnScoresFor<K>(kt);
   auto acc_fn = AttnAccumulateFor<K>(kt);
   std::vector<char> other(100000);
   const char* bases[3] = {other.data() + 3, other.data() + 5000, other.data() + 64};
   const int64_t bytes[3] = {130, 1, 40000};
-  auto run = [&](const std::vector<int64_t>& lens, std::vector<float>* scores,
+  auto run = [&](const std::vector<int64_t>& lens, bool call_per_run, std::vector<float>* scores,
                  std::vector<float>* acc) {
-    const bool prefetch = lens.size() > 1;
+    const bool cut = lens.size() > 1;
+    const int64_t offset = cut ? 2 * head_dim : 0;
     scores->assign(num_q * kKeys, 0.0f);
     std::vector<const K*> rows;
     int64_t t = 0;
     for (int64_t len : lens) {
-      AttnPrefetch pf{.base = bases, .bytes = bytes, .num_ranges = 1 + len % 3, .offset = len};
-      scores_fn(q.data(), num_q, keys.data() + t * head_dim, len, head_dim, 0.3f,
-                scores->data() + t, kKeys, prefetch ? &pf : nullptr);
-      if (prefetch) {
-        EXPECT_EQ(pf.Left(), 0) << "scores, " << len << " keys";
-      }
-      rows.push_back(keys.data() + t * head_dim);
+      rows.push_back(keys + t * head_dim - offset);
       t += len;
+    }
+    const int64_t num_runs = static_cast<int64_t>(lens.size());
+    if (call_per_run) {
+      for (int64_t r = 0, t0 = 0; r < num_runs; t0 += lens[r++]) {
+        AttnPrefetch pf{
+            .base = bases, .bytes = bytes, .num_ranges = 1 + lens[r] % 3, .offset = lens[r]};
+        scores_fn(q.data(), num_q, &rows[r], &lens[r], 1, offset, head_dim, 0.3f,
+                  scores->data() + t0, kKeys, cut ? &pf : nullptr);
+        if (cut) {
+          EXPECT_EQ(pf.Left(), 0) << "scores, " << lens[r] << " keys";
+        }
+      }
+    } else {
+      AttnPrefetch pf{.base = bases, .bytes = bytes, .num_ranges = 3, .offset = num_runs};
+      scores_fn(q.data(), num_q, rows.data(), lens.data(), num_runs, offset, head_dim, 0.3f,
+                scores->data(), kKeys, cut ? &pf : nullptr);
+      if (cut) {
+        EXPECT_EQ(pf.Left(), 0) << "scores, " << num_runs << " runs";
+      }
     }
     acc->assign(num_q * head_dim, 0.5f);
     std::vector<float> rescale(num_q, 0.75f);
     AttnPrefetch pf{.base = bases, .bytes = bytes, .num_ranges = 3};
-    acc_fn(scores->data(), kKeys, num_q, rows.data(), lens.data(),
-           static_cast<int64_t>(lens.size()), 0, head_dim, rescale.data(), acc->data(),
-           prefetch ? &pf : nullptr);
-    if (prefetch) {
+    acc_fn(scores->data(), kKeys, num_q, rows.data(), lens.data(), num_runs, offset, head_dim,
+           rescale.data(), acc->data(), cut ? &pf : nullptr);
+    if (cut) {
       EXPECT_EQ(pf.Left(), 0) << "accumulate";
     }
   };
   std::vector<float> want_s, want_acc, got_s, got_acc;
-  run({kKeys}, &want_s, &want_acc);
+  run({kKeys}, false, &want_s, &want_acc);
   for (const std::vector<int64_t>& lens :
        {std::vector<int64_t>{5, 3, 16, 1, 7}, std::vector<int64_t>(4, 8)}) {
-    run(lens, &got_s, &got_acc);
-    for (size_t i = 0; i < want_s.size(); ++i) {
-      ASSERT_EQ(got_s[i], want_s[i]) << "score " << i << " head_dim " << head_dim << " num_q "
-                                     << num_q << " runs " << lens.size();
-    }
-    for (size_t i = 0; i < want_acc.size(); ++i) {
-      ASSERT_EQ(got_acc[i], want_acc[i]) << "acc " << i << " head_dim " << head_dim << " num_q "
-                                         << num_q << " runs " << lens.size();
+    for (bool call_per_run : {false, true}) {
+      run(lens, call_per_run, &got_s, &got_acc);
+      for (size_t i = 0; i < want_s.size(); ++i) {
+        ASSERT_EQ(got_s[i], want_s[i])
+            << "score " << i << " head_dim " << head_dim << " num_q " << num_q << " runs "
+            << lens.size() << " call per run " << call_per_run;
+      }
+      for (size_t i = 0; i < want_acc.size(); ++i) {
+        ASSERT_EQ(got_acc[i], want_acc[i])
+            << "acc " << i << " head_dim " << head_dim << " num_q " << num_q << " runs "
+            << lens.size() << " call per run " << call_per_run;
+      }
     }
   }
 }
