@@ -10,8 +10,9 @@
 // f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h: AVX2's or AVX-512's
 // chains, whichever run faster).
 // QUANT_TYPES=Q4_K,Q6_K (DTypeName spellings) and QUANT_ROWS=1,4 in the environment: the quant
-// modes time only those weight types and (decode and quant-compute) x row counts. DECODE_ROWS=16,32,64: the float
-// decode rows at those x row counts (of 1, 4, 8, 16, 32, 64; unset: 1, 4, 8, 16).
+// modes time only those weight types and (decode and quant-compute) x row counts.
+// DECODE_ROWS=16,32,64: the float decode rows at those x row counts (of 1, 4, 8, 16, 32, 64;
+// unset: 1, 4, 8, 16).
 // MATMUL_PRECISION=highest|high|medium in the environment: the backend's --matmul_precision (bf16
 // terms of x on the AMX tiles; highest when unset).
 // Large buffers are madvise'd for 2 MiB pages, as the engine's weights get when the checkpoint is
@@ -229,8 +230,6 @@ TensorView AsRun(CpuBackend& backend, const TensorView& w, bool prepare, std::st
   return *p;
 }
 
-// GB/s of a pass that sums the prepared copies (views[c].data, w_bytes each, in rotation, as
-// BenchQuantDecode calls them) in 4 KiB pieces over a pool of `threads`, best of 3 runs of 0.3 s.
 // One read-only pass over a copy: its whole pieces (OverlapPass takes multiples of kReadPiece),
 // summed by overlap_probe.h's zero-op stream on `pool`'s threads (the same chunks as a Gemm's
 // pool). Returns the bytes read.
@@ -246,6 +245,8 @@ int64_t ReadOnlyPass(ThreadPool& pool, const TensorView& copy, size_t w_bytes,
   return pieces * kReadPiece;
 }
 
+// GB/s of a pass that sums the prepared copies (views[c].data, w_bytes each, in rotation, as
+// BenchQuantDecode calls them) in 4 KiB pieces over a pool of `threads`, best of 3 runs of 0.3 s.
 double ReadOnlyGbs(const std::vector<TensorView>& views, size_t w_bytes, int copies, int threads) {
   static ThreadPool pool(threads);
   std::atomic<int64_t> sink{0};

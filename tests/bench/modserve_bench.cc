@@ -149,26 +149,26 @@ double g_dpbf16_peak_gflops = 0;
 // --matmul_precision (set once in Main); the tile Gemm's ceilings divide by its terms of x.
 backend::MatmulPrecision g_precision = backend::MatmulPrecision::kHighest;
 
-// FLOPs of one decode token at an average context of `ctx`: every layer's matrices and attention
-// for a dense model; for MoD, the routed layers at the measured routed fraction (their attention
-// over the routed share of the context), and the LM head.
-double DecodeTokenFlops(const Shape& s, double ctx, int routed_layers, double routed_frac) {
-  const double q = static_cast<double>(s.n_heads * s.head_dim);
-  const double d = static_cast<double>(s.d_model);
-  const double matrices = LayerMatrixMacs(s);
-  const double dense_layer = 2 * matrices + 4 * q * ctx;
-  const double routed_layer = routed_frac * (2 * matrices + 4 * q * ctx * routed_frac);
-  return static_cast<double>(s.n_layers - routed_layers) * dense_layer +
-         static_cast<double>(routed_layers) * routed_layer +
-         2 * d * static_cast<double>(s.vocab_size);
-}
-
-// The attention part of DecodeTokenFlops: q . k and p . v over the keys each layer holds.
+// The attention FLOPs of one decode token at an average context of `ctx`: q . k and p . v over
+// the keys each layer holds (a routed layer's only at the routed fraction of the steps, over the
+// routed share of the context).
 double DecodeTokenAttentionFlops(const Shape& s, double ctx, int routed_layers,
                                  double routed_frac) {
   const double q = static_cast<double>(s.n_heads * s.head_dim);
   return static_cast<double>(s.n_layers - routed_layers) * 4 * q * ctx +
          static_cast<double>(routed_layers) * routed_frac * 4 * q * ctx * routed_frac;
+}
+
+// FLOPs of one decode token at an average context of `ctx`: every layer's matrices and attention
+// for a dense model; for MoD, the routed layers at the measured routed fraction (their attention
+// over the routed share of the context), and the LM head.
+double DecodeTokenFlops(const Shape& s, double ctx, int routed_layers, double routed_frac) {
+  const double d = static_cast<double>(s.d_model);
+  const double matrices = 2 * LayerMatrixMacs(s);
+  return static_cast<double>(s.n_layers - routed_layers) * matrices +
+         static_cast<double>(routed_layers) * routed_frac * matrices +
+         2 * d * static_cast<double>(s.vocab_size) +
+         DecodeTokenAttentionFlops(s, ctx, routed_layers, routed_frac);
 }
 
 // The Gemm probe of each shape this run measured (MeasureLayerGemms), by shape name.

@@ -284,13 +284,10 @@ inline constexpr int64_t kOneRowL2Units = (3072 + kBytes - 1) / kBytes;
 
 template <int NX, int64_t kBytes, OneRow kOneRow>
 inline void PrefetchAhead(const uint8_t* unit) {
-  if constexpr (NX == 1 && kOneRow == OneRow::kL2) {
-    for (int64_t off = 0; off < kBytes; off += 64) {
-      __builtin_prefetch(unit + kOneRowL2Units<kBytes> * kBytes + off, 0, 2);
-    }
-  } else if constexpr (NX > 1) {
+  if constexpr (NX > 1 || kOneRow == OneRow::kL2) {
+    constexpr int64_t kAhead = NX > 1 ? 2 : kOneRowL2Units<kBytes>;
     for (int64_t off = 0; off < kBytes; off += 64)
-      __builtin_prefetch(unit + 2 * kBytes + off, 0, 2);
+      __builtin_prefetch(unit + kAhead * kBytes + off, 0, 2);
   } else if constexpr (kOneRow == OneRow::kL1Near) {
     for (int64_t off = 0; off < kBytes; off += 64) __builtin_prefetch(unit + 1024 + off, 0, 3);
   }
