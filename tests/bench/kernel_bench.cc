@@ -10,7 +10,8 @@
 // f32 FMA peak probe measured in the same run (tests/bench/matmul_peak.h: AVX2's or AVX-512's
 // chains, whichever run faster).
 // QUANT_TYPES=Q4_K,Q6_K (DTypeName spellings) and QUANT_ROWS=1,4 in the environment: the quant
-// modes time only those weight types and (decode and quant-compute) x row counts.
+// modes time only those weight types and (decode and quant-compute) x row counts. quant-pairs
+// also takes BF16 (the panel copy where the CPU has AVX512_BF16 and no AMX, else the file's rows).
 // DECODE_ROWS=16,32,64: the float decode rows at those x row counts (of 1, 4, 8, 16, 32, 64;
 // unset: 1, 4, 8, 16).
 // MATMUL_PRECISION=highest|high|medium in the environment: the backend's --matmul_precision (bf16
@@ -333,7 +334,8 @@ void BenchQuantDecode(CpuBackend& backend, DType dtype, int64_t m, int64_t k, do
   }
 }
 
-// One x row of TinyLlama's 5632 x 2048 matrix from DRAM, in pairs: a Gemm call over one copy,
+// One x row of TinyLlama's 5632 x 2048 matrix (BF16 or a quantized type, through
+// PrepareGemmWeight as the engine runs it) from DRAM, in pairs: a Gemm call over one copy,
 // then the read-only pass (ReadOnlyGbs's zero-op stream, as many threads) over the next,
 // QUANT_PAIRS times (default 300), 4 calls of each per sample. A host whose read bandwidth changes
 // from second to second (the Zen 5 VMs here switch between about 45 and 80 GB/s) moves both sides
@@ -863,8 +865,8 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (only == "quant-pairs") {
-    for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    for (DType t : {DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                    DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
       BenchQuantPairs(backend, t);
     }
     return 0;
@@ -964,7 +966,8 @@ int main(int argc, char** argv) {
         "CPU kernels in isolation: decode and prefill GEMMs (float and block-quantized weights), "
         "paged decode attention; GB/s against the measured read bandwidth. quant-compute: one "
         "core's quantized-GEMM throughput in CPU time, weights in L2. quant-pairs: one-row decode "
-        "from DRAM against a read-only pass, alternating, by the pass's rate.\n",
+        "from DRAM (BF16 and the quantized types, as the engine lays them out) against a "
+        "read-only pass, alternating, by the pass's rate.\n",
         modes.c_str());
     return 0;
   }
