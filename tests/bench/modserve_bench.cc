@@ -663,6 +663,13 @@ struct DecodeRun {
   double kv_ideal_ratio = 1.0;
   // Per routed layer (config order): fraction of all fed tokens routed in.
   std::vector<double> layer_fractions;
+  // For the per-layer bound (PerLayerBoundSeconds): whether each layer is routed, the rows each
+  // routed layer ran in each timed step (config order), the KV bytes each layer attended over
+  // the timed steps, and the bytes of one KV entry of one layer.
+  std::vector<bool> layer_routed;
+  std::vector<std::vector<int32_t>> step_routed_rows;
+  std::vector<double> layer_kv_bytes;
+  int64_t kv_entry_bytes_per_layer = 0;
 
   double tokens_per_s() const { return batch * steps / seconds; }
   double gb_per_s() const { return (weight_bytes + kv_bytes) / seconds / 1e9; }
@@ -746,7 +753,11 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
   const int64_t L = cfg.n_layers;
   const int64_t num_routed = cfg.mod ? static_cast<int64_t>(cfg.mod->routed_layers.size()) : 0;
   const int64_t bptl = e.kv_bytes_per_token_layer();
+  for (int64_t l = 0; l < L; ++l) run.layer_routed.push_back(cfg.IsRouted(static_cast<int>(l)));
+  run.layer_kv_bytes.assign(L, 0.0);
+  run.kv_entry_bytes_per_layer = bptl;
   for (const engine::StepResult& r : results) {
+    run.step_routed_rows.push_back(r.routed_rows);
     double bytes = static_cast<double>(mb.lm_head) + static_cast<double>(batch) * mb.embed_row;
     bytes += static_cast<double>(L - num_routed) * mb.dense_layer;
     for (int32_t rows : r.routed_rows) {
@@ -770,7 +781,10 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
     int64_t fed = 0;
     for (int64_t l = 0, k = 0; l < L; ++l) {
       if (!cfg.IsRouted(static_cast<int>(l))) {
-        for (int64_t p = first; p <= last; ++p) run.kv_bytes += static_cast<double>((p + 1) * bptl);
+        for (int64_t p = first; p <= last; ++p) {
+          run.kv_bytes += static_cast<double>((p + 1) * bptl);
+          run.layer_kv_bytes[l] += static_cast<double>((p + 1) * bptl);
+        }
         continue;
       }
       const std::vector<uint8_t>& dec = g.routing[k++];
@@ -778,7 +792,10 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
       int64_t stored = 0;
       for (int64_t p = 0; p < fed; ++p) {
         stored += dec[p];
-        if (p >= first && p <= last && dec[p]) run.kv_bytes += static_cast<double>(stored * bptl);
+        if (p >= first && p <= last && dec[p]) {
+          run.kv_bytes += static_cast<double>(stored * bptl);
+          run.layer_kv_bytes[l] += static_cast<double>(stored * bptl);
+        }
       }
       layer_tokens[l] += stored;
       layer_fed[l] += fed;
@@ -977,6 +994,66 @@ absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vec
 
 // ---- reporting --------------------------------------------------------------------------------
 
+// The compute ceiling of a BF16 Gemm of `rows` x rows, as the roofline takes it: the AMX tile
+// probe over the bf16 terms of x above the AMX table's crossover, the vdpbf16ps probe where
+// medium moves such Gemms onto vdpbf16ps, the f32 FMA probe otherwise (GFLOP/s; 0 if unmeasured).
+double GemmPeakGflops(int64_t rows) {
+  if (g_amx_peak_gflops > 0 &&
+      rows > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).SmallNMax(DType::kBF16)) {
+    return g_amx_peak_gflops / backend::Bf16TermsOf(g_precision);
+  }
+  if (g_dpbf16_peak_gflops > 0 && rows > backend::cpu::kDpBf16SmallNMax) {
+    return g_dpbf16_peak_gflops;
+  }
+  return g_fma_peak_gflops;
+}
+
+// The per-layer bound of a decode run, in seconds over its timed steps: a layer's Gemms cannot
+// start before the previous layer's output, nor its attention before its own q, k and v, so a
+// step takes at least the sum over its layers of each phase's own bound, and so does each step:
+// - each layer's Gemms: its weight bytes over the read bandwidth, or their FLOPs at the rows
+//   that ran it that step over the Gemm ceiling of that many rows (GemmPeakGflops), whichever is
+//   longer; a routed layer that no row entered reads only its router;
+// - each layer's attention over the run: the KV bytes it attended over the bandwidth, or their
+//   FLOPs (4 per query head, head dim and key) over the FMA probe;
+// - the LM head (and the embedding rows) as one more Gemm of `batch` rows.
+// For a dense model this is the two-phase bound but for the LM head, a phase of its own here. A
+// MoD step mixes layers bound by different
+// things (at batch 16, dense layers by the FLOPs and routed layers of a row or two by the
+// bytes), which no whole-step bound sees.
+double PerLayerBoundSeconds(const Shape& s, const ModelBytes& mb, const DecodeRun& r, double bw) {
+  const double bytes_per_s = bw * 1e9;
+  const double layer_flops_per_row = 2 * LayerMatrixMacs(s);
+  auto gemm = [&](double bytes, double flops, int64_t rows) {
+    const double peak = GemmPeakGflops(rows);
+    return std::max(bytes / bytes_per_s, peak > 0 ? flops / (peak * 1e9) : 0.0);
+  };
+  double seconds = 0;
+  for (const std::vector<int32_t>& routed : r.step_routed_rows) {
+    size_t k = 0;
+    for (bool is_routed : r.layer_routed) {
+      const int64_t rows = is_routed ? routed[k++] : r.batch;
+      seconds += rows == 0 ? (mb.router / bytes_per_s)
+                           : gemm(static_cast<double>(mb.dense_layer + (is_routed ? mb.router : 0)),
+                                  layer_flops_per_row * static_cast<double>(rows), rows);
+    }
+    seconds += gemm(static_cast<double>(mb.lm_head + r.batch * mb.embed_row),
+                    2.0 * static_cast<double>(s.d_model * s.vocab_size * r.batch), r.batch);
+  }
+  const double flops_per_entry_byte = 4.0 * static_cast<double>(s.n_heads * s.head_dim) /
+                                      static_cast<double>(r.kv_entry_bytes_per_layer);
+  for (double kv : r.layer_kv_bytes) {
+    seconds += std::max(
+        kv / bytes_per_s,
+        g_fma_peak_gflops > 0 ? kv * flops_per_entry_byte / (g_fma_peak_gflops * 1e9) : 0.0);
+  }
+  return seconds;
+}
+
+double PerLayerBoundTps(const Shape& s, const ModelBytes& mb, const DecodeRun& r, double bw) {
+  return r.batch * r.steps / PerLayerBoundSeconds(s, mb, r, bw);
+}
+
 // One line of the summary table: one shape at one context.
 struct SummaryRow {
   std::string shape;
@@ -991,7 +1068,7 @@ struct SummaryRow {
 void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double bw,
                 const std::vector<int>& batches, const std::vector<int>& contexts,
                 std::vector<SummaryRow>* summary) {
-  const ModelBytes dense_b = BytesOf(s, false);
+  const ModelBytes dense_b = BytesOf(s, false), mod_b = BytesOf(s, true);
   const std::vector<int> mod_layers = RoutedLayers(s);
   std::printf(
       "\n### %s: d_model %lld, %lld layers, %lld heads / %lld KV heads, d_ff %lld, "
@@ -1013,8 +1090,8 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
   std::printf(
       "| model | ctx | batch | tok/s | ms/step | MB read/step | GB/s | %% of read bw "
       "| routed frac | skipped frac | roofline tok/s (bw / compute bound) | %% of roofline "
-      "| two-phase bound tok/s | %% of it |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| two-phase bound tok/s | %% of it | per-layer bound tok/s | %% of it |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int ctx : contexts) {
     for (const ModelResult& m : models) {
       for (int b : batches) {
@@ -1026,15 +1103,9 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
                                               m.mod ? r.routed_fraction() : 1.0);
         // A batch above the AMX table's crossover runs its BF16 Gemms on the tiles: there the
         // compute bound is the tile probe over the bf16 terms of x (three per f32-accurate
-        // product at --matmul_precision highest).
-        const bool on_tiles =
-            g_amx_peak_gflops > 0 &&
-            b > backend::cpu::KernelsFor(backend::cpu::Isa::kAmx).SmallNMax(DType::kBF16);
-        // Likewise the vdpbf16ps probe where medium moves them onto vdpbf16ps.
-        const bool on_dpbf16 = g_dpbf16_peak_gflops > 0 && b > backend::cpu::kDpBf16SmallNMax;
-        const double peak = on_tiles    ? g_amx_peak_gflops / backend::Bf16TermsOf(g_precision)
-                            : on_dpbf16 ? g_dpbf16_peak_gflops
-                                        : g_fma_peak_gflops;
+        // product at --matmul_precision highest); likewise the vdpbf16ps probe where medium
+        // moves them onto vdpbf16ps (GemmPeakGflops).
+        const double peak = GemmPeakGflops(b);
         const double compute_bound = peak > 0 ? peak * 1e9 / flops : bw_bound;
         const double roofline = std::min(bw_bound, compute_bound);
         const double attn_flops = DecodeTokenAttentionFlops(
@@ -1046,15 +1117,16 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
             std::max(r.kv_bytes / r.steps / (bw * 1e9),
                      g_fma_peak_gflops > 0 ? b * attn_flops / (g_fma_peak_gflops * 1e9) : 0.0);
         const double two_phase = b / (gemm_s + attn_s);
+        const double per_layer = PerLayerBoundTps(s, m.mod ? mod_b : dense_b, r, bw);
         std::printf(
             "| %s | %d | %d | %.1f | %.1f | %.0f | %.1f | %.0f%% | %s | %s | %.1f (%.1f / %.1f) "
-            "| %.0f%% | %.1f | %.0f%% |\n",
+            "| %.0f%% | %.1f | %.0f%% | %.1f | %.0f%% |\n",
             m.mod ? "MoD" : "dense", ctx, b, r.tokens_per_s(), 1e3 * r.seconds / r.steps,
             per_step / 1e6, r.gb_per_s(), 100 * r.gb_per_s() / bw,
             m.mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-",
             m.mod ? absl::StrFormat("%.3f", r.skip_fraction()).c_str() : "-", roofline, bw_bound,
             compute_bound, 100 * r.tokens_per_s() / roofline, two_phase,
-            100 * r.tokens_per_s() / two_phase);
+            100 * r.tokens_per_s() / two_phase, per_layer, 100 * r.tokens_per_s() / per_layer);
       }
     }
   }
@@ -1095,8 +1167,9 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
   std::printf(
       "\n| ctx | batch | MoD/dense decode speed-up | bytes ideal (dense/MoD bytes per step) "
       "| routed frac | skipped frac | KV/token MoD/dense: entries | pages "
-      "| ideal from routed fracs | entries vs ideal | pages vs ideal |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| ideal from routed fracs | entries vs ideal | pages vs ideal "
+      "| per-layer bounds' ratio |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int ctx : contexts) {
     for (int b : batches) {
       const DecodeRun& d = dense->decode.at({ctx, b});
@@ -1105,11 +1178,16 @@ void PrintShape(const Shape& s, const std::vector<ModelResult>& models, double b
       const double ideal = (d.weight_bytes + d.kv_bytes) / (m.weight_bytes + m.kv_bytes);
       const double kv_entries = static_cast<double>(m.kv_entry_bytes) / m.kv_entry_bytes_dense;
       const double kv_pages = static_cast<double>(m.kv_page_bytes) / m.kv_page_bytes_dense;
+      // What MoD could gain over dense on this machine at this point: the MoD run's per-layer
+      // bound over the dense run's.
+      const double bound_ratio =
+          PerLayerBoundTps(s, mod_b, m, bw) / PerLayerBoundTps(s, dense_b, d, bw);
       std::printf(
-          "| %d | %d | %.2fx | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %+.1f%% | %+.1f%% |\n",
+          "| %d | %d | %.2fx | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %+.1f%% | %+.1f%% "
+          "| %.2fx |\n",
           ctx, b, speedup, ideal, m.routed_fraction(), m.skip_fraction(), kv_entries, kv_pages,
           m.kv_ideal_ratio, 100 * (kv_entries / m.kv_ideal_ratio - 1),
-          100 * (kv_pages / m.kv_ideal_ratio - 1));
+          100 * (kv_pages / m.kv_ideal_ratio - 1), bound_ratio);
     }
   }
   std::printf(
