@@ -1008,19 +1008,18 @@ double GemmPeakGflops(int64_t rows) {
   return g_fma_peak_gflops;
 }
 
-// The per-layer bound of a decode run, in seconds over its timed steps: a layer's Gemms cannot
-// start before the previous layer's output, nor its attention before its own q, k and v, so a
-// step takes at least the sum over its layers of each phase's own bound, and so does each step:
-// - each layer's Gemms: its weight bytes over the read bandwidth, or their FLOPs at the rows
-//   that ran it that step over the Gemm ceiling of that many rows (GemmPeakGflops), whichever is
-//   longer; a routed layer that no row entered reads only its router;
+// The per-layer bound of a decode run, in seconds over its timed steps. A layer's Gemms cannot
+// start before the previous layer's output, nor its attention before its own q, k and v, so the
+// run takes at least the sum of each phase's own bound:
+// - each layer's Gemms in each step: its weight bytes over the read bandwidth, or their FLOPs at
+//   the rows that ran it that step over the Gemm ceiling of that many rows (GemmPeakGflops),
+//   whichever is longer; a routed layer that no row entered reads only its router;
 // - each layer's attention over the run: the KV bytes it attended over the bandwidth, or their
 //   FLOPs (4 per query head, head dim and key) over the FMA probe;
-// - the LM head (and the embedding rows) as one more Gemm of `batch` rows.
-// For a dense model this is the two-phase bound but for the LM head, a phase of its own here. A
-// MoD step mixes layers bound by different
-// things (at batch 16, dense layers by the FLOPs and routed layers of a row or two by the
-// bytes), which no whole-step bound sees.
+// - the LM head (and the embedding rows) in each step, as one more Gemm of `batch` rows.
+// For a dense model this is the two-phase bound with the LM head as a phase of its own. A MoD
+// step mixes layers bound by different things (at batch 16, dense layers by their FLOPs and
+// routed layers of a row or two by their bytes), which no bound over the whole step sees.
 double PerLayerBoundSeconds(const Shape& s, const ModelBytes& mb, const DecodeRun& r, double bw) {
   const double bytes_per_s = bw * 1e9;
   const double layer_flops_per_row = 2 * LayerMatrixMacs(s);
