@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -652,7 +653,7 @@ struct DecodeRun {
   int batch = 0, context = 0, steps = 0;
   double seconds = 0;             // timed steps only
   double weight_bytes = 0;        // over the timed steps
-  double kv_bytes = 0;            // KV entries attended over the timed steps
+  double kv_bytes = 0;            // KV entries attended over the timed steps (all layers)
   int64_t routed_rows = 0;        // rows that entered a routed layer (summed over layers, steps)
   int64_t routed_candidates = 0;  // rows offered to routed layers
   int64_t layer_skips = 0;        // routed layers no row entered
@@ -782,7 +783,6 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
     for (int64_t l = 0, k = 0; l < L; ++l) {
       if (!cfg.IsRouted(static_cast<int>(l))) {
         for (int64_t p = first; p <= last; ++p) {
-          run.kv_bytes += static_cast<double>((p + 1) * bptl);
           run.layer_kv_bytes[l] += static_cast<double>((p + 1) * bptl);
         }
         continue;
@@ -793,7 +793,6 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
       for (int64_t p = 0; p < fed; ++p) {
         stored += dec[p];
         if (p >= first && p <= last && dec[p]) {
-          run.kv_bytes += static_cast<double>(stored * bptl);
           run.layer_kv_bytes[l] += static_cast<double>(stored * bptl);
         }
       }
@@ -807,6 +806,7 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
     const int64_t bs = e.options().block_size;
     run.kv_page_bytes_dense += L * ((tokens + bs - 1) / bs) * e.kv_stats().bytes_per_page;
   }
+  run.kv_bytes = std::accumulate(run.layer_kv_bytes.begin(), run.layer_kv_bytes.end(), 0.0);
   // Ideal ratio: (dense layers + sum over routed layers of their measured fraction) / n_layers.
   double ideal = 0;
   for (int64_t l = 0; l < L; ++l) {
