@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -85,6 +86,10 @@ ABSL_FLAG(int32_t, prefill_tokens, 512, "prompt length of the prefill measuremen
 ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is reported)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "engine max_batch_tokens (the prefill chunk)");
 ABSL_FLAG(std::string, variants, "dense,mod", "which checkpoints of each shape to run");
+ABSL_FLAG(int32_t, paired_steps, 0,
+          "with --model: after each decode point, time this many more steps one at a time, each "
+          "right after one pass of every read-bandwidth probe kind, and compare each step with "
+          "its own pass (the memory's state can change within seconds); 0 = off");
 ABSL_FLAG(std::string, model, "",
           "benchmark these checkpoints (directories or .gguf files, comma separated) instead of "
           "the synthetic --shapes / --variants; bytes read per step come from the file's tensors");
@@ -532,6 +537,25 @@ uint64_t Sum(const uint64_t* p, int64_t n) {
   return s0 + s1 + s2 + s3;
 }
 
+// One pass of probe `kind` over buf[0, words), one contiguous share per thread: GB/s.
+double ProbePass(int kind, const uint64_t* buf, int64_t words, int threads) {
+  std::vector<uint64_t> sums(threads);
+  std::vector<std::thread> pool;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const int64_t b = words * t / threads, e = words * (t + 1) / threads;
+      sums[t] = SumKind(kind, buf + b, e - b);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  const double sec = Seconds(t0, Clock::now());
+  uint64_t keep = 0;
+  for (uint64_t v : sums) keep += v;
+  if (keep == 42) std::printf(" ");  // keeps the sums alive
+  return static_cast<double>(words) * 8 / sec / 1e9;
+}
+
 // Multi-threaded sum over a 2 GiB buffer (far beyond the caches), best of 7 passes of each
 // probe kind (the strongest kind is the result; kinds_out gets every kind's GB/s), one
 // contiguous share per thread. huge_pages: the buffer is madvise'd for 2 MiB transparent huge
@@ -554,26 +578,12 @@ double MeasureReadBandwidth(int threads, bool huge_pages, std::string* kinds_out
   }
   for (std::thread& th : pool) th.join();
   double best[kNumProbeKinds] = {};
-  uint64_t keep = 0;
   // The kinds take turns within each repetition, so a load spike hits them alike.
   for (int rep = 0; rep < 7; ++rep) {
     for (int kind = 0; kind < kNumProbeKinds; ++kind) {
-      std::vector<uint64_t> sums(threads);
-      pool.clear();
-      const auto t0 = Clock::now();
-      for (int t = 0; t < threads; ++t) {
-        pool.emplace_back([&, t] {
-          const int64_t b = words * t / threads, e = words * (t + 1) / threads;
-          sums[t] = SumKind(kind, buf + b, e - b);
-        });
-      }
-      for (std::thread& th : pool) th.join();
-      const double sec = Seconds(t0, Clock::now());
-      for (uint64_t v : sums) keep += v;
-      best[kind] = std::max(best[kind], bytes / sec / 1e9);
+      best[kind] = std::max(best[kind], ProbePass(kind, buf, words, threads));
     }
   }
-  if (keep == 42) std::printf(" ");  // keeps the sums alive
   std::free(buf);
   if (kinds_out != nullptr) {
     std::string line;
@@ -671,6 +681,8 @@ struct DecodeRun {
   std::vector<std::vector<int32_t>> step_routed_rows;
   std::vector<double> layer_kv_bytes;
   int64_t kv_entry_bytes_per_layer = 0;
+  // Each timed step's seconds and weight bytes, in order.
+  std::vector<double> step_seconds, step_weight_bytes;
 
   double tokens_per_s() const { return batch * steps / seconds; }
   double gb_per_s() const { return (weight_bytes + kv_bytes) / seconds / 1e9; }
@@ -723,14 +735,20 @@ absl::Status Prefill(engine::Engine& e, const std::vector<engine::SequenceId>& i
   }
 }
 
+// before_step, when set, runs before each timed step, outside its time, followed by one untimed
+// step (the first step after a pause wakes the pool's workers and refills the caches with what
+// a step reuses; back-to-back steps do not pay that). The KV bytes are then those of all the
+// steps run, scaled to the timed ones.
 absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const ModelBytes& mb,
-                                        int batch, int context, int steps) {
+                                        int batch, int context, int steps,
+                                        const std::function<void()>& before_step = nullptr) {
+  const int steps_run = before_step == nullptr ? steps : 2 * steps;
   const engine::ModelConfig& cfg = e.config();
   std::vector<engine::SequenceId> ids;
   for (int b = 0; b < batch; ++b) {
     MODSERVE_ASSIGN_OR_RETURN(
         engine::SequenceId id,
-        e.Add(MakeRequest(RandomPrompt(context, s.vocab_size, 1000 + b), steps + 4)));
+        e.Add(MakeRequest(RandomPrompt(context, s.vocab_size, 1000 + b), steps_run + 4)));
     ids.push_back(id);
   }
   MODSERVE_RETURN_IF_ERROR(Prefill(e, ids, context));
@@ -740,13 +758,25 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
 
   std::vector<engine::StepResult> results;
   results.reserve(steps);
-  const auto t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) {
-    MODSERVE_ASSIGN_OR_RETURN(engine::StepResult r, e.Step(entries));
-    results.push_back(std::move(r));
-  }
   DecodeRun run;
-  run.seconds = Seconds(t0, Clock::now());
+  if (before_step == nullptr) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) {
+      MODSERVE_ASSIGN_OR_RETURN(engine::StepResult r, e.Step(entries));
+      results.push_back(std::move(r));
+    }
+    run.seconds = Seconds(t0, Clock::now());
+  } else {
+    for (int i = 0; i < steps; ++i) {
+      before_step();
+      MODSERVE_RETURN_IF_ERROR(e.Step(entries).status());
+      const auto t0 = Clock::now();
+      MODSERVE_ASSIGN_OR_RETURN(engine::StepResult r, e.Step(entries));
+      run.step_seconds.push_back(Seconds(t0, Clock::now()));
+      results.push_back(std::move(r));
+    }
+    run.seconds = std::accumulate(run.step_seconds.begin(), run.step_seconds.end(), 0.0);
+  }
   run.batch = batch;
   run.context = context;
   run.steps = steps;
@@ -770,6 +800,7 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
     run.layer_skips += r.num_layer_skips;
     run.routed_layer_steps += num_routed;
     run.weight_bytes += bytes;
+    run.step_weight_bytes.push_back(bytes);
   }
 
   // KV attended by the timed rows (positions context + 1 .. context + steps), reconstructed from
@@ -778,7 +809,7 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
   std::vector<int64_t> layer_tokens(L, 0), layer_fed(L, 0);
   for (engine::SequenceId id : ids) {
     MODSERVE_ASSIGN_OR_RETURN(engine::GenerationResult g, e.Result(id));
-    const int64_t first = context + 1, last = context + steps;  // inclusive
+    const int64_t first = context + 1, last = context + steps_run;  // inclusive
     int64_t fed = 0;
     for (int64_t l = 0, k = 0; l < L; ++l) {
       if (!cfg.IsRouted(static_cast<int>(l))) {
@@ -805,6 +836,9 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
     const int64_t tokens = g.prompt_tokens + static_cast<int64_t>(g.token_ids.size()) - 1;
     const int64_t bs = e.options().block_size;
     run.kv_page_bytes_dense += L * ((tokens + bs - 1) / bs) * e.kv_stats().bytes_per_page;
+  }
+  if (steps_run != steps) {
+    for (double& b : run.layer_kv_bytes) b *= static_cast<double>(steps) / steps_run;
   }
   run.kv_bytes = std::accumulate(run.layer_kv_bytes.begin(), run.layer_kv_bytes.end(), 0.0);
   // Ideal ratio: (dense layers + sum over routed layers of their measured fraction) / n_layers.
@@ -1252,14 +1286,84 @@ absl::StatusOr<std::pair<Shape, ModelBytes>> DescribeModel(const std::string& pa
   return std::make_pair(s, b);
 }
 
+// --paired_steps: `pairs` decode steps at each (context, batch), each timed right after one pass
+// of every probe kind over a 1 GiB buffer (2 MiB pages, as the weights get). A step's share is
+// its GB/s over the strongest of those passes, the rate the memory gave a moment before, so that
+// a run whose memory changes state during it (some hosts switch between two bandwidth states
+// within seconds) still compares each step with the state it ran in. The pairs are grouped by
+// that rate in bands of 10 GB/s. A step's bytes: its weight bytes, plus the run's KV bytes per
+// step.
+absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelBytes& mb,
+                              const std::vector<int>& batches, const std::vector<int>& contexts,
+                              int pairs) {
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  const int64_t bytes = int64_t{1} << 30, words = bytes / 8;
+  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes));
+  MODSERVE_CHECK(buf != nullptr);
+  ::madvise(buf, bytes, MADV_HUGEPAGE);
+  for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
+  std::printf(
+      "\nDecode steps against the read pass just before each (%d pairs per point; pass: every "
+      "probe kind once over 1 GiB, %d threads, the strongest counts; share: the step's GB/s over "
+      "it):\n\n",
+      pairs, threads);
+  std::printf(
+      "| ctx | batch | pass band GB/s | pairs | pass GB/s, median | step GB/s, median | share, "
+      "median | share, quartiles |\n");
+  std::printf("|---:|---:|---|---:|---:|---:|---:|---|\n");
+  auto quantile = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+  };
+  for (int ctx : contexts) {
+    for (int b : batches) {
+      std::vector<double> pass_rate;
+      auto before = [&] {
+        double best = 0;
+        for (int kind = 0; kind < kNumProbeKinds; ++kind) {
+          best = std::max(best, ProbePass(kind, buf, words, threads));
+        }
+        pass_rate.push_back(best);
+        // The probe's threads have exited; let the engine's pool settle before the step.
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+      };
+      MODSERVE_ASSIGN_OR_RETURN(DecodeRun run, MeasureDecode(e, s, mb, b, ctx, pairs, before));
+      const double kv_per_step = run.kv_bytes / run.steps;
+      std::map<int, std::vector<std::pair<double, double>>> bands;  // band -> (pass, step)
+      for (int i = 0; i < run.steps; ++i) {
+        const double step_rate =
+            (run.step_weight_bytes[i] + kv_per_step) / run.step_seconds[i] / 1e9;
+        bands[static_cast<int>(pass_rate[i] / 10)].push_back({pass_rate[i], step_rate});
+      }
+      for (const auto& [band, v] : bands) {
+        std::vector<double> pass, step, share;
+        for (const auto& [p, r] : v) {
+          pass.push_back(p);
+          step.push_back(r);
+          share.push_back(r / p);
+        }
+        std::printf("| %d | %d | %d-%d | %zu | %.1f | %.1f | %.0f%% | %.0f-%.0f%% |\n", ctx, b,
+                    10 * band, 10 * band + 10, v.size(), quantile(pass, 0.5), quantile(step, 0.5),
+                    100 * quantile(share, 0.5), 100 * quantile(share, 0.25),
+                    100 * quantile(share, 0.75));
+      }
+    }
+  }
+  std::free(buf);
+  return absl::OkStatus();
+}
+
 absl::Status RunModelFile(const std::string& path, const std::vector<int>& batches,
                           const std::vector<int>& contexts, int steps, DType kv_dtype, double bw) {
   MODSERVE_ASSIGN_OR_RETURN(auto described, DescribeModel(path));
   const auto& [s, mb] = described;
   std::error_code ec;
   EvictFromPageCache(std::filesystem::is_directory(path, ec) ? path + "/model.safetensors" : path);
-  MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
-                            CreateEngine(s, path, batches, contexts, steps, kv_dtype));
+  MODSERVE_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Engine> e,
+      CreateEngine(s, path, batches, contexts,
+                   std::max(steps, 2 * absl::GetFlag(FLAGS_paired_steps)), kv_dtype));
   const bool mod = e->config().mod.has_value();
   std::printf(
       "\n### %s (%s): d_model %lld, %lld layers, %lld heads / %lld KV heads, d_ff %lld, vocab "
@@ -1285,6 +1389,9 @@ absl::Status RunModelFile(const std::string& path, const std::vector<int>& batch
                 100 * r.gb_per_s() / bw,
                 mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-");
   }
+  if (const int pairs = absl::GetFlag(FLAGS_paired_steps); pairs > 0) {
+    MODSERVE_RETURN_IF_ERROR(PrintPairedSteps(*e, s, mb, batches, contexts, pairs));
+  }
   MODSERVE_ASSIGN_OR_RETURN(const double prefill,
                             MeasurePrefill(*e, s, absl::GetFlag(FLAGS_prefill_tokens),
                                            absl::GetFlag(FLAGS_prefill_reps)));
@@ -1302,6 +1409,14 @@ absl::Status Main() {
                             ParseInts("contexts", absl::GetFlag(FLAGS_contexts)));
   const int steps = absl::GetFlag(FLAGS_steps);
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
+  if (const int pairs = absl::GetFlag(FLAGS_paired_steps); pairs < 0) {
+    return absl::InvalidArgumentError("--paired_steps must be >= 0");
+  } else if (pairs > 0 && absl::GetFlag(FLAGS_model).empty()) {
+    return absl::InvalidArgumentError("--paired_steps needs --model (a checkpoint or .gguf file)");
+  } else if (pairs > 0 && absl::GetFlag(FLAGS_backend) != "cpu") {
+    return absl::InvalidArgumentError(
+        "--paired_steps: the read pass measures the CPU's memory only");
+  }
   std::sort(batches.begin(), batches.end());
   std::sort(contexts.begin(), contexts.end());
   const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
