@@ -1,7 +1,7 @@
 """modserve-bench --paired_steps: every decode point gets its paired table, whose bands together
-hold exactly the requested number of pairs, each band's median pass rate inside the band and its
-shares positive and ordered (lower quartile <= median <= upper quartile); without the flag there
-is no such table, and the flag is refused where it cannot apply.
+hold exactly the requested number of pairs, each band's median pass rate inside the band, its
+step rate positive and its shares ordered (lower quartile <= median <= upper quartile); without
+the flag there is no such table, and the flag is refused where it cannot apply.
 Usage: bench_paired_steps_test.py BENCH MODEL_DIR"""
 
 import re
