@@ -87,9 +87,9 @@ ABSL_FLAG(int32_t, prefill_reps, 2, "prefill measurements per model (best is rep
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "engine max_batch_tokens (the prefill chunk)");
 ABSL_FLAG(std::string, variants, "dense,mod", "which checkpoints of each shape to run");
 ABSL_FLAG(int32_t, paired_steps, 0,
-          "with --model: after each decode point, time this many more steps one at a time, each "
-          "right after one pass of every read-bandwidth probe kind, and compare each step with "
-          "its own pass (the memory's state can change within seconds); 0 = off");
+          "after the decode points, time this many more steps at each (context, batch), one at "
+          "a time, each right after one pass of every read-bandwidth probe kind, and compare "
+          "each step with its own pass (the memory's state can change within seconds); 0 = off");
 ABSL_FLAG(std::string, model, "",
           "benchmark these checkpoints (directories or .gguf files, comma separated) instead of "
           "the synthetic --shapes / --variants; bytes read per step come from the file's tensors");
@@ -975,6 +975,10 @@ absl::StatusOr<double> MeasureLayerGemms(const Shape& s, int64_t tokens, int thr
 
 // Runs every (context, batch) on each variant in turn, the variants interleaved per point so a
 // slow drift of the machine's load hits dense and MoD alike.
+absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelBytes& mb,
+                              const std::string& label, const std::vector<int>& batches,
+                              const std::vector<int>& contexts, int pairs);
+
 absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vector<bool>& variants,
                                                   const std::vector<int>& batches,
                                                   const std::vector<int>& contexts, int steps,
@@ -986,8 +990,10 @@ absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vec
         absl::StrCat(absl::GetFlag(FLAGS_workdir), "/", s.name, mod ? "-mod" : "-dense");
     MODSERVE_RETURN_IF_ERROR(EnsureCheckpoint(s, mod, dir, threads));
     EvictFromPageCache(dir + "/model.safetensors");
-    MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
-                              CreateEngine(s, dir, batches, contexts, steps, kv_dtype));
+    MODSERVE_ASSIGN_OR_RETURN(
+        std::unique_ptr<engine::Engine> e,
+        CreateEngine(s, dir, batches, contexts,
+                     std::max(steps, 2 * absl::GetFlag(FLAGS_paired_steps)), kv_dtype));
     engines.push_back(std::move(e));
     results.emplace_back();
     results.back().mod = mod;
@@ -1004,6 +1010,13 @@ absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vec
         std::fflush(stdout);
         results[v].decode[{ctx, b}] = run;
       }
+    }
+  }
+  if (const int pairs = absl::GetFlag(FLAGS_paired_steps); pairs > 0) {
+    for (size_t v = 0; v < variants.size(); ++v) {
+      MODSERVE_RETURN_IF_ERROR(PrintPairedSteps(*engines[v], s, BytesOf(s, variants[v]),
+                                                s.name + (variants[v] ? " MoD" : " dense"), batches,
+                                                contexts, pairs));
     }
   }
   if (absl::GetFlag(FLAGS_backend) == "cpu" && absl::GetFlag(FLAGS_prefill_reps) > 0) {
@@ -1294,8 +1307,8 @@ absl::StatusOr<std::pair<Shape, ModelBytes>> DescribeModel(const std::string& pa
 // that rate in bands of 10 GB/s. A step's bytes: its weight bytes, plus the run's KV bytes per
 // step.
 absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelBytes& mb,
-                              const std::vector<int>& batches, const std::vector<int>& contexts,
-                              int pairs) {
+                              const std::string& label, const std::vector<int>& batches,
+                              const std::vector<int>& contexts, int pairs) {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   const int64_t bytes = int64_t{1} << 30, words = bytes / 8;
@@ -1304,14 +1317,14 @@ absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelByte
   ::madvise(buf, bytes, MADV_HUGEPAGE);
   for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
   std::printf(
-      "\nDecode steps against the read pass just before each (%d pairs per point; pass: every "
-      "probe kind once over 1 GiB, %d threads, the strongest counts; share: the step's GB/s over "
-      "it):\n\n",
-      pairs, threads);
+      "\n%s: decode steps against the read pass just before each (%d pairs per point; pass: "
+      "every probe kind once over 1 GiB, %d threads, the strongest counts; share: the step's GB/s "
+      "over it):\n\n",
+      label.c_str(), pairs, threads);
   std::printf(
-      "| ctx | batch | pass band GB/s | pairs | pass GB/s, median | step GB/s, median | share, "
-      "median | share, quartiles |\n");
-  std::printf("|---:|---:|---|---:|---:|---:|---:|---|\n");
+      "| model | ctx | batch | pass band GB/s | pairs | pass GB/s, median | step GB/s, median | "
+      "share, median | share, quartiles |\n");
+  std::printf("|---|---:|---:|---|---:|---:|---:|---:|---|\n");
   auto quantile = [](std::vector<double> v, double q) {
     std::sort(v.begin(), v.end());
     return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
@@ -1343,9 +1356,9 @@ absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelByte
           step.push_back(r);
           share.push_back(r / p);
         }
-        std::printf("| %d | %d | %d-%d | %zu | %.1f | %.1f | %.0f%% | %.0f-%.0f%% |\n", ctx, b,
-                    10 * band, 10 * band + 10, v.size(), quantile(pass, 0.5), quantile(step, 0.5),
-                    100 * quantile(share, 0.5), 100 * quantile(share, 0.25),
+        std::printf("| %s | %d | %d | %d-%d | %zu | %.1f | %.1f | %.0f%% | %.0f-%.0f%% |\n",
+                    label.c_str(), ctx, b, 10 * band, 10 * band + 10, v.size(), quantile(pass, 0.5),
+                    quantile(step, 0.5), 100 * quantile(share, 0.5), 100 * quantile(share, 0.25),
                     100 * quantile(share, 0.75));
       }
     }
@@ -1390,7 +1403,7 @@ absl::Status RunModelFile(const std::string& path, const std::vector<int>& batch
                 mod ? absl::StrFormat("%.3f", r.routed_fraction()).c_str() : "-");
   }
   if (const int pairs = absl::GetFlag(FLAGS_paired_steps); pairs > 0) {
-    MODSERVE_RETURN_IF_ERROR(PrintPairedSteps(*e, s, mb, batches, contexts, pairs));
+    MODSERVE_RETURN_IF_ERROR(PrintPairedSteps(*e, s, mb, s.name, batches, contexts, pairs));
   }
   MODSERVE_ASSIGN_OR_RETURN(const double prefill,
                             MeasurePrefill(*e, s, absl::GetFlag(FLAGS_prefill_tokens),
@@ -1411,8 +1424,6 @@ absl::Status Main() {
   if (steps < 1) return absl::InvalidArgumentError("--steps must be >= 1");
   if (const int pairs = absl::GetFlag(FLAGS_paired_steps); pairs < 0) {
     return absl::InvalidArgumentError("--paired_steps must be >= 0");
-  } else if (pairs > 0 && absl::GetFlag(FLAGS_model).empty()) {
-    return absl::InvalidArgumentError("--paired_steps needs --model (a checkpoint or .gguf file)");
   } else if (pairs > 0 && absl::GetFlag(FLAGS_backend) != "cpu") {
     return absl::InvalidArgumentError(
         "--paired_steps: the read pass measures the CPU's memory only");

@@ -10,8 +10,8 @@ import sys
 import unittest
 
 ARGS = {}
-ROW = re.compile(r"^\| (\d+) \| (\d+) \| (\d+)-(\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (\d+)% \| "
-                 r"(\d+)-(\d+)% \|$")
+ROW = re.compile(r"^\| demo \| (\d+) \| (\d+) \| (\d+)-(\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| "
+                 r"(\d+)% \| (\d+)-(\d+)% \|$")
 
 
 def run_bench(*extra):
@@ -25,7 +25,8 @@ class PairedStepsTest(unittest.TestCase):
     def test_each_point_holds_its_pairs(self):
         p = run_bench("--paired_steps", "5")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertIn("Decode steps against the read pass just before each (5 pairs", p.stdout)
+        self.assertIn("demo: decode steps against the read pass just before each (5 pairs",
+                      p.stdout)
         pairs = {}
         for line in p.stdout.splitlines():
             m = ROW.match(line)
@@ -48,7 +49,8 @@ class PairedStepsTest(unittest.TestCase):
 
     def test_refused_where_it_cannot_apply(self):
         for args, words in [(["--paired_steps", "-1", "--model", ARGS["model"]], ">= 0"),
-                            (["--paired_steps", "3", "--shapes", "110m"], "needs --model")]:
+                            (["--paired_steps", "3", "--backend", "cuda", "--model", ARGS["model"]],
+                             "CPU's memory only")]:
             with self.subTest(args=args):
                 p = subprocess.run([ARGS["bench"], *args], capture_output=True, text=True,
                                    timeout=60)
