@@ -803,7 +803,7 @@ absl::StatusOr<DecodeRun> MeasureDecode(engine::Engine& e, const Shape& s, const
     run.step_weight_bytes.push_back(bytes);
   }
 
-  // KV attended by the timed rows (positions context + 1 .. context + steps), reconstructed from
+  // KV attended by the rows run (positions context + 1 .. context + steps_run), reconstructed from
   // the routing decisions: a dense layer's row at position p reads p + 1 entries; a routed layer's
   // row reads only when it was routed in, the entries stored so far (itself included).
   std::vector<int64_t> layer_tokens(L, 0), layer_fed(L, 0);
@@ -973,12 +973,12 @@ absl::StatusOr<double> MeasureLayerGemms(const Shape& s, int64_t tokens, int thr
   return 2.0 * static_cast<double>(tokens) * LayerMatrixMacs(s) / best / 1e9;
 }
 
-// Runs every (context, batch) on each variant in turn, the variants interleaved per point so a
-// slow drift of the machine's load hits dense and MoD alike.
 absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelBytes& mb,
                               const std::string& label, const std::vector<int>& batches,
                               const std::vector<int>& contexts, int pairs);
 
+// Runs every (context, batch) on each variant in turn, the variants interleaved per point so a
+// slow drift of the machine's load hits dense and MoD alike.
 absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vector<bool>& variants,
                                                   const std::vector<int>& batches,
                                                   const std::vector<int>& contexts, int steps,
@@ -1312,7 +1312,9 @@ absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelByte
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   const int64_t bytes = int64_t{1} << 30, words = bytes / 8;
-  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes));
+  std::unique_ptr<uint64_t, decltype(&std::free)> owned(
+      static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes)), &std::free);
+  uint64_t* buf = owned.get();
   MODSERVE_CHECK(buf != nullptr);
   ::madvise(buf, bytes, MADV_HUGEPAGE);
   for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
@@ -1363,7 +1365,6 @@ absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelByte
       }
     }
   }
-  std::free(buf);
   return absl::OkStatus();
 }
 
