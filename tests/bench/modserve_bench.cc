@@ -1340,7 +1340,7 @@ absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelByte
           best = std::max(best, ProbePass(kind, buf, words, threads));
         }
         pass_rate.push_back(best);
-        // The probe's threads have exited; let the engine's pool settle before the step.
+        // A short pause between the pass (its threads joined) and the untimed step.
         std::this_thread::sleep_for(std::chrono::microseconds(300));
       };
       MODSERVE_ASSIGN_OR_RETURN(DecodeRun run, MeasureDecode(e, s, mb, b, ctx, pairs, before));
