@@ -3,14 +3,18 @@
 // socket reads (http::async_read_header, then http::async_read) would.
 #include "server/http_parse.h"
 
+#include <algorithm>
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>
-#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "server/http_parse_beast.h"
 
 namespace modserve::server {
@@ -60,6 +64,13 @@ std::string HeaderLimitMessage(const HttpParseLimits& limits) {
 
 void ConfigureHttpParser(HttpRequestParser& parser, const HttpParseLimits& limits) {
   parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
+  // No body limit while the header is read (ArmHttpBodyLimit sets it once CheckHttpHeader has
+  // passed). boost::none would not do: this Beast compares a declared length against the
+  // optional itself, and every length compares above none.
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+}
+
+void ArmHttpBodyLimit(HttpRequestParser& parser, const HttpParseLimits& limits) {
   parser.body_limit(static_cast<std::uint64_t>(limits.max_body_bytes));
 }
 
@@ -67,6 +78,21 @@ std::optional<HttpRefusal> CheckHttpHeader(const HttpRequestParser& parser, size
                                            const HttpParseLimits& limits) {
   if (header_bytes > static_cast<size_t>(limits.max_header_bytes)) {
     return HttpRefusal{431, HeaderLimitMessage(limits)};
+  }
+  // Content-Length repeated or given as a list: RFC 9110 section 8.6 lets a recipient take
+  // identical values as one. Beast takes equal numbers ("01, 1") as one; the server takes only
+  // the same digits, so that no other reader of the same bytes can count another length.
+  std::optional<absl::string_view> first_length;
+  for (const auto& field : parser.get()) {
+    if (field.name() != http::field::content_length) continue;
+    for (absl::string_view v :
+         absl::StrSplit(absl::string_view(field.value().data(), field.value().size()), ',')) {
+      v = absl::StripAsciiWhitespace(v);
+      if (!first_length) first_length = v;
+      if (v != *first_length) {
+        return HttpRefusal{400, "malformed HTTP request: Content-Length values that differ"};
+      }
+    }
   }
   if (const auto length = parser.content_length();
       length && *length > static_cast<uint64_t>(limits.max_body_bytes)) {
@@ -169,6 +195,7 @@ HttpParseResult ParseHttpRequests(absl::string_view bytes, const HttpParseLimits
         result.refusal = std::move(refusal);
         return result;
       }
+      ArmHttpBodyLimit(parser, limits);
       size_t body_bytes = 0;
       step = ReadUntil(parser, in, /*header_only=*/false, ec, body_bytes);
     }

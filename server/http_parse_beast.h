@@ -15,18 +15,24 @@ namespace modserve::server {
 
 using HttpRequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
 
-// A fresh parser for the next request, with the limits set.
+// A fresh parser for the next request, with the header limit set and no body limit yet.
 void ConfigureHttpParser(HttpRequestParser& parser, const HttpParseLimits& limits);
 
 // Once the headers are in (`header_bytes`: what the parser took for the request line and
 // headers): 431 when they exceed the header limit, 413 when a declared Content-Length exceeds
 // the body limit (refused before any of the body is read), or nothing. Beast applies its
 // header_limit to the request line and to the header fields separately, so together they can
-// reach twice the limit; the first check holds the total to it. Beast's own body_limit check
-// already fails the header parse for too long a Content-Length (RefusalForParseError's 413);
-// the second is the server's guarantee should the parser ever let one through.
+// reach twice the limit; the first check holds the total to it. Beast holds the whole header to
+// the limit only when a read ended inside it, and it checks a declared length against its body
+// limit as the header ends: with that limit set during the header, a header over the limit
+// declaring too long a body was 413 in one read and 431 in two. So the header is read with no
+// body limit, and 431 comes first here whatever the reads' boundaries.
 std::optional<HttpRefusal> CheckHttpHeader(const HttpRequestParser& parser, size_t header_bytes,
                                            const HttpParseLimits& limits);
+
+// After CheckHttpHeader has passed, before any of the body is read: the body limit, which
+// Beast then holds a chunked body to (a Content-Length one was checked by CheckHttpHeader).
+void ArmHttpBodyLimit(HttpRequestParser& parser, const HttpParseLimits& limits);
 
 // The refusal for a parse error: 413 (body limit), 431 (header limit), 400 (any other HTTP
 // error). Nothing for errors that are not about the request (end of stream, socket errors):

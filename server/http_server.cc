@@ -226,6 +226,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (const auto refusal = CheckHttpHeader(*parser_, header_bytes, limits_)) {
       return Refuse(refusal->status, refusal->message, "invalid_request_error");
     }
+    ArmHttpBodyLimit(*parser_, limits_);
     const auto& header = parser_->get();
     if (absl::EqualsIgnoreCase(
             absl::string_view(header[http::field::expect].data(), header[http::field::expect].size()),

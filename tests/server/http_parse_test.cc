@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace modserve::server {
 namespace {
 
@@ -45,7 +47,7 @@ TEST(HttpParseTest, OversizedBodiesAre413ByLengthAndByChunks) {
       ParseHttpRequests("POST / HTTP/1.1\r\nContent-Length: 17\r\n\r\n", Small());
   ASSERT_TRUE(r.refusal.has_value());
   EXPECT_EQ(r.refusal->status, 413);
-  EXPECT_EQ(r.refusal->message, "request body exceeds --http_max_body_bytes=16");
+  EXPECT_EQ(r.refusal->message, "request body of 17 bytes exceeds --http_max_body_bytes=16");
   r = ParseHttpRequests(
       "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n123456789\r\n9\r\n123456789\r\n",
       Small());
@@ -74,6 +76,63 @@ TEST(HttpParseTest, HugeHeadersAre431AndMalformedFramingIs400) {
     ASSERT_TRUE(r.refusal.has_value());
     EXPECT_EQ(r.refusal->status, 400);
     EXPECT_EQ(r.refusal->message.rfind("malformed HTTP request: ", 0), 0u) << r.refusal->message;
+  }
+}
+
+// A header over the limit is 431 whatever it declares and wherever the reads cut it. Beast holds
+// the request line and the fields to the limit each, and checks a declared length against the
+// body limit when the header ends; left to itself it answered 413 to the bytes in one read, and
+// 431 when a read ended inside the request line (it then also holds the whole header to the
+// limit).
+TEST(HttpParseTest, AHeaderOverTheLimitIs431WhateverItDeclaresAndWhereverItIsCut) {
+  HttpParseLimits limits;
+  limits.max_body_bytes = 1;
+  limits.max_header_bytes = 64;
+  const std::string in = "POST /v1/" + std::string(26, 'c') +
+                         " HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + std::string(90, 'x');
+  for (size_t split = 0; split <= in.size(); ++split) {
+    SCOPED_TRACE(split);
+    const HttpParseResult r = ParseHttpRequests(in, limits, split);
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->status, 431);
+    EXPECT_EQ(r.refusal->message, "request headers exceed 64 bytes");
+  }
+  // Within the header limit, the declared length is what is refused, before any of the body.
+  limits.max_header_bytes = 128;
+  for (size_t split = 0; split <= in.size(); ++split) {
+    SCOPED_TRACE(split);
+    const HttpParseResult r = ParseHttpRequests(in, limits, split);
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->status, 413);
+    EXPECT_EQ(r.refusal->message, "request body of 1000 bytes exceeds --http_max_body_bytes=1");
+  }
+}
+
+// A Content-Length list or repeat is one length only when its values are the same digits: "01"
+// and "1" are the same number, but a reader that takes the first text or rejects leading zeros
+// would count another body.
+TEST(HttpParseTest, ContentLengthRepeatsMustBeTheSameDigits) {
+  for (const char* same : {"Content-Length: 1, 1\r\n", "Content-Length: 1\r\nContent-Length: 1\r\n",
+                           "Content-Length: 01\r\n"}) {
+    SCOPED_TRACE(same);
+    const HttpParseResult r =
+        ParseHttpRequests(absl::StrCat("POST / HTTP/1.1\r\n", same, "\r\nP"), Small());
+    ASSERT_EQ(r.requests.size(), 1u);
+    EXPECT_EQ(r.requests[0].body, "P");
+    EXPECT_FALSE(r.refusal.has_value());
+  }
+  for (const char* differ :
+       {"Content-Length: 01,1\r\n", "Content-Length: 1\r\nContent-Length: 01\r\n",
+        "Content-Length: 1, 1,01\r\n"}) {
+    SCOPED_TRACE(differ);
+    const std::string in = absl::StrCat("POST / HTTP/1.1\r\n", differ, "\r\nP");
+    for (size_t split = 0; split <= in.size(); ++split) {
+      const HttpParseResult r = ParseHttpRequests(in, Small(), split);
+      EXPECT_TRUE(r.requests.empty());
+      ASSERT_TRUE(r.refusal.has_value());
+      EXPECT_EQ(r.refusal->status, 400);
+      EXPECT_EQ(r.refusal->message, "malformed HTTP request: Content-Length values that differ");
+    }
   }
 }
 
