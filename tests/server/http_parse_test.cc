@@ -85,27 +85,23 @@ TEST(HttpParseTest, HugeHeadersAre431AndMalformedFramingIs400) {
 // 431 when a read ended inside the request line (it then also holds the whole header to the
 // limit).
 TEST(HttpParseTest, AHeaderOverTheLimitIs431WhateverItDeclaresAndWhereverItIsCut) {
-  HttpParseLimits limits;
-  limits.max_body_bytes = 1;
-  limits.max_header_bytes = 64;
   const std::string in = "POST /v1/" + std::string(26, 'c') +
                          " HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + std::string(90, 'x');
-  for (size_t split = 0; split <= in.size(); ++split) {
-    SCOPED_TRACE(split);
-    const HttpParseResult r = ParseHttpRequests(in, limits, split);
-    ASSERT_TRUE(r.refusal.has_value());
-    EXPECT_EQ(r.refusal->status, 431);
-    EXPECT_EQ(r.refusal->message, "request headers exceed 64 bytes");
-  }
+  auto refused_at_every_split = [&](int32_t header_limit, int status, const std::string& message) {
+    HttpParseLimits limits;
+    limits.max_body_bytes = 1;
+    limits.max_header_bytes = header_limit;
+    for (size_t split = 0; split <= in.size(); ++split) {
+      SCOPED_TRACE(split);
+      const HttpParseResult r = ParseHttpRequests(in, limits, split);
+      ASSERT_TRUE(r.refusal.has_value());
+      EXPECT_EQ(r.refusal->status, status);
+      EXPECT_EQ(r.refusal->message, message);
+    }
+  };
+  refused_at_every_split(64, 431, "request headers exceed 64 bytes");
   // Within the header limit, the declared length is what is refused, before any of the body.
-  limits.max_header_bytes = 128;
-  for (size_t split = 0; split <= in.size(); ++split) {
-    SCOPED_TRACE(split);
-    const HttpParseResult r = ParseHttpRequests(in, limits, split);
-    ASSERT_TRUE(r.refusal.has_value());
-    EXPECT_EQ(r.refusal->status, 413);
-    EXPECT_EQ(r.refusal->message, "request body of 1000 bytes exceeds --http_max_body_bytes=1");
-  }
+  refused_at_every_split(128, 413, "request body of 1000 bytes exceeds --http_max_body_bytes=1");
 }
 
 // A Content-Length list or repeat is one length only when its values are the same digits: "01"
