@@ -36,7 +36,8 @@ class PairedStepsTest(unittest.TestCase):
             pass_rate, step_rate = float(m.group(6)), float(m.group(7))
             share, q1, q3 = int(m.group(8)), int(m.group(9)), int(m.group(10))
             self.assertEqual(hi - lo, 10, line)
-            self.assertTrue(lo <= pass_rate < hi, line)
+            # The median is printed to 0.1 GB/s, so one just under the band's top reads as it.
+            self.assertTrue(lo <= pass_rate <= hi, line)
             self.assertGreater(step_rate, 0, line)
             self.assertTrue(0 <= q1 <= share <= q3, line)
             pairs[(ctx, batch)] = pairs.get((ctx, batch), 0) + n
