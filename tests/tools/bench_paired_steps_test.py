@@ -1,7 +1,7 @@
 """modserve-bench --paired_steps: every decode point gets its paired table, whose bands together
-hold exactly the requested number of pairs, each band's median pass rate inside the band, its
-step rate positive and its shares ordered (lower quartile <= median <= upper quartile); without
-the flag there is no such table, and the flag is refused where it cannot apply.
+hold exactly the requested number of pairs, each band's median pass rate inside the band and its
+shares ordered (lower quartile <= median <= upper quartile); without the flag there is no such
+table, and the flag is refused where it cannot apply.
 Usage: bench_paired_steps_test.py BENCH MODEL_DIR"""
 
 import re
@@ -38,7 +38,8 @@ class PairedStepsTest(unittest.TestCase):
             self.assertEqual(hi - lo, 10, line)
             # The median is printed to 0.1 GB/s, so one just under the band's top reads as it.
             self.assertTrue(lo <= pass_rate <= hi, line)
-            self.assertGreater(step_rate, 0, line)
+            # (A 3 MB step that a loaded machine stalls for 70 ms prints as 0.0 GB/s.)
+            self.assertGreaterEqual(step_rate, 0, line)
             self.assertTrue(0 <= q1 <= share <= q3, line)
             pairs[(ctx, batch)] = pairs.get((ctx, batch), 0) + n
         self.assertEqual(pairs, {(8, 1): 5, (8, 2): 5, (24, 1): 5, (24, 2): 5}, p.stdout)
