@@ -537,6 +537,12 @@ uint64_t Sum(const uint64_t* p, int64_t n) {
   return s0 + s1 + s2 + s3;
 }
 
+// --threads, with 0 resolved to every core.
+int BenchThreads() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  return threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+}
+
 // One pass of probe `kind` over buf[0, words), one contiguous share per thread: GB/s.
 double ProbePass(int kind, const uint64_t* buf, int64_t words, int threads) {
   std::vector<uint64_t> sums(threads);
@@ -556,6 +562,26 @@ double ProbePass(int kind, const uint64_t* buf, int64_t words, int threads) {
   return static_cast<double>(words) * 8 / sec / 1e9;
 }
 
+// A probe's buffer of `words` uint64, 2 MiB-aligned, madvise'd for 2 MiB pages or against them,
+// written (one share per thread) so that every page is backed before a pass reads it.
+using ProbeBuffer = std::unique_ptr<uint64_t, decltype(&std::free)>;
+ProbeBuffer MakeProbeBuffer(int64_t words, bool huge_pages, int threads) {
+  const int64_t bytes = words * 8;
+  ProbeBuffer buf(static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes)), &std::free);
+  MODSERVE_CHECK(buf != nullptr);
+  ::madvise(buf.get(), bytes, huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([p = buf.get(), words, threads, t] {
+      for (int64_t i = words * t / threads; i < words * (t + 1) / threads; ++i) {
+        p[i] = static_cast<uint64_t>(i);
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  return buf;
+}
+
 // Multi-threaded sum over a 2 GiB buffer (far beyond the caches), best of 7 passes of each
 // probe kind (the strongest kind is the result; kinds_out gets every kind's GB/s), one
 // contiguous share per thread. huge_pages: the buffer is madvise'd for 2 MiB transparent huge
@@ -563,20 +589,9 @@ double ProbePass(int kind, const uint64_t* buf, int64_t words, int threads) {
 // TLB walks, so the two numbers differ a lot; the weights' file mapping gets 2 MiB pages when
 // the checkpoint was read into the page cache by faults (see EvictFromPageCache).
 double MeasureReadBandwidth(int threads, bool huge_pages, std::string* kinds_out = nullptr) {
-  const int64_t bytes = int64_t{2} << 30;
-  const int64_t words = bytes / 8;
-  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes));
-  MODSERVE_CHECK(buf != nullptr);
-  ::madvise(buf, bytes, huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([=] {
-      for (int64_t i = words * t / threads; i < words * (t + 1) / threads; ++i) {
-        buf[i] = static_cast<uint64_t>(i);
-      }
-    });
-  }
-  for (std::thread& th : pool) th.join();
+  const int64_t words = (int64_t{2} << 30) / 8;
+  const ProbeBuffer owned = MakeProbeBuffer(words, huge_pages, threads);
+  const uint64_t* buf = owned.get();
   double best[kNumProbeKinds] = {};
   // The kinds take turns within each repetition, so a load spike hits them alike.
   for (int rep = 0; rep < 7; ++rep) {
@@ -584,7 +599,6 @@ double MeasureReadBandwidth(int threads, bool huge_pages, std::string* kinds_out
       best[kind] = std::max(best[kind], ProbePass(kind, buf, words, threads));
     }
   }
-  std::free(buf);
   if (kinds_out != nullptr) {
     std::string line;
     for (int kind = 0; kind < kNumProbeKinds; ++kind) {
@@ -890,6 +904,8 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateEngine(const Shape& s, con
                                                              const std::vector<int>& batches,
                                                              const std::vector<int>& contexts,
                                                              int steps, DType kv_dtype) {
+  // --paired_steps runs an untimed step before each timed one.
+  steps = std::max(steps, 2 * absl::GetFlag(FLAGS_paired_steps));
   engine::EngineOptions opt;
   opt.model_dir = dir;
   opt.backend = absl::GetFlag(FLAGS_backend);
@@ -990,10 +1006,8 @@ absl::StatusOr<std::vector<ModelResult>> RunShape(const Shape& s, const std::vec
         absl::StrCat(absl::GetFlag(FLAGS_workdir), "/", s.name, mod ? "-mod" : "-dense");
     MODSERVE_RETURN_IF_ERROR(EnsureCheckpoint(s, mod, dir, threads));
     EvictFromPageCache(dir + "/model.safetensors");
-    MODSERVE_ASSIGN_OR_RETURN(
-        std::unique_ptr<engine::Engine> e,
-        CreateEngine(s, dir, batches, contexts,
-                     std::max(steps, 2 * absl::GetFlag(FLAGS_paired_steps)), kv_dtype));
+    MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
+                              CreateEngine(s, dir, batches, contexts, steps, kv_dtype));
     engines.push_back(std::move(e));
     results.emplace_back();
     results.back().mod = mod;
@@ -1309,15 +1323,10 @@ absl::StatusOr<std::pair<Shape, ModelBytes>> DescribeModel(const std::string& pa
 absl::Status PrintPairedSteps(engine::Engine& e, const Shape& s, const ModelBytes& mb,
                               const std::string& label, const std::vector<int>& batches,
                               const std::vector<int>& contexts, int pairs) {
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
-  const int64_t bytes = int64_t{1} << 30, words = bytes / 8;
-  std::unique_ptr<uint64_t, decltype(&std::free)> owned(
-      static_cast<uint64_t*>(std::aligned_alloc(int64_t{2} << 20, bytes)), &std::free);
-  uint64_t* buf = owned.get();
-  MODSERVE_CHECK(buf != nullptr);
-  ::madvise(buf, bytes, MADV_HUGEPAGE);
-  for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
+  const int threads = BenchThreads();
+  const int64_t words = (int64_t{1} << 30) / 8;
+  const ProbeBuffer owned = MakeProbeBuffer(words, /*huge_pages=*/true, threads);
+  const uint64_t* buf = owned.get();
   std::printf(
       "\n%s: decode steps against the read pass just before each (%d pairs per point; pass: "
       "every probe kind once over 1 GiB, %d threads, the strongest counts; share: the step's GB/s "
@@ -1374,10 +1383,8 @@ absl::Status RunModelFile(const std::string& path, const std::vector<int>& batch
   const auto& [s, mb] = described;
   std::error_code ec;
   EvictFromPageCache(std::filesystem::is_directory(path, ec) ? path + "/model.safetensors" : path);
-  MODSERVE_ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::Engine> e,
-      CreateEngine(s, path, batches, contexts,
-                   std::max(steps, 2 * absl::GetFlag(FLAGS_paired_steps)), kv_dtype));
+  MODSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,
+                            CreateEngine(s, path, batches, contexts, steps, kv_dtype));
   const bool mod = e->config().mod.has_value();
   std::printf(
       "\n### %s (%s): d_model %lld, %lld layers, %lld heads / %lld KV heads, d_ff %lld, vocab "
@@ -1472,8 +1479,7 @@ absl::Status Main() {
     }
     variants.push_back(v == "mod");
   }
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = BenchThreads();
 
   for (const auto& [name, value] :
        {std::pair{"--device_routing", absl::GetFlag(FLAGS_device_routing)},
