@@ -64,14 +64,27 @@ std::string HeaderLimitMessage(const HttpParseLimits& limits) {
 
 void ConfigureHttpParser(HttpRequestParser& parser, const HttpParseLimits& limits) {
   parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
-  // No body limit while the header is read (ArmHttpBodyLimit sets it once CheckHttpHeader has
-  // passed). boost::none would not do: this Beast compares a declared length against the
-  // optional itself, and every length compares above none.
+  // Beast's body limit stays off: CheckHttpHeader holds a declared length to the limit, and
+  // ArmHttpBodyLimit's HttpChunkBudget a chunked body. boost::none would not do: this Beast
+  // compares a declared length against the optional itself, and every length compares above
+  // none.
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());
 }
 
-void ArmHttpBodyLimit(HttpRequestParser& parser, const HttpParseLimits& limits) {
-  parser.body_limit(static_cast<std::uint64_t>(limits.max_body_bytes));
+void HttpChunkBudget::operator()(std::uint64_t size, boost::beast::string_view /*extensions*/,
+                                 boost::beast::error_code& ec) {
+  if (size > limit - accepted) {
+    ec = http::error::body_limit;
+    return;
+  }
+  accepted += size;
+}
+
+void ArmHttpBodyLimit(HttpRequestParser& parser, const HttpParseLimits& limits,
+                      HttpChunkBudget& budget) {
+  // Beast's own limit stays off (ConfigureHttpParser): its count can take a size off twice.
+  budget = HttpChunkBudget{static_cast<std::uint64_t>(limits.max_body_bytes), 0};
+  parser.on_chunk_header(budget);
 }
 
 std::optional<HttpRefusal> CheckHttpHeader(const HttpRequestParser& parser, size_t header_bytes,
@@ -185,6 +198,7 @@ HttpParseResult ParseHttpRequests(absl::string_view bytes, const HttpParseLimits
   for (;;) {
     // The server waits for a next request's first byte before it starts one.
     if (in.buffer.empty() && !in.Read()) return result;
+    HttpChunkBudget budget;  // outlives the parser, which calls it by reference
     HttpRequestParser parser;
     ConfigureHttpParser(parser, limits);
     beast::error_code ec;
@@ -195,7 +209,7 @@ HttpParseResult ParseHttpRequests(absl::string_view bytes, const HttpParseLimits
         result.refusal = std::move(refusal);
         return result;
       }
-      ArmHttpBodyLimit(parser, limits);
+      ArmHttpBodyLimit(parser, limits, budget);
       size_t body_bytes = 0;
       step = ReadUntil(parser, in, /*header_only=*/false, ec, body_bytes);
     }

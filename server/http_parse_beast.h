@@ -7,6 +7,7 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <cstdint>
 #include <optional>
 
 #include "server/http_parse.h"
@@ -30,9 +31,23 @@ void ConfigureHttpParser(HttpRequestParser& parser, const HttpParseLimits& limit
 std::optional<HttpRefusal> CheckHttpHeader(const HttpRequestParser& parser, size_t header_bytes,
                                            const HttpParseLimits& limits);
 
-// After CheckHttpHeader has passed, before any of the body is read: the body limit, which
-// Beast then holds a chunked body to (a Content-Length one was checked by CheckHttpHeader).
-void ArmHttpBodyLimit(HttpRequestParser& parser, const HttpParseLimits& limits);
+// A chunked body's sizes against the body limit, counted as the parser accepts each chunk's
+// line. Beast's own count (its body limit) takes a chunk's size off before it has parsed the
+// line's extensions; when they need more bytes (a quoted string running past the line's end), it
+// takes the size off again once they arrive, so a body under the limit could be refused (413) or
+// not depending on where a read ended. This count sees each accepted line once.
+struct HttpChunkBudget {
+  uint64_t limit = 0;
+  uint64_t accepted = 0;
+  void operator()(std::uint64_t size, boost::beast::string_view extensions,
+                  boost::beast::error_code& ec);
+};
+
+// After CheckHttpHeader has passed, before any of the body is read: a chunked body is held to the
+// body limit by `budget` (a Content-Length one was checked by CheckHttpHeader), which the parser
+// calls by reference, so it must outlive the parser's reads.
+void ArmHttpBodyLimit(HttpRequestParser& parser, const HttpParseLimits& limits,
+                      HttpChunkBudget& budget);
 
 // The refusal for a parse error: 413 (body limit), 431 (header limit), 400 (any other HTTP
 // error). Nothing for errors that are not about the request (end of stream, socket errors):

@@ -226,7 +226,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (const auto refusal = CheckHttpHeader(*parser_, header_bytes, limits_)) {
       return Refuse(refusal->status, refusal->message, "invalid_request_error");
     }
-    ArmHttpBodyLimit(*parser_, limits_);
+    ArmHttpBodyLimit(*parser_, limits_, chunk_budget_);
     const auto& header = parser_->get();
     if (absl::EqualsIgnoreCase(
             absl::string_view(header[http::field::expect].data(), header[http::field::expect].size()),
@@ -357,6 +357,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   net::steady_timer read_timer_;
   net::steady_timer write_timer_;
   beast::flat_buffer buffer_;
+  HttpChunkBudget chunk_budget_;  // declared first: parser_ calls it by reference
   std::optional<HttpRequestParser> parser_;
   Phase phase_ = Phase::kHandshake;
   bool closed_ = false;

@@ -132,6 +132,45 @@ TEST(HttpParseTest, ContentLengthRepeatsMustBeTheSameDigits) {
   }
 }
 
+// A chunk-size line whose extension is a quoted string running past the line's CRLF: Beast
+// takes the chunk's size off the body limit, then finds it needs more bytes for the extension,
+// and when more arrive takes the size off again. A read boundary past that CRLF then turned a
+// 12-byte chunk under the 16-byte limit into 413. Wherever the bytes are cut, the result must be
+// the one a single read gives: 400 when the quote closes after the CRLF, waiting when it never
+// does; and the sizes of chunks that are accepted still count once each toward the limit.
+TEST(HttpParseTest, AChunkExtensionPastItsLineEndsTheSameWhereverItIsCut) {
+  const std::string head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string closes_late = head + "C;e=\"ab\r\ncd\"\r\n0123456789ab\r\n0\r\n\r\n";
+  const std::string never_closes = head + "C;e=\"ab\r\ncdefghijklmnopqrstuvwxyz";
+  for (size_t split = 0; split <= closes_late.size(); ++split) {
+    SCOPED_TRACE(split);
+    const HttpParseResult r = ParseHttpRequests(closes_late, Small(), split);
+    EXPECT_TRUE(r.requests.empty());
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->status, 400) << r.refusal->message;
+  }
+  for (size_t split = 0; split <= never_closes.size(); ++split) {
+    SCOPED_TRACE(split);
+    const HttpParseResult r = ParseHttpRequests(never_closes, Small(), split);
+    EXPECT_TRUE(r.requests.empty());
+    EXPECT_TRUE(r.incomplete);
+    EXPECT_FALSE(r.refusal.has_value()) << r.refusal->status << " " << r.refusal->message;
+  }
+  // Chunks of 9 and 7 bytes fill the 16-byte limit exactly; one more byte is 413, at any cut.
+  const std::string fills = head + "9;a=1\r\n123456789\r\n7;b=\"x\"\r\n1234567\r\n0\r\n\r\n";
+  const std::string over = head + "9;a=1\r\n123456789\r\n8;b=\"x\"\r\n12345678\r\n0\r\n\r\n";
+  for (size_t split = 0; split <= over.size(); ++split) {
+    SCOPED_TRACE(split);
+    const HttpParseResult ok = ParseHttpRequests(fills, Small(), split);
+    ASSERT_EQ(ok.requests.size(), 1u);
+    EXPECT_EQ(ok.requests[0].body, "1234567891234567");
+    const HttpParseResult r = ParseHttpRequests(over, Small(), split);
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->status, 413);
+    EXPECT_EQ(r.refusal->message, "request body exceeds --http_max_body_bytes=16");
+  }
+}
+
 TEST(HttpParseTest, ARequestCutShortIsIncomplete) {
   const HttpParseResult r =
       ParseHttpRequests("GET /a HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab",
