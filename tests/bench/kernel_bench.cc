@@ -839,6 +839,11 @@ int Main(int argc, char** argv) {
       return 0;
     }
     for (int n_heads : {32, 12}) {
+      // One row at a context of one or two 256-key splits: fewer tasks than threads unless a
+      // split is cut by kv heads (CpuBackend::AttentionT).
+      for (int32_t context : {128, 256, 512}) {
+        BenchDecodeAttention(backend, n_heads, 4, 64, 1, context);
+      }
       for (int32_t context : {1024, 4096}) {
         for (int64_t batch : {1, 16}) BenchDecodeAttention(backend, n_heads, 4, 64, batch, context);
       }

@@ -1045,18 +1045,21 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   auto prefetches = [&](int64_t i) { return i == 0 || seq_of[i - 1] != seq_of[i]; };
   // Prefetches the first tile of row i's task `task` into L2, every head's rows in one burst: for
   // a thread's first task, which no tile before it prefetched.
-  auto prefetch_first_tile = [&](int64_t i, int64_t task) {
+  // Only kv heads [g0, g1): those the task computes.
+  auto prefetch_first_tile = [&](int64_t i, int64_t task, int64_t g0, int64_t g1) {
     const char* base[kKeyTile];
     int64_t bytes[kKeyTile];
     const int64_t n = first_tile_ranges(i, task, base, bytes);
     for (int64_t half = 0; half < 2 * kv; ++half) {
+      if (half % kv < g0 || half % kv >= g1) continue;
       AttnPrefetch{.base = base, .bytes = bytes, .num_ranges = n, .offset = half * bs * row_bytes}
           .IssueRest();
     }
   };
-  // Row i's task `task` (its split task - first[i]); next_i >= 0 when this thread runs task + 1
-  // (of row next_i) next, whose first tile it then prefetches during this task's last one.
-  auto run_task = [&](int64_t i, int64_t task, int64_t next_i) {
+  // Row i's task `task` (its split task - first[i]) for kv heads [g0, g1) and their q heads;
+  // next_i >= 0 when this thread runs task + 1 (of row next_i, the same heads) next, whose first
+  // tile it then prefetches during this task's last one.
+  auto run_task = [&](int64_t i, int64_t task, int64_t next_i, int64_t g0, int64_t g1) {
     const int64_t s = task - first[i], len = kv_len[i];
     const bool split = first[i + 1] - first[i] > 1;
     const int64_t j_begin = s * kKeysPerSplit, j_end = std::min(len, j_begin + kKeysPerSplit);
@@ -1068,9 +1071,10 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     float* m = acc + nh * hd;             // [nh]
     float* l = m + nh;                    // [nh]
     float* rescale = l + nh;              // [nh]
-    std::fill(acc, acc + nh * hd, 0.0f);
-    std::fill(m, m + nh, -INFINITY);
-    std::fill(l, l + nh, 0.0f);
+    const int64_t h0 = g0 * group, h1 = g1 * group;
+    std::fill(acc + h0 * hd, acc + h1 * hd, 0.0f);
+    std::fill(m + h0, m + h1, -INFINITY);
+    std::fill(l + h0, l + h1, 0.0f);
     const float* qi = qp + i * nh * hd;
 
     // A tile's runs, found once for every head's scores and values: run r holds run_len[r]
@@ -1102,7 +1106,7 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
       // them), the softmax of every head, then the values of every kv head (one call over the
       // tile's pages, acc rescaled once and kept in registers across them). The calls of head g
       // prefetch the next tile's K rows (scores) and V rows (values) of head g.
-      for (int64_t g = 0; g < kv; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         AttnPrefetch pf{.base = next_base,
                         .bytes = next_bytes,
                         .num_ranges = next_runs,
@@ -1110,10 +1114,10 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows, run_len, runs, g * bs * hd, hd,
                                scale, scores + g * group * kKeyTile, kKeyTile, &pf);
       }
-      for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t h = h0; h < h1; ++h) {
         rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
       }
-      for (int64_t g = 0; g < kv; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         AttnPrefetch pf{.base = next_base,
                         .bytes = next_bytes,
                         .num_ranges = next_runs,
@@ -1125,13 +1129,13 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     }
 
     if (!split) {
-      for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t h = h0; h < h1; ++h) {
         float* dst = o + (i * nh + h) * hd;
         const float inv_l = 1.0f / l[h];
         for (int64_t d = 0; d < hd; ++d) dst[d] = acc[h * hd + d] * inv_l;
       }
     } else {
-      for (int64_t g = 0; g < kv; ++g) {
+      for (int64_t g = g0; g < g1; ++g) {
         float* dst = partial + (task * kv + g) * partial_stride;
         std::copy(m + g * group, m + (g + 1) * group, dst);
         std::copy(l + g * group, l + (g + 1) * group, dst + group);
@@ -1143,7 +1147,8 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
   // (RunAttentionBlocks). A row's bits do not depend on its block, so a prompt row gets the same
   // bits in every prompt call. Every other row (decode, drafts, verification) takes the row
   // kernels, a task per row and split, in row order (a chunk's first task finds its row by
-  // binary search, later ones step).
+  // binary search, later ones step), each task cut by kv heads when the tasks are too few to
+  // share evenly (below).
   bool tiles = false;
   if constexpr (std::is_same_v<T, bf16_t>) {
     tiles =
@@ -1154,13 +1159,43 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
     }
   }
   if (!tiles) {
-    pool_.ParallelFor(0, num_tasks, 1, [&](int64_t b, int64_t e) {
-      int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
-      if (prefetches(i)) prefetch_first_tile(i, b);
-      for (int64_t task = b; task < e; ++task) {
+    // A few tasks that do not share evenly among the threads (one row at a context of one or
+    // three 256-key splits, with two threads): each task is cut further into `parts` ranges of
+    // kv heads, the fewest that make a whole number of pieces per thread (or else about four
+    // pieces per thread, at most one kv head a piece). A head's operations are the same
+    // whichever heads share its task, so its bits do not change. A piece prefetches its own
+    // first tile (the next piece's heads are not the ones whose kernel calls would prefetch
+    // it), which costs more than it gains where the tasks already share evenly: one row at 512
+    // keys, two tasks on two threads, took 9.6 us a layer whole and 10.7-14.0 cut in four (12 q
+    // heads over 4, `kernel_bench 2 best attention`).
+    const int64_t threads = pool_.num_threads();
+    int64_t parts = 1;
+    if (num_tasks < 4 * threads && num_tasks % threads != 0) {
+      parts = std::min(kv, (4 * threads + num_tasks - 1) / num_tasks);
+      for (int64_t cut = 2; cut <= kv; ++cut) {
+        if (num_tasks * cut % threads == 0) {
+          parts = cut;
+          break;
+        }
+      }
+    }
+    pool_.ParallelFor(0, num_tasks * parts, 1, [&](int64_t b, int64_t e) {
+      int64_t i = std::upper_bound(first.begin(), first.end(), b / parts) - first.begin() - 1;
+      if (parts == 1) {
+        if (prefetches(i)) prefetch_first_tile(i, b, 0, kv);
+        for (int64_t task = b; task < e; ++task) {
+          while (task >= first[i + 1]) ++i;
+          const int64_t next_i = task + 1 >= e ? -1 : task + 1 < first[i + 1] ? i : i + 1;
+          run_task(i, task, next_i, 0, kv);
+        }
+        return;
+      }
+      for (int64_t piece = b; piece < e; ++piece) {
+        const int64_t task = piece / parts, part = piece % parts;
         while (task >= first[i + 1]) ++i;
-        const int64_t next_i = task + 1 >= e ? -1 : task + 1 < first[i + 1] ? i : i + 1;
-        run_task(i, task, next_i);
+        const int64_t g0 = part * kv / parts, g1 = (part + 1) * kv / parts;
+        if (prefetches(i)) prefetch_first_tile(i, task, g0, g1);
+        run_task(i, task, -1, g0, g1);
       }
     });
   }
