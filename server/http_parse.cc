@@ -116,9 +116,18 @@ std::optional<HttpRefusal> CheckHttpHeader(const HttpRequestParser& parser, size
   return std::nullopt;
 }
 
+int64_t HttpInputBufferBytes(const HttpParseLimits& limits) {
+  return int64_t{limits.max_header_bytes} + (int64_t{64} << 10);
+}
+
 std::optional<HttpRefusal> RefusalForParseError(beast::error_code ec,
                                                 const HttpParseLimits& limits) {
   if (ec == http::error::end_of_stream) return std::nullopt;
+  if (ec == http::error::buffer_overflow) {
+    return HttpRefusal{400, absl::StrCat("malformed HTTP request: a chunk-size line or trailer "
+                                         "section not ended within ",
+                                         HttpInputBufferBytes(limits), " bytes")};
+  }
   if (ec == http::error::body_limit) {
     return HttpRefusal{413, absl::StrCat("request body exceeds --http_max_body_bytes=",
                                          limits.max_body_bytes)};

@@ -42,6 +42,13 @@ struct HttpParseLimits {
   int32_t max_header_bytes = 16 << 10;
 };
 
+// The most bytes a connection holds before the parser has taken them: the header limit, plus one
+// read (64 KiB) past the header's end. Beast takes a body's bytes as they come, but holds a
+// chunk-size line (with its extensions) or a trailer section whole until its end arrives, and
+// sets no bound of its own on either; past this one the request is refused (400), where it was
+// buffered until the body timeout. ParseHttpRequests does not apply it: its inputs are whole.
+int64_t HttpInputBufferBytes(const HttpParseLimits& limits);
+
 // A request the HTTP layer refuses itself: the status, the message of its error body, and then
 // the connection closes.
 struct HttpRefusal {

@@ -80,7 +80,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         limits_{server->options.max_body_bytes, server->options.max_header_bytes},
         executor_(executor),
         read_timer_(executor),
-        write_timer_(executor) {}
+        write_timer_(executor),
+        buffer_(static_cast<size_t>(HttpInputBufferBytes(limits_))) {}
   virtual ~Connection() = default;
 
   void Start() {
@@ -356,7 +357,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   net::any_io_executor executor_;
   net::steady_timer read_timer_;
   net::steady_timer write_timer_;
-  beast::flat_buffer buffer_;
+  beast::flat_buffer buffer_;     // at most HttpInputBufferBytes: past it, Beast's buffer_overflow
   HttpChunkBudget chunk_budget_;  // declared first: parser_ calls it by reference
   std::optional<HttpRequestParser> parser_;
   Phase phase_ = Phase::kHandshake;

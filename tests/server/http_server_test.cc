@@ -126,6 +126,37 @@ TEST(HttpServerTest, OversizedBodiesAre413AndTheServerKeepsServing) {
   EXPECT_THAT(ok.ReadResponses(1), HasSubstr("POST /fine x"));
 }
 
+// A chunk-size line whose extension never ends: Beast holds the line whole until its CRLF and
+// bounds it by nothing, so the server used to buffer whatever came until the body timeout (1 GB
+// in 8 s from one loopback client). It is refused once the connection's input bound is full.
+TEST(HttpServerTest, AChunkLineThatNeverEndsIs400AtTheInputBoundNotBuffered) {
+  std::atomic<int> closes{0};
+  const HttpServerOptions options = Options();
+  auto server = EchoServer(options, &closes);
+  const int64_t bound = HttpInputBufferBytes({options.max_body_bytes, options.max_header_bytes});
+  {
+    RawClient c(server->port());
+    // Exactly the bound after the header, so that the server has read every byte when it refuses
+    // (unread bytes at close would reset the connection before the answer is read).
+    const std::string line = "10;e=\"" + std::string(bound - 6, 'a');
+    c.Send("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + line);
+    const std::string r = c.ReadResponses(1);
+    EXPECT_THAT(r, StartsWith("HTTP/1.1 400"));
+    EXPECT_THAT(r, HasSubstr(absl::StrCat("not ended within ", bound, " bytes")));
+    EXPECT_TRUE(c.WaitClosed());
+  }
+  {
+    // The same for a trailer section that never ends.
+    RawClient c(server->port());
+    const std::string trailer = "X-T: " + std::string(bound - 8, 'b');  // after "0\r\n"
+    c.Send("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + trailer);
+    EXPECT_THAT(c.ReadResponses(1), StartsWith("HTTP/1.1 400"));
+  }
+  RawClient ok(server->port());
+  ok.Send(Post("/fine", "x"));
+  EXPECT_THAT(ok.ReadResponses(1), HasSubstr("POST /fine x"));
+}
+
 TEST(HttpServerTest, HugeHeadersAre431AndGarbageIs400) {
   std::atomic<int> closes{0};
   auto server = EchoServer(Options(), &closes);
