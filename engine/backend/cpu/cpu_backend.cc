@@ -1179,23 +1179,19 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         }
       }
     }
+    // Whole tasks (parts 1) prefetch the next task's first tile during their last one, so only a
+    // thread's first task prefetches its own.
     pool_.ParallelFor(0, num_tasks * parts, 1, [&](int64_t b, int64_t e) {
       int64_t i = std::upper_bound(first.begin(), first.end(), b / parts) - first.begin() - 1;
-      if (parts == 1) {
-        if (prefetches(i)) prefetch_first_tile(i, b, 0, kv);
-        for (int64_t task = b; task < e; ++task) {
-          while (task >= first[i + 1]) ++i;
-          const int64_t next_i = task + 1 >= e ? -1 : task + 1 < first[i + 1] ? i : i + 1;
-          run_task(i, task, next_i, 0, kv);
-        }
-        return;
-      }
       for (int64_t piece = b; piece < e; ++piece) {
         const int64_t task = piece / parts, part = piece % parts;
         while (task >= first[i + 1]) ++i;
         const int64_t g0 = part * kv / parts, g1 = (part + 1) * kv / parts;
-        if (prefetches(i)) prefetch_first_tile(i, task, g0, g1);
-        run_task(i, task, -1, g0, g1);
+        if ((parts > 1 || piece == b) && prefetches(i)) prefetch_first_tile(i, task, g0, g1);
+        const int64_t next_i = parts > 1 || task + 1 >= e ? -1
+                               : task + 1 < first[i + 1]  ? i
+                                                          : i + 1;
+        run_task(i, task, next_i, g0, g1);
       }
     });
   }
