@@ -777,8 +777,8 @@ int Main(int argc, char** argv) {
                          : "absent",
       amx.c_str(), std::string(MatmulPrecisionName(options.matmul_precision)).c_str());
   if (only == "isa-rates") {
-    // One core, register-only chains (isa_rates.h): the instruction rates the kernels are built
-    // around, and each against the ymm FMA's.
+    // One core, register-only chains and L1 loads (isa_rates.h): the instruction rates the
+    // kernels are built around, and each against the ymm FMA's.
     struct Probe {
       const char* name;
       bool usable;
@@ -794,6 +794,8 @@ int Main(int argc, char** argv) {
         {"vpdpbusd zmm", vnni, &bench::RateDpbusdZmm},
         {"vdpbf16ps ymm", bf16, &bench::RateDpbf16Ymm},
         {"vdpbf16ps zmm", bf16, &bench::RateDpbf16Zmm},
+        {"load zmm (L1)", avx512, &bench::RateLoadZmm},
+        {"bcast load (L1)", avx512, &bench::RateLoadBroadcastZmm},
     };
     // Five rounds over all probes, each probe's best round: on a shared host a round can lose
     // the core for part of its time slice even in CPU time (steal shows up as slow cycles).

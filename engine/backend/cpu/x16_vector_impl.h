@@ -6,12 +6,13 @@
 // One load, whatever uses the vector. The empty asm keeps the compiler from folding the load into
 // each instruction that reads it: the level vectors' two masks (v & 0x0f, v & 0xf0) had become two
 // vpandd with the same memory operand, 64 loads of weight bytes per Q4_K unit instead of 32. One
-// core on Zen 5 issues two loads a cycle, and the one-row tiles issue about as many loads as
-// they do vpdpbusd (each of which also takes a broadcast of 4 activation bytes), so the extra
-// loads cost time: `QUANT_ROWS=1,4 kernel_bench 1 best quant-compute` (weights in L2, two
-// alternating rounds) ran one x row of Q4_K 67-68 -> 72-73 GB/s per core-second, Q5_K 63-64 ->
-// 66, Q6_K 67 -> 69-70, Q4_0 and Q4_1 85-86 -> 97-100, and four x rows 2-10% faster; Q8_0,
-// whose levels are used as loaded, is level (docs/PERFORMANCE.md, "One load per level vector").
+// core on Zen 5 issues two loads a cycle, as many as vpdpbusd (kernel_bench isa-rates), and the
+// one-row tiles issue about as many loads as vpdpbusd (each of which also takes a broadcast of 4
+// activation bytes), so the extra loads cost time: `QUANT_ROWS=1,4 kernel_bench 1 best
+// quant-compute` (weights in L2, two alternating rounds) ran one x row of Q4_K 67-68 -> 72-73 GB/s
+// per core-second, Q5_K 63-64 -> 66, Q6_K 67 -> 69-70, Q4_0 and Q4_1 85-86 -> 97-100, and four x
+// rows 2-10% faster; Q8_0, whose levels are used as loaded, is level (docs/PERFORMANCE.md, "One
+// load per level vector").
 inline __m512i Load512(const uint8_t* p) {
   __m512i v = _mm512_loadu_si512(p);
   asm("" : "+v"(v));
