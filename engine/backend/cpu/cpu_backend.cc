@@ -1114,9 +1114,8 @@ void CpuBackend::AttentionT(const AttentionParams& p, const TensorView& q,
         AttnScoresFor<T>(kern)(qi + g * group * hd, group, run_rows, run_len, runs, g * bs * hd, hd,
                                scale, scores + g * group * kKeyTile, kKeyTile, &pf);
       }
-      for (int64_t h = h0; h < h1; ++h) {
-        rescale[h] = kern.attn_softmax(scores + h * kKeyTile, nt, &m[h], &l[h]);
-      }
+      kern.attn_softmax(scores + h0 * kKeyTile, kKeyTile, h1 - h0, nt, m + h0, l + h0,
+                        rescale + h0);
       for (int64_t g = g0; g < g1; ++g) {
         AttnPrefetch pf{.base = next_base,
                         .bytes = next_bytes,

@@ -304,11 +304,13 @@ struct KernelTable {
                            const int64_t* run_len, int64_t num_runs, int64_t offset,
                            int64_t head_dim, float scale, float* scores, int64_t ld_scores,
                            AttnPrefetch* prefetch);
-  // One key tile of the online softmax of one head, scores s [n] f32 in place:
-  // m' = max(m, max_t s[t]); s[t] = exp(s[t] - m'); l = l * exp(m - m') + sum_t s[t]; m = m'.
-  // Returns exp(m - m') (0 on the first tile, where m = -inf). The exp is vectorised (within
-  // 2 ulp of expf).
-  float (*attn_softmax)(float* s, int64_t n, float* m, float* l);
+  // One key tile of the online softmax of num_heads heads, head h's scores s + h * ld_s [n] f32
+  // in place, its state m[h], l[h]: m' = max(m, max_t s[t]); s[t] = exp(s[t] - m');
+  // l = l * exp(m - m') + sum_t s[t]; m = m'; rescale[h] = exp(m - m') (0 on the first tile,
+  // where m = -inf). The exp is vectorised (within 2 ulp of expf). A head's bits do not depend
+  // on the other heads of the call.
+  void (*attn_softmax)(float* s, int64_t ld_s, int64_t num_heads, int64_t n, float* m, float* l,
+                       float* rescale);
   // acc[g, :] = acc[g, :] * rescale[g] + sum_t probs[g, t] * values[t, :], where the values
   // are the rows of num_runs runs in order: run r holds run_len[r] rows [run_len[r], head_dim]
   // from runs[r] + offset (the KV storage type, converted in registers), so values[t] is row

@@ -585,36 +585,68 @@ void AttnScores(const float* q, int64_t num_q, const K* const* runs, const int64
 
 #include "engine/backend/cpu/vec_exp_impl.h"
 
-// One key tile of the online softmax of one head: m' = max(m, max_t s[t]); s[t] = e^(s[t] - m');
-// l = l * e^(m - m') + sum_t s[t]; m = m'. Returns e^(m - m'), 0 on the first tile (m = -inf).
-template <class S>
-float AttnSoftmaxTile(float* s, int64_t n, float* m, float* l) {
+// One key tile of the online softmax of HB heads, head h's scores at s + h * ld_s:
+// m' = max(m, max_t s[t]); s[t] = e^(s[t] - m'); l = l * e^(m - m') + sum_t s[t]; m = m';
+// rescale = e^(m - m'), 0 on the first tile (m = -inf). The heads' passes are interleaved, so
+// their chains of dependent operations (the reductions, the scalar exp) overlap instead of
+// following one another; each head's operations and their order are those of a call of its own.
+template <class S, int HB>
+[[gnu::always_inline]] inline void AttnSoftmaxHeadsBlock(float* s, int64_t ld_s, int64_t n,
+                                                         float* m, float* l, float* rescale) {
   using V = typename S::V;
   const int64_t n_vec = n - n % S::kLanes;
-  float tile_max = -__builtin_inff();
+  float tile_max[HB];
   if (n_vec > 0) {
-    V vmax = S::Load(s);
-    for (int64_t t = S::kLanes; t < n_vec; t += S::kLanes) vmax = S::Max(vmax, S::Load(s + t));
-    tile_max = S::ReduceMax(vmax);
+    V vmax[HB];
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; ++h) vmax[h] = S::Load(s + h * ld_s);
+    for (int64_t t = S::kLanes; t < n_vec; t += S::kLanes) {
+#pragma GCC unroll 4
+      for (int h = 0; h < HB; ++h) vmax[h] = S::Max(vmax[h], S::Load(s + h * ld_s + t));
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; ++h) tile_max[h] = S::ReduceMax(vmax[h]);
+  } else {
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; ++h) tile_max[h] = -__builtin_inff();
   }
-  for (int64_t t = n_vec; t < n; ++t) tile_max = s[t] > tile_max ? s[t] : tile_max;
-  const float m_new = *m > tile_max ? *m : tile_max;
-  const float rescale = __builtin_expf(*m - m_new);
-  const V vm = S::Set1(m_new);
-  V vsum = S::Zero();
+  V vm[HB], vsum[HB];
+#pragma GCC unroll 4
+  for (int h = 0; h < HB; ++h) {
+    const float* sh = s + h * ld_s;
+    for (int64_t t = n_vec; t < n; ++t) tile_max[h] = sh[t] > tile_max[h] ? sh[t] : tile_max[h];
+    const float m_new = m[h] > tile_max[h] ? m[h] : tile_max[h];
+    rescale[h] = __builtin_expf(m[h] - m_new);
+    m[h] = m_new;
+    vm[h] = S::Set1(m_new);
+    vsum[h] = S::Zero();
+  }
   for (int64_t t = 0; t < n_vec; t += S::kLanes) {
-    const V e = VecExp<S>(S::Sub(S::Load(s + t), vm));
-    S::Store(s + t, e);
-    vsum = S::Add(vsum, e);
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; ++h) {
+      const V e = VecExp<S>(S::Sub(S::Load(s + h * ld_s + t), vm[h]));
+      S::Store(s + h * ld_s + t, e);
+      vsum[h] = S::Add(vsum[h], e);
+    }
   }
-  float sum = S::ReduceAdd(vsum);
-  for (int64_t t = n_vec; t < n; ++t) {
-    s[t] = __builtin_expf(s[t] - m_new);
-    sum += s[t];
+#pragma GCC unroll 4
+  for (int h = 0; h < HB; ++h) {
+    float* sh = s + h * ld_s;
+    float sum = S::ReduceAdd(vsum[h]);
+    for (int64_t t = n_vec; t < n; ++t) {
+      sh[t] = __builtin_expf(sh[t] - m[h]);
+      sum += sh[t];
+    }
+    l[h] = l[h] * rescale[h] + sum;
   }
-  *l = *l * rescale + sum;
-  *m = m_new;
-  return rescale;
+}
+
+template <class S>
+void AttnSoftmaxHeads(float* s, int64_t ld_s, int64_t num_heads, int64_t n, float* m, float* l,
+                      float* rescale) {
+  ForHeadBlocks<4>(num_heads, [&]<int HB>(Heads<HB>, int64_t g) {
+    AttnSoftmaxHeadsBlock<S, HB>(s + g * ld_s, ld_s, n, m + g, l + g, rescale + g);
+  });
 }
 
 // ---- SwiGLU and SiLU ---------------------------------------------------------------------------
@@ -824,7 +856,7 @@ constexpr KernelTable MakeKernelTable(Isa isa) {
       .attn_scores = &AttnScores<S, float>,
       .attn_scores_f16 = &AttnScores<S, f16_t>,
       .attn_scores_bf16 = &AttnScores<S, bf16_t>,
-      .attn_softmax = &AttnSoftmaxTile<S>,
+      .attn_softmax = &AttnSoftmaxHeads<S>,
       .attn_accumulate = &AttnAccumulate<S, float>,
       .attn_accumulate_f16 = &AttnAccumulate<S, f16_t>,
       .attn_accumulate_bf16 = &AttnAccumulate<S, bf16_t>,

@@ -1,10 +1,12 @@
 // The CPU kernel table on every ISA this CPU runs: the online-softmax tile against
-// double-precision exp (its vectorised exp is within 2 ulp; m, l and the returned rescale follow
-// the contract in kernels.h), SwiGLU and SiLU against double precision, and both float-weight
-// Gemm kernels, called directly whatever the backend's crossover, against a double-precision
-// product.
+// double-precision exp (its vectorised exp is within 2 ulp; m, l and the rescale follow the
+// contract in kernels.h; several heads in a call get the bits of one-head calls), SwiGLU and SiLU
+// against double precision, and both float-weight Gemm kernels, called directly whatever the
+// backend's crossover, against a double-precision product.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
@@ -40,8 +42,8 @@ TEST_P(CpuKernelsTest, SoftmaxTileExpIsWithinTwoUlpOverTheWholeRange) {
       x[0] = 0.0f;  // the tile's max, so s[t] becomes exp(x[t])
       for (size_t t = 1; t < x.size(); ++t) x[t] = dist(rng);
       s = x;
-      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
-      const float rescale = kernels().attn_softmax(s.data(), 64, &m, &l);
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f, rescale = -1.0f;
+      kernels().attn_softmax(s.data(), 64, 1, 64, &m, &l, &rescale);
       ASSERT_EQ(rescale, 0.0f) << "first tile";
       ASSERT_EQ(m, 0.0f);
       double sum = 0.0;
@@ -63,8 +65,8 @@ TEST_P(CpuKernelsTest, SoftmaxTileRescalesTheRunningStateAndHandlesTails) {
     for (float& v : x) v = dist(rng);
     x[n / 2] = 3.0f;  // the tile max, above the running max below
     std::vector<float> s = x;
-    float m = 1.5f, l = 2.0f;
-    const float rescale = kernels().attn_softmax(s.data(), n, &m, &l);
+    float m = 1.5f, l = 2.0f, rescale = -1.0f;
+    kernels().attn_softmax(s.data(), n, 1, n, &m, &l, &rescale);
     EXPECT_EQ(m, 3.0f) << "n=" << n;
     EXPECT_NEAR(rescale, std::exp(1.5 - 3.0), 1e-7) << "n=" << n;
     double sum = 0.0;
@@ -77,9 +79,54 @@ TEST_P(CpuKernelsTest, SoftmaxTileRescalesTheRunningStateAndHandlesTails) {
     EXPECT_NEAR(l, 2.0 * std::exp(-1.5) + sum, 1e-6 * (2.0 + sum)) << "n=" << n;
     // A tile below the running max leaves m alone and scales nothing down.
     std::vector<float> low(n, -1.0f);
-    const float keep = kernels().attn_softmax(low.data(), n, &m, &l);
+    float keep = -1.0f;
+    kernels().attn_softmax(low.data(), n, 1, n, &m, &l, &keep);
     EXPECT_EQ(m, 3.0f);
     EXPECT_EQ(keep, 1.0f);
+  }
+}
+
+// Several heads in one call (in blocks of up to 4, with 1-3 left over) get the bits each head gets
+// in a call of its own: scores, m, l and the rescale, over a first tile and a later one, for
+// tiles that are and are not a whole number of vectors.
+TEST_P(CpuKernelsTest, SoftmaxTileOfSeveralHeadsHasTheBitsOfOneHeadCalls) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-8.0f, 8.0f);
+  for (int64_t num_heads : {1, 2, 3, 4, 5, 7, 8, 9}) {
+    for (int64_t n : {1, 13, 16, 40, 64}) {
+      const int64_t ld = 67;
+      std::vector<float> tiles[2];
+      for (auto& t : tiles) {
+        t.resize(num_heads * ld);
+        for (float& v : t) v = dist(rng);
+      }
+      std::vector<float> m(num_heads), l(num_heads), rescale(num_heads);
+      std::vector<float> m1(num_heads), l1(num_heads), rescale1(num_heads);
+      for (int64_t h = 0; h < num_heads; ++h) {
+        m[h] = m1[h] = -std::numeric_limits<float>::infinity();
+        l[h] = l1[h] = 0.0f;
+      }
+      for (const auto& tile : tiles) {
+        std::vector<float> all = tile, one = tile;
+        kernels().attn_softmax(all.data(), ld, num_heads, n, m.data(), l.data(), rescale.data());
+        for (int64_t h = 0; h < num_heads; ++h) {
+          kernels().attn_softmax(one.data() + h * ld, ld, 1, n, &m1[h], &l1[h], &rescale1[h]);
+        }
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const std::string at = "heads=" + std::to_string(num_heads) + " n=" + std::to_string(n) +
+                                 " h=" + std::to_string(h);
+          ASSERT_EQ(std::bit_cast<uint32_t>(m[h]), std::bit_cast<uint32_t>(m1[h])) << at;
+          ASSERT_EQ(std::bit_cast<uint32_t>(l[h]), std::bit_cast<uint32_t>(l1[h])) << at;
+          ASSERT_EQ(std::bit_cast<uint32_t>(rescale[h]), std::bit_cast<uint32_t>(rescale1[h]))
+              << at;
+          for (int64_t t = 0; t < ld; ++t) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(all[h * ld + t]),
+                      std::bit_cast<uint32_t>(one[h * ld + t]))
+                << at << " t=" << t;
+          }
+        }
+      }
+    }
   }
 }
 
