@@ -737,14 +737,15 @@ void CpuBackend::GemmGroup(const TensorView& x, absl::Span<const GemmOperand> gr
   }
   if (small_rows > 0) {
     static_assert(kGemmRowGrain % kQ4KX16Rows == 0 && kDpBf16PanelRows % kGemmRowGrain == 0);
-    pool_.ParallelFor(0, (small_rows + unit_rows - 1) / unit_rows, 1, [&](int64_t ub, int64_t ue) {
-      const int64_t b = ub * unit_rows, e = std::min(small_rows, ue * unit_rows);
-      for (const GemmMember& g : gemm_members_) {
-        if (g.large) continue;
-        const int64_t lo = std::max(b, g.first), hi = std::min(e, g.first + g.m);
-        if (lo < hi) GemmRange(g, xp, n, k, 0, n, lo - g.first, hi - g.first);
-      }
-    });
+    pool_.ParallelForSpans(
+        0, (small_rows + unit_rows - 1) / unit_rows, 1, [&](int64_t ub, int64_t ue) {
+          const int64_t b = ub * unit_rows, e = std::min(small_rows, ue * unit_rows);
+          for (const GemmMember& g : gemm_members_) {
+            if (g.large) continue;
+            const int64_t lo = std::max(b, g.first), hi = std::min(e, g.first + g.m);
+            if (lo < hi) GemmRange(g, xp, n, k, 0, n, lo - g.first, hi - g.first);
+          }
+        });
   }
   if (large_tiles > 0) {
     // One tile per chunk: a tile is 0.1-1 ms of work, and a thread left with one more tile than

@@ -3,6 +3,7 @@
 #ifndef MODSERVE_ENGINE_BACKEND_CPU_THREAD_POOL_H_
 #define MODSERVE_ENGINE_BACKEND_CPU_THREAD_POOL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -43,6 +44,66 @@ class ThreadPool {
     RunInChunks(begin, end, chunk, fn);
   }
 
+  // fn(piece_begin, piece_end) over [begin, end) as one contiguous span per thread, each cut into
+  // kPiecesPerSpan pieces of at least `grain`: a thread runs its span's pieces front to back,
+  // then takes the pieces left at the back of the other spans, one at a time. For streams whose
+  // kernels prefetch ahead of them (the decode Gemms' tiles): a thread's pieces follow each other
+  // in memory until it takes another's, where ParallelFor's chunks, claimed in turn, make every
+  // chunk a new stream; and a thread that falls behind still leaves only its last piece to wait
+  // for.
+  template <typename F>
+  void ParallelForSpans(int64_t begin, int64_t end, int64_t grain, F&& fn) {
+    if (end <= begin) return;
+    if (grain < 1) grain = 1;
+    const int64_t len = end - begin;
+    const int64_t spans = std::min<int64_t>(num_threads(), (len + grain - 1) / grain);
+    if (spans > kMaxSpans) return ParallelFor(begin, end, grain, fn);
+    if (spans <= 1 || InsideParallelRegion()) {
+      fn(begin, end);
+      return;
+    }
+    const int64_t piece =
+        std::max(grain, (len + spans * kPiecesPerSpan - 1) / (spans * kPiecesPerSpan));
+    // Span t: indices [first[t], first[t + 1]); its pieces [next, end) not yet taken, packed as
+    // end << 32 | next so that the owner (next) and the others (end) claim with one CAS each.
+    struct alignas(64) Span {
+      std::atomic<uint64_t> left;
+    };
+    Span span[kMaxSpans];
+    int64_t first[kMaxSpans + 1];
+    for (int64_t t = 0; t <= spans; ++t) first[t] = begin + len * t / spans;
+    for (int64_t t = 0; t < spans; ++t) {
+      const uint64_t pieces = static_cast<uint64_t>((first[t + 1] - first[t] + piece - 1) / piece);
+      span[t].left.store(pieces << 32, std::memory_order_relaxed);
+    }
+    auto take = [&](int64_t t, bool front) -> int64_t {
+      uint64_t v = span[t].left.load(std::memory_order_relaxed);
+      for (;;) {
+        const uint64_t next = v & 0xffffffffu, stop = v >> 32;
+        if (next >= stop) return -1;
+        const uint64_t taken = front ? v + 1 : ((stop - 1) << 32) | next;
+        if (span[t].left.compare_exchange_weak(v, taken, std::memory_order_relaxed)) {
+          return static_cast<int64_t>(front ? next : stop - 1);
+        }
+      }
+    };
+    auto run_piece = [&](int64_t t, int64_t k) {
+      const int64_t lo = first[t] + k * piece;
+      fn(lo, std::min(first[t + 1], lo + piece));
+    };
+    // Chunk t of the region is span t's owner: whichever thread claims it.
+    auto own = [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        for (int64_t k; (k = take(t, true)) >= 0;) run_piece(t, k);
+        for (int64_t o = 1; o < spans; ++o) {
+          const int64_t u = (t + o) % spans;
+          for (int64_t k; (k = take(u, false)) >= 0;) run_piece(u, k);
+        }
+      }
+    };
+    RunInChunks(0, spans, 1, own);
+  }
+
   // ParallelFor with every index a chunk of its own: for a few dozen units of work of a
   // millisecond or so each (the AMX Gemm's tiles), where 4 chunks per thread can leave one
   // thread a whole chunk behind the other (44 tiles in chunks of 6 run as 24 + 20).
@@ -61,6 +122,9 @@ class ThreadPool {
   static constexpr int kChunkBits = 16;
   static constexpr uint64_t kChunkMask = (uint64_t{1} << kChunkBits) - 1;
   static constexpr int64_t kMaxChunks = static_cast<int64_t>(kChunkMask);
+  // ParallelForSpans: pieces per span, and the most spans (more threads take ParallelFor's way).
+  static constexpr int64_t kPiecesPerSpan = 16;
+  static constexpr int64_t kMaxSpans = 64;
 
   // fn over [begin, end) in chunks of `chunk` indices (the last may be shorter).
   template <typename F>

@@ -68,6 +68,69 @@ TEST(ThreadPoolTest, ForEachRunsEveryIndexAsItsOwnChunk) {
   }
 }
 
+// ParallelForSpans: every index once, in pieces of at least `grain` (but the last of a span),
+// for every thread count, range and grain, including more threads than indices.
+TEST(ThreadPoolTest, SpansRunEveryIndexExactlyOnceInPiecesOfTheGrain) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 5, 64, 100, 10007}) {
+      for (int64_t grain : {1, 3, 50}) {
+        std::vector<std::atomic<int>> hits(n + 5);
+        std::atomic<int64_t> short_pieces{0};
+        pool.ParallelForSpans(5, 5 + n, grain, [&](int64_t b, int64_t e) {
+          if (e - b < grain) short_pieces.fetch_add(1);
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n + 5; ++i) wrong += hits[i].load() != (i >= 5 ? 1 : 0);
+        EXPECT_EQ(wrong, 0) << threads << " threads, n " << n << ", grain " << grain;
+        // Only a span's last piece may be short, and there are at most `threads` spans.
+        EXPECT_LE(short_pieces.load(), threads) << n << " " << grain;
+      }
+    }
+  }
+}
+
+// A thread held inside its span's first piece does not hold up the rest of that span: the other
+// thread runs its own span and then takes the held span's other pieces from the back. Each piece
+// takes 200 us, so the worker is awake and owns a span. (Where one thread owns both spans, the
+// hold ends on its 2 s timeout, and only coverage is checked.)
+TEST(ThreadPoolTest, SpansOfAHeldThreadAreTakenByTheOther) {
+  ThreadPool pool(2);
+  constexpr int64_t kN = 64;  // two spans of 32, pieces of 2
+  std::vector<std::atomic<int>> hits(kN);
+  std::vector<std::thread::id> by(kN);
+  std::atomic<int64_t> done{0};
+  bool held = false;  // written by the held piece alone, read after the region
+  pool.ParallelForSpans(0, kN, 1, [&](int64_t b, int64_t e) {
+    if (b == kN / 2) {
+      // The held piece: wait until every other index has run, for up to 2 s.
+      const int64_t others = kN - (e - b), at_start = done.load();
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (done.load() < others && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      held = at_start < others && done.load() == others;
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    for (int64_t i = b; i < e; ++i) {
+      by[i] = std::this_thread::get_id();
+      hits[i].fetch_add(1);
+    }
+    done.fetch_add(e - b);
+  });
+  for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  // Spans owned by two threads: the other one must have freed the hold by taking the rest.
+  if (by[0] != by[kN / 2]) {
+    EXPECT_TRUE(held) << "the held span's other pieces were not taken";
+  }
+  if (held) {
+    // Every other piece of the held span ran on the other thread.
+    for (int64_t i = kN / 2 + 2; i < kN; ++i) EXPECT_NE(by[i], by[kN / 2]) << i;
+  }
+}
+
 TEST(ThreadPoolTest, WorkersParticipate) {
   ThreadPool pool(3);
   ASSERT_EQ(pool.num_threads(), 3);
