@@ -44,13 +44,14 @@ class ThreadPool {
     RunInChunks(begin, end, chunk, fn);
   }
 
-  // fn(piece_begin, piece_end) over [begin, end) as one contiguous span per thread, each cut into
+  // fn(range_begin, range_end) over [begin, end) as one contiguous span per thread, each cut into
   // kPiecesPerSpan pieces of at least `grain`: a thread runs its span's pieces front to back,
-  // then takes the pieces left at the back of the other spans, one at a time. For streams whose
-  // kernels prefetch ahead of them (the decode Gemms' tiles): a thread's pieces follow each other
-  // in memory until it takes another's, where ParallelFor's chunks, claimed in turn, make every
-  // chunk a new stream; and a thread that falls behind still leaves only its last piece to wait
-  // for.
+  // then takes from the back of each other span half of the pieces left there (at least one),
+  // as one range, until none are left. For streams whose kernels prefetch ahead of them (the
+  // decode Gemms' tiles): a thread's pieces follow each other in memory, and so do the pieces of
+  // a range it takes, where ParallelFor's chunks, claimed in turn, make every chunk a new
+  // stream. A thread that falls behind leaves at most its current piece to wait for, and a span
+  // is taken in a few ranges that halve, not in single pieces.
   template <typename F>
   void ParallelForSpans(int64_t begin, int64_t end, int64_t grain, F&& fn) {
     if (end <= begin) return;
@@ -76,28 +77,34 @@ class ThreadPool {
       const uint64_t pieces = static_cast<uint64_t>((first[t + 1] - first[t] + piece - 1) / piece);
       span[t].left.store(pieces << 32, std::memory_order_relaxed);
     }
-    auto take = [&](int64_t t, bool front) -> int64_t {
+    // Claims span t's next piece (front) or the back half of its pieces left (at least one);
+    // returns false when none are left, else sets [*k0, *k1) to the pieces claimed.
+    auto take = [&](int64_t t, bool front, uint64_t* k0, uint64_t* k1) -> bool {
       uint64_t v = span[t].left.load(std::memory_order_relaxed);
       for (;;) {
         const uint64_t next = v & 0xffffffffu, stop = v >> 32;
-        if (next >= stop) return -1;
-        const uint64_t taken = front ? v + 1 : ((stop - 1) << 32) | next;
+        if (next >= stop) return false;
+        const uint64_t count = front ? 1 : std::max<uint64_t>(1, (stop - next) / 2);
+        const uint64_t taken = front ? v + 1 : ((stop - count) << 32) | next;
         if (span[t].left.compare_exchange_weak(v, taken, std::memory_order_relaxed)) {
-          return static_cast<int64_t>(front ? next : stop - 1);
+          *k0 = front ? next : stop - count;
+          *k1 = *k0 + count;
+          return true;
         }
       }
     };
-    auto run_piece = [&](int64_t t, int64_t k) {
-      const int64_t lo = first[t] + k * piece;
-      fn(lo, std::min(first[t + 1], lo + piece));
+    auto run_pieces = [&](int64_t t, uint64_t k0, uint64_t k1) {
+      fn(first[t] + static_cast<int64_t>(k0) * piece,
+         std::min(first[t + 1], first[t] + static_cast<int64_t>(k1) * piece));
     };
     // Chunk t of the region is span t's owner: whichever thread claims it.
     auto own = [&](int64_t t_begin, int64_t t_end) {
+      uint64_t k0, k1;
       for (int64_t t = t_begin; t < t_end; ++t) {
-        for (int64_t k; (k = take(t, true)) >= 0;) run_piece(t, k);
+        while (take(t, true, &k0, &k1)) run_pieces(t, k0, k1);
         for (int64_t o = 1; o < spans; ++o) {
           const int64_t u = (t + o) % spans;
-          for (int64_t k; (k = take(u, false)) >= 0;) run_piece(u, k);
+          while (take(u, false, &k0, &k1)) run_pieces(u, k0, k1);
         }
       }
     };

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -129,6 +130,45 @@ TEST(ThreadPoolTest, SpansOfAHeldThreadAreTakenByTheOther) {
     // Every other piece of the held span ran on the other thread.
     for (int64_t i = kN / 2 + 2; i < kN; ++i) EXPECT_NE(by[i], by[kN / 2]) << i;
   }
+}
+
+// The other thread takes a held span's pieces from the back in halving ranges, each one call
+// over contiguous pieces (one stream for the Gemm's prefetches), not one call per piece: with the
+// owner held in piece 0 of 16, the 15 pieces left go as 7, 4, 2, 1 and 1, in that order, each
+// range ending where the one before it began.
+TEST(ThreadPoolTest, SpansAreTakenFromTheBackInHalvingRanges) {
+  ThreadPool pool(2);
+  constexpr int64_t kN = 64;  // two spans of 32, pieces of 2
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> taken;  // calls inside the held span, by the other
+  std::vector<std::thread::id> by(kN);
+  std::atomic<int64_t> done{0};
+  std::thread::id holder;
+  bool held = false;
+  pool.ParallelForSpans(0, kN, 1, [&](int64_t b, int64_t e) {
+    if (b == kN / 2) {
+      holder = std::this_thread::get_id();
+      const int64_t others = kN - (e - b), at_start = done.load();
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (done.load() < others && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      held = at_start < others && done.load() == others;
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (b > kN / 2) {
+        std::lock_guard<std::mutex> lock(mu);
+        taken.emplace_back(b, e);
+      }
+    }
+    for (int64_t i = b; i < e; ++i) by[i] = std::this_thread::get_id();
+    done.fetch_add(e - b);
+  });
+  if (by[0] == by[kN / 2] || !held) GTEST_SKIP() << "one thread owned both spans";
+  for (int64_t i = kN / 2 + 2; i < kN; ++i) ASSERT_NE(by[i], holder) << i;
+  const std::vector<std::pair<int64_t, int64_t>> want = {
+      {50, 64}, {42, 50}, {38, 42}, {36, 38}, {34, 36}};
+  EXPECT_EQ(taken, want);
 }
 
 TEST(ThreadPoolTest, WorkersParticipate) {
