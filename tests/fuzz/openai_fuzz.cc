@@ -63,7 +63,7 @@ constexpr uint8_t kChat = 1;
 constexpr uint8_t kNoTokenizer = 2;
 constexpr uint8_t kShortContext = 4;
 constexpr uint8_t kNoTemplate = 8;
-constexpr uint8_t kLimits = 16;  // --max_prompt_tokens=8 --max_new_tokens=8
+constexpr uint8_t kLimits = 16;  // --max_prompt_tokens=8 --max_new_tokens=8 --speculative_tokens=3
 
 // "field: ..." where field is a path such as messages[2].content or stream_options.include_usage.
 bool StartsWithField(absl::string_view m) {
@@ -92,6 +92,7 @@ int FuzzOpenAiRequest(const uint8_t* data, size_t size) {
   if (flags & kLimits) {
     model.limits.max_prompt_tokens = 8;
     model.limits.max_new_tokens = 8;
+    model.limits.max_speculative_tokens = 3;
   }
   const bool chat = flags & kChat;
   const absl::StatusOr<server::OpenAiRequest> r = server::ParseOpenAiRequest(
@@ -166,6 +167,14 @@ int FuzzOpenAiRequest(const uint8_t* data, size_t size) {
     }
     FUZZ_CHECK(e.prompt_logprobs >= -1 && e.prompt_logprobs <= engine::kMaxTopLogprobs, what);
     if (e.threshold) FUZZ_CHECK(*e.threshold > 0.0 && *e.threshold < 1.0, what);
+    if (e.speculative_tokens) {
+      FUZZ_CHECK(*e.speculative_tokens >= 0 &&
+                     *e.speculative_tokens <= model.limits.max_speculative_tokens,
+                 absl::StrCat("speculative_tokens outside [0, the server's limit]: ", what));
+    }
+    if (e.speculative_threshold) {
+      FUZZ_CHECK(*e.speculative_threshold > 0.0 && *e.speculative_threshold <= 1.0, what);
+    }
     const absl::Status ok = engine::Validate(e.sampling);
     FUZZ_CHECK(ok.ok(), absl::StrCat("the engine refuses: ", ok.ToString(), ": ", what));
   }

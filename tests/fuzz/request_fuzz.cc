@@ -64,6 +64,9 @@ constexpr uint8_t kSplitTextPrompt = 1;  // [u16 n][n bytes of proto][rest: prom
 constexpr uint8_t kNoTokenizer = 2;
 constexpr uint8_t kShortContext = 4;
 constexpr uint8_t kNoDeadline = 8;
+// The server runs with --speculative_tokens=kLowSpeculativeLimit instead of its default.
+constexpr uint8_t kLowSpeculativeLimit = 16;
+constexpr int32_t kLowSpeculativeTokens = 3;
 
 bool In(float v, float lo, bool lo_open, float hi) {
   return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
@@ -89,7 +92,7 @@ void CheckIds(const char* field, const google::protobuf::RepeatedField<int32_t>&
 }
 
 Verdict Judge(const v1::GenerateRequest& r, const engine::ModelConfig& config,
-              const engine::Tokenizer* tokenizer) {
+              const engine::Tokenizer* tokenizer, int32_t speculative_limit) {
   Verdict v;
   std::vector<std::string>& bad = v.invalid;
   if (r.request_id().size() > 128) bad.push_back("request_id");
@@ -159,6 +162,15 @@ Verdict Judge(const v1::GenerateRequest& r, const engine::ModelConfig& config,
       !(r.routing().threshold() > 0.0 && r.routing().threshold() < 1.0)) {
     bad.push_back("routing.threshold");
   }
+  // 0 (off) up to the server's --speculative_tokens; a draft threshold in (0, 1].
+  if (r.has_speculative_tokens() &&
+      (r.speculative_tokens() < 0 || r.speculative_tokens() > speculative_limit)) {
+    bad.push_back("speculative_tokens");
+  }
+  if (r.has_speculative_threshold() &&
+      !(r.speculative_threshold() > 0.0 && r.speculative_threshold() <= 1.0)) {
+    bad.push_back("speculative_threshold");
+  }
   return v;
 }
 
@@ -193,9 +205,15 @@ int FuzzRequest(const uint8_t* data, size_t size) {
   const absl::Time deadline =
       (flags & kNoDeadline) ? absl::InfiniteFuture() : absl::FromUnixSeconds(2000000000);
 
-  const Verdict v = Judge(request, config, tokenizer);
+  // The server's default --speculative_tokens is the engine's most (RequestLimits{}).
+  server::RequestLimits limits;
+  if (flags & kLowSpeculativeLimit) limits.max_speculative_tokens = kLowSpeculativeTokens;
+
+  const Verdict v = Judge(request, config, tokenizer, limits.max_speculative_tokens);
   absl::StatusOr<engine::LoopRequest> out =
-      server::ToLoopRequest(request, config, tokenizer, deadline);
+      (flags & kLowSpeculativeLimit)
+          ? server::ToLoopRequest(request, config, tokenizer, deadline, limits)
+          : server::ToLoopRequest(request, config, tokenizer, deadline);
   const int32_t max_new = request.stopping().has_max_new_tokens()
                               ? request.stopping().max_new_tokens()
                               : server::kDefaultMaxNewTokens;
@@ -283,6 +301,15 @@ int FuzzRequest(const uint8_t* data, size_t size) {
                                  : std::nullopt),
              "threshold");
   if (r.threshold) FUZZ_CHECK(*r.threshold > 0.0 && *r.threshold < 1.0, "threshold range");
+  FUZZ_CHECK(r.speculative_tokens == (request.has_speculative_tokens()
+                                          ? std::optional<int32_t>(request.speculative_tokens())
+                                          : std::nullopt),
+             "speculative_tokens");
+  FUZZ_CHECK(
+      r.speculative_threshold == (request.has_speculative_threshold()
+                                      ? std::optional<double>(request.speculative_threshold())
+                                      : std::nullopt),
+      "speculative_threshold");
   const absl::Status engine_ok = engine::Validate(sp);
   FUZZ_CHECK(engine_ok.ok(),
              absl::StrCat("accepted, but the engine refuses: ", engine_ok.ToString(), ": ", what));
