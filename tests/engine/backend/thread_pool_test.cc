@@ -92,6 +92,17 @@ TEST(ThreadPoolTest, SpansRunEveryIndexExactlyOnceInPiecesOfTheGrain) {
   }
 }
 
+// The held piece [b, e) of a region over kN indices: waits until every other index has run (as
+// counted in `done`), for up to 2 s; true when it did wait and every other index ran meanwhile.
+bool HoldUntilTheOthersRan(int64_t b, int64_t e, int64_t kN, const std::atomic<int64_t>& done) {
+  const int64_t others = kN - (e - b), at_start = done.load();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (done.load() < others && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::yield();
+  }
+  return at_start < others && done.load() == others;
+}
+
 // A thread held inside its span's first piece does not hold up the rest of that span: the other
 // thread runs its own span and then takes the held span's other pieces from the back. Each piece
 // takes 200 us, so the worker is awake and owns a span. (Where one thread owns both spans, the
@@ -105,13 +116,7 @@ TEST(ThreadPoolTest, SpansOfAHeldThreadAreTakenByTheOther) {
   bool held = false;  // written by the held piece alone, read after the region
   pool.ParallelForSpans(0, kN, 1, [&](int64_t b, int64_t e) {
     if (b == kN / 2) {
-      // The held piece: wait until every other index has run, for up to 2 s.
-      const int64_t others = kN - (e - b), at_start = done.load();
-      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      while (done.load() < others && std::chrono::steady_clock::now() < give_up) {
-        std::this_thread::yield();
-      }
-      held = at_start < others && done.load() == others;
+      held = HoldUntilTheOthersRan(b, e, kN, done);
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -148,12 +153,7 @@ TEST(ThreadPoolTest, SpansAreTakenFromTheBackInHalvingRanges) {
   pool.ParallelForSpans(0, kN, 1, [&](int64_t b, int64_t e) {
     if (b == kN / 2) {
       holder = std::this_thread::get_id();
-      const int64_t others = kN - (e - b), at_start = done.load();
-      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      while (done.load() < others && std::chrono::steady_clock::now() < give_up) {
-        std::this_thread::yield();
-      }
-      held = at_start < others && done.load() == others;
+      held = HoldUntilTheOthersRan(b, e, kN, done);
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       if (b > kN / 2) {
@@ -164,7 +164,8 @@ TEST(ThreadPoolTest, SpansAreTakenFromTheBackInHalvingRanges) {
     for (int64_t i = b; i < e; ++i) by[i] = std::this_thread::get_id();
     done.fetch_add(e - b);
   });
-  if (by[0] == by[kN / 2] || !held) GTEST_SKIP() << "one thread owned both spans";
+  if (by[0] == by[kN / 2]) GTEST_SKIP() << "one thread owned both spans";
+  ASSERT_TRUE(held) << "the held span's other pieces were not taken";
   for (int64_t i = kN / 2 + 2; i < kN; ++i) ASSERT_NE(by[i], holder) << i;
   const std::vector<std::pair<int64_t, int64_t>> want = {
       {50, 64}, {42, 50}, {38, 42}, {36, 38}, {34, 36}};
