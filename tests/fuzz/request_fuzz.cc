@@ -64,7 +64,7 @@ constexpr uint8_t kSplitTextPrompt = 1;  // [u16 n][n bytes of proto][rest: prom
 constexpr uint8_t kNoTokenizer = 2;
 constexpr uint8_t kShortContext = 4;
 constexpr uint8_t kNoDeadline = 8;
-// The server runs with --speculative_tokens=kLowSpeculativeLimit instead of its default.
+// Validate as a server with --speculative_tokens=kLowSpeculativeTokens would, not with no limits.
 constexpr uint8_t kLowSpeculativeLimit = 16;
 constexpr int32_t kLowSpeculativeTokens = 3;
 
@@ -205,7 +205,7 @@ int FuzzRequest(const uint8_t* data, size_t size) {
   const absl::Time deadline =
       (flags & kNoDeadline) ? absl::InfiniteFuture() : absl::FromUnixSeconds(2000000000);
 
-  // The server's default --speculative_tokens is the engine's most (RequestLimits{}).
+  // No operator limits (RequestLimits{}) allow up to the engine's most speculative tokens.
   server::RequestLimits limits;
   if (flags & kLowSpeculativeLimit) limits.max_speculative_tokens = kLowSpeculativeTokens;
 
