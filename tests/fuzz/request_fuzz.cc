@@ -211,9 +211,7 @@ int FuzzRequest(const uint8_t* data, size_t size) {
 
   const Verdict v = Judge(request, config, tokenizer, limits.max_speculative_tokens);
   absl::StatusOr<engine::LoopRequest> out =
-      (flags & kLowSpeculativeLimit)
-          ? server::ToLoopRequest(request, config, tokenizer, deadline, limits)
-          : server::ToLoopRequest(request, config, tokenizer, deadline);
+      server::ToLoopRequest(request, config, tokenizer, deadline, limits);
   const int32_t max_new = request.stopping().has_max_new_tokens()
                               ? request.stopping().max_new_tokens()
                               : server::kDefaultMaxNewTokens;
